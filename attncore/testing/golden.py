@@ -1,0 +1,106 @@
+"""fp64 golden attention: the dense, obviously-correct computation every backend is checked against.
+
+Deliberately independent of the reference backend (no chunking, no online softmax, no shared
+helpers beyond plain torch), so the two cross-check each other.  One request at a time:
+
+    golden_attention(q [qo, Hq, D], k [kv, Hkv, D], v [kv, Hkv, Dv], ...) -> (out [qo, Hq, Dv], lse [qo, Hq])
+
+All math in float64 on the CPU.  Semantics: ``shared/docs/semantics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+
+def golden_alibi_slopes(num_heads: int) -> torch.Tensor:
+    n = 2 ** math.floor(math.log2(num_heads))
+    m0 = 2.0 ** (-8.0 / n)
+    slopes = [m0 ** (i + 1) for i in range(n)]
+    if n < num_heads:
+        m1 = 2.0 ** (-4.0 / n)
+        slopes += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def golden_rope(x: torch.Tensor, pos: torch.Tensor, theta: float, scale: float) -> torch.Tensor:
+    """Rotate-half (LLaMA) RoPE over the full head dim.  x [n, H, D], pos [n]."""
+    d = x.shape[-1]
+    half = d // 2
+    inv = torch.tensor([theta ** (-2.0 * i / d) / scale for i in range(half)], dtype=torch.float64)
+    ang = pos.to(torch.float64)[:, None] * inv[None, :]  # [n, half]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def golden_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    sm_scale: Optional[float] = None,
+    logits_soft_cap: float = 0.0,
+    pos_encoding_mode: str = "NONE",
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
+    sinks: Optional[torch.Tensor] = None,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    o_scale: float = 1.0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Dense fp64 attention of one request.  ``mask``: bool [qo, kv], True = keep (replaces causal).
+
+    Returns (out float64 [qo, Hq, Dv], lse float64 [qo, Hq] in base 2).  Rows that see no key
+    give out 0 and lse -inf.
+    """
+    q = q.detach().to("cpu", torch.float64)
+    k = k.detach().to("cpu", torch.float64)
+    v = v.detach().to("cpu", torch.float64)
+    qo, hq, d = q.shape
+    kv, hkv, dv = v.shape[0], v.shape[1], v.shape[2]
+    group = hq // hkv
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)  # absolute positions
+    k_pos = torch.arange(kv, dtype=torch.float64)
+    if pos_encoding_mode == "ROPE_LLAMA":
+        q = golden_rope(q, q_pos, rope_theta, rope_scale)
+        k = golden_rope(k, k_pos, rope_theta, rope_scale)
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
+    if logits_soft_cap and logits_soft_cap > 0:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    if pos_encoding_mode == "ALIBI":
+        rows = torch.arange(qo, dtype=torch.float64)
+        bias = k_pos[None, :] - rows[:, None]  # kv_idx - q_idx (row index)
+        s = s + golden_alibi_slopes(hq)[:, None, None] * bias[None]
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if mask is not None:
+        keep &= mask.to("cpu", torch.bool).reshape(qo, kv)
+    elif causal:
+        keep &= k_pos[None, :] <= q_pos[:, None]
+    if window_left is not None and window_left >= 0:
+        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
+    s = s.masked_fill(~keep[None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.detach().to("cpu", torch.float64)[:, None, None].expand(hq, qo, 1)
+        s_all = torch.cat([s, sink], dim=-1)
+    else:
+        s_all = s
+    lse_e = torch.logsumexp(s_all, dim=-1)  # [hq, qo]
+    seen = keep.any(dim=1)  # [qo]
+    p = torch.exp(s - lse_e[..., None])
+    p = torch.where(seen[None, :, None], p, torch.zeros_like(p))
+    out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
+    lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous()
+    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
+    return out, lse
