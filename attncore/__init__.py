@@ -1,0 +1,41 @@
+"""attncore: a modular, backend-plugin attention framework with a FlashInfer-compatible API.
+
+``import attncore as flashinfer`` works for the prefill, decode, POD, cascade, page and
+quantization APIs.  Every entry point takes ``backend=`` ("auto" or a backend name); see
+``attncore.explain`` and ``attncore info`` for what is chosen and why.
+"""
+
+__version__ = "0.1.0"
+
+from . import cascade, decode, page, pod, prefill, quantization  # noqa: E402
+from .backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
+from .capabilities import Capabilities, Reason  # noqa: E402
+from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
+from .decode import (  # noqa: E402
+    BatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
+    xqa_batch_decode_with_kv_cache,
+)
+from .hooks import hookimpl  # noqa: E402
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens  # noqa: E402
+from .pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: E402
+from .prefill import (  # noqa: E402
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
+)
+from .problem import AttentionProblem  # noqa: E402
+from .quantization import packbits, segment_packbits  # noqa: E402
+from .registry import available_backends, get_backend, register_backend, unregister_backend  # noqa: E402
+from .selector import BackendSelectionError, explain, select  # noqa: E402
+
+__all__ = [
+    "AttentionProblem", "AttnParams", "Backend", "BackendSelectionError", "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchMeta", "BatchPODWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper", "Capabilities", "PODWithPagedKVCacheWrapper", "Reason", "RunArgs",
+    "append_paged_kv_cache", "available_backends", "explain", "get_backend", "get_batch_indices_positions",
+    "get_seq_lens", "hookimpl", "merge_state", "merge_state_in_place", "merge_states", "packbits",
+    "register_backend", "segment_packbits", "select", "single_decode_with_kv_cache", "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse", "unregister_backend", "xqa_batch_decode_with_kv_cache",
+]

@@ -72,6 +72,9 @@ class BatchMeta:
     max_seq_len: Optional[int] = None
     params: AttnParams = field(default_factory=lambda: AttnParams(sm_scale=1.0))
     q_len_per_req: int = 1
+    max_page_id: int = -1  # largest page id referenced (the API checks it against the cache)
+    fixed_split_size: Optional[int] = None  # decode: user's split-KV hint (pages per split)
+    disable_split_kv: bool = False
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property

@@ -1,0 +1,1 @@
+"""The pure-torch reference backend."""

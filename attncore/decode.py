@@ -1,0 +1,238 @@
+"""Decode attention: single request, batches over a paged cache, and the xqa entry point.
+
+FlashInfer-compatible signatures.  Speculative decoding (``q_len_per_req > 1``): the new tokens
+are already in the cache and each request's draft rows are causal (bottom-right) among
+themselves, unless xqa's ``mask`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _api
+from .backend import BatchMeta, RunArgs
+from .prefill import _BatchWrapper, single_prefill_with_kv_cache
+
+Tensor = torch.Tensor
+
+_PLAN_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
+                    "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                    "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+
+
+def single_decode_with_kv_cache(
+    q: Tensor, k: Tensor, v: Tensor, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None, window_left: int = -1, logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+    return_lse: bool = False, *, backend: str = "auto", sinks: Optional[Tensor] = None,
+    out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Decode one query token against one request's K/V.
+
+    q: ``[num_qo_heads, head_dim]``; k, v: ``[kv_len, Hkv, D]`` (NHD) or ``[Hkv, kv_len, D]`` (HND).
+    Returns out ``[num_qo_heads, head_dim]`` (and LSE ``[num_qo_heads]`` float32 base 2).
+    ``use_tensor_cores`` is a performance hint; attncore's backends choose their own kernels.
+    """
+    _api.check_tensor("q", q, ndim=2, what="([num_qo_heads, head_dim])")
+    if out is not None:
+        _api.check_tensor("out", out, shape=list(q.shape), dtype=q.dtype, device=q.device)
+        out = out.unsqueeze(0)
+    if lse is not None:
+        _api.check_tensor("lse", lse, shape=[q.shape[0]], dtype=torch.float32, device=q.device)
+        lse = lse.unsqueeze(0)
+    res = single_prefill_with_kv_cache(
+        q.unsqueeze(0), k, v, None, None, False, kv_layout, pos_encoding_mode, False, sm_scale, window_left,
+        logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
+        k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+    if return_lse:
+        return res[0].squeeze(0), res[1].squeeze(0)
+    return res.squeeze(0)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
+    """Batch decode over a paged KV cache (FlashInfer-compatible), any GQA group size."""
+
+    def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 use_tensor_cores: bool = False, paged_kv_indptr_buffer: Optional[Tensor] = None,
+                 paged_kv_indices_buffer: Optional[Tensor] = None,
+                 paged_kv_last_page_len_buffer: Optional[Tensor] = None, backend: str = "auto", jit_args=None):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        if jit_args is not None:
+            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
+                             "select a backend with backend= instead")
+        if use_cuda_graph:
+            for n, b in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                         ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                         ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                if b is not None:
+                    _api.check_tensor(n, b, ndim=1, dtype=torch.int32, device=self._device)
+            self._graph_buffers = {k: b for k, b in (
+                ("indptr", paged_kv_indptr_buffer), ("indices", paged_kv_indices_buffer),
+                ("last_page_len", paged_kv_last_page_len_buffer)) if b is not None}
+
+    def plan(self, indptr: Tensor, indices: Tensor, last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int, page_size: int, *args, pos_encoding_mode: str = "NONE", window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, q_data_type="float16", kv_data_type=None, o_data_type=None,
+             data_type=None, sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables: Optional[Tensor] = None,
+             seq_lens: Optional[Tensor] = None, fixed_split_size: Optional[int] = None,
+             disable_split_kv: bool = False, q_len_per_req: int = 1) -> None:
+        """Plan a decode batch: ``indptr [B+1]``, ``indices``, ``last_page_len [B]`` (int32).
+        ``q_len_per_req`` rows per request (speculative decoding)."""
+        if args:  # FlashInfer's legacy positional options after page_size
+            if len(args) > len(_PLAN_POSITIONAL):
+                _api.reject_extra("plan", args[len(_PLAN_POSITIONAL):])
+            loc = dict(zip(_PLAN_POSITIONAL, args))
+            pos_encoding_mode = loc.get("pos_encoding_mode", pos_encoding_mode)
+            window_left = loc.get("window_left", window_left)
+            logits_soft_cap = loc.get("logits_soft_cap", logits_soft_cap)
+            q_data_type = loc.get("q_data_type", q_data_type)
+            kv_data_type = loc.get("kv_data_type", kv_data_type)
+            o_data_type = loc.get("o_data_type", o_data_type)
+            data_type = loc.get("data_type", data_type)
+            sm_scale = loc.get("sm_scale", sm_scale)
+            rope_scale = loc.get("rope_scale", rope_scale)
+            rope_theta = loc.get("rope_theta", rope_theta)
+            non_blocking = loc.get("non_blocking", non_blocking)
+            block_tables = loc.get("block_tables", block_tables)
+            seq_lens = loc.get("seq_lens", seq_lens)
+            fixed_split_size = loc.get("fixed_split_size", fixed_split_size)
+            disable_split_kv = loc.get("disable_split_kv", disable_split_kv)
+            q_len_per_req = loc.get("q_len_per_req", q_len_per_req)
+        if block_tables is not None or seq_lens is not None:
+            raise ValueError("block_tables/seq_lens: attncore's plan() takes the page table as indptr/indices/"
+                             "last_page_len; convert with attncore.page.block_tables_to_indptr")
+        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size <= 0):
+            raise ValueError(f"fixed_split_size: got {fixed_split_size!r}, expected None or a positive int")
+        _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
+            raise ValueError(f"q_len_per_req: got {q_len_per_req!r}, expected an int >= 1")
+        b = indptr.numel() - 1 if isinstance(indptr, torch.Tensor) else 0
+        self._freeze_batch(b)
+        if data_type is not None:
+            q_data_type = data_type
+            kv_data_type = kv_data_type or data_type
+        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, causal=True, logits_soft_cap=logits_soft_cap,
+                                  window_left=window_left, pos_encoding_mode=pos_encoding_mode,
+                                  rope_scale=rope_scale, rope_theta=rope_theta)
+        _api.check_rope_head_dim(params, head_dim)
+        qo_host = [i * q_len_per_req for i in range(b + 1)]
+        meta = _api.paged_meta(qo_host, indptr, indices, last_page_len, page_size, self._device, params=params,
+                               names=("indptr", "indices", "last_page_len"), non_blocking=non_blocking,
+                               q_len_per_req=q_len_per_req,
+                               buffers=self._graph_buffers if self._use_cuda_graph else None)
+        for i, n in enumerate(meta.kv_lens_host):
+            if 0 < n < q_len_per_req:
+                raise ValueError(f"last_page_len: request {i} holds {n} tokens, fewer than q_len_per_req "
+                                 f"({q_len_per_req}); the draft tokens must already be in the cache")
+        meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
+        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
+        kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
+        problem = _api.build_problem("batch_decode", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                     out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype),
+                                     num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                     page_size=page_size, kv_layout=self._kv_layout, mask="causal", params=params,
+                                     q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph)
+        self._planned = _api.Planned(problem, meta, self._requested_backend)
+
+    def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
+            lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            window_left: Optional[int] = None, sinks: Optional[Tensor] = None):
+        """Run the planned decode.  q: ``[B * q_len_per_req, Hq, D]``.  ``window_left`` here must
+        match the plan (it is a plan-time choice)."""
+        if args:
+            _api.reject_extra("run", args)
+        planned = self._require_plan()
+        if window_left is not None and window_left != planned.meta.params.window_left:
+            raise ValueError(f"window_left: got {window_left} in run(), but plan() used "
+                             f"{planned.meta.params.window_left}; plan again to change it")
+        self._check_q(q)
+        p = planned.problem
+        k, v = _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
+                                      head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
+                                      device=self._device, max_page_id=planned.meta.max_page_id)
+        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+                            k_scale=k_scale, v_scale=v_scale)
+
+
+def xqa_batch_decode_with_kv_cache(
+    query: Tensor, kv_cache, workspace_buffer: Tensor, block_tables: Tensor, seq_lens: Tensor, max_seq_len: int,
+    bmm1_scale: Union[float, Tensor] = 1.0, bmm2_scale: Union[float, Tensor] = 1.0, window_left: int = -1,
+    out: Optional[Tensor] = None, sinks: Optional[Tensor] = None, kv_layout: str = "NHD",
+    enable_pdl: Optional[bool] = None, q_len_per_req: Optional[int] = 1, o_scale: Optional[float] = 1.0,
+    mask: Optional[Tensor] = None, kv_cache_sf=None, *, backend: str = "auto",
+) -> Tensor:
+    """XQA-style GQA decode over block tables (FlashInfer-compatible).
+
+    query ``[B * q_len_per_req, Hq, D]``; kv_cache 5-D ``[pages, 1 or 2, page, Hkv, D]`` (NHD) or a
+    (k_cache, v_cache) tuple; block_tables int32 ``[B, max_pages]``; seq_lens ``[B]`` (uint32 or
+    int32) total KV lengths including the draft tokens.  logit = ``qk * bmm1_scale``;
+    out = ``softmax @ v * bmm2_scale / o_scale``.  mask: uint16 ``[B, q_len, ceil(q_len/32)*2]``.
+    """
+    if kv_cache_sf is not None:
+        raise ValueError("kv_cache_sf: NVFP4 KV caches are not supported by attncore yet (no backend "
+                         "implements them); pass an fp16/bf16/fp8 cache")
+    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _api.check_tensor("query", query, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES,
+                      what="([batch_size * q_len_per_req, num_heads, head_dim])")
+    device = _api.norm_device(query.device)
+    q_len = 1 if q_len_per_req is None else q_len_per_req
+    if not isinstance(q_len, int) or q_len < 1:
+        raise ValueError(f"q_len_per_req: got {q_len_per_req!r}, expected an int >= 1")
+    _api.check_tensor("block_tables", block_tables, ndim=2, dtype=torch.int32, device=device)
+    b = block_tables.shape[0]
+    _api.check_tensor("seq_lens", seq_lens, ndim=1, shape=[b], dtype=(torch.int32, torch.uint32), device=device)
+    if query.shape[0] != b * q_len:
+        raise ValueError(f"query: got {query.shape[0]} rows, expected batch_size * q_len_per_req = {b * q_len}")
+    _api.check_tensor("workspace_buffer", workspace_buffer, device=device)
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1:
+        kv_cache = (kv_cache[:, 0], kv_cache[:, 0])  # K and V share storage
+    from .page import unpack_paged_kv_cache
+
+    k_cache, _ = unpack_paged_kv_cache(kv_cache, kv_layout)
+    page_size = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
+    hkv = k_cache.shape[2] if kv_layout == "NHD" else k_cache.shape[1]
+    hq, d = query.shape[1], query.shape[2]
+    _api.check_heads(hq, hkv, d)
+    k, v = _api.check_paged_cache(kv_cache, kv_layout=kv_layout, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                                  kv_dtype=k_cache.dtype, device=device, max_page_id=-1, name="kv_cache")
+    if k.dtype not in _api.SUPPORTED_KV_DTYPES:
+        raise TypeError(f"kv_cache: got dtype {k.dtype}, expected fp16, bf16, fp32, e4m3 or e5m2")
+    if not isinstance(max_seq_len, int) or max_seq_len < 0:
+        raise ValueError(f"max_seq_len: got {max_seq_len!r}, expected an int >= 0")
+    if block_tables.shape[1] * page_size < max_seq_len:
+        raise ValueError(f"block_tables: {block_tables.shape[1]} pages of {page_size} tokens cannot hold "
+                         f"max_seq_len {max_seq_len}")
+    if mask is not None:
+        words = ((q_len + 31) // 32) * 2
+        _api.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,
+                          what="([batch_size, q_len_per_req, ceil(q_len/32)*2] uint16)")
+    sm_scale = _api.scale_value("bmm1_scale", bmm1_scale)
+    params = _api.make_params(head_dim=d, sm_scale=sm_scale, causal=True, logits_soft_cap=None,
+                              window_left=window_left, pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
+    out_dtype = query.dtype
+    if out is not None:
+        _api.check_tensor("out", out, shape=list(query.shape), device=device,
+                          dtype=(query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
+        out_dtype = out.dtype
+    qo_host = [i * q_len for i in range(b + 1)]
+    meta = BatchMeta(batch_size=b, qo_indptr=torch.tensor(qo_host, dtype=torch.int32, device=device),
+                     qo_indptr_host=qo_host, block_tables=block_tables, seq_lens=seq_lens,
+                     kv_lens=seq_lens.to(torch.int32), max_seq_len=max_seq_len, page_size=page_size,
+                     params=params, q_len_per_req=q_len, device=device)
+    problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
+                                 num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                                 kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,
+                                 spec_mask=mask is not None)
+    planned = _api.Planned(problem, meta, backend)
+    if out is None:
+        out = torch.empty_like(query)
+    planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=_api.check_sinks(sinks, hq, device),
+                        v_scale=_api.scale_value("bmm2_scale", bmm2_scale),
+                        o_scale=_api.scale_value("o_scale", o_scale), spec_mask=mask,
+                        enable_pdl=bool(enable_pdl)))
+    return out

@@ -1,0 +1,177 @@
+"""POD (prefill-on-decode): a prefill and a decode batch in one call.
+
+No backend claims the fused single-launch op yet, so both wrappers compose the backends chosen for
+their parts (a single or batch prefill, and a batch decode) on the current stream.  Unlike
+FlashInfer, LSEs are returned when asked for, and decode-side ``*_d`` arguments either match the
+plan (``None`` means "as planned") or raise: they are never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _api
+from .decode import BatchDecodeWithPagedKVCacheWrapper
+from .prefill import BatchPrefillWithPagedKVCacheWrapper, _single_prefill
+
+Tensor = torch.Tensor
+
+
+def _same(name: str, given, planned) -> None:
+    if given is not None and given != planned:
+        raise ValueError(f"{name}: got {given!r}, but the decode side was planned with {planned!r}; "
+                         f"plan again to change it (or pass None)")
+
+
+class PODWithPagedKVCacheWrapper:
+    """Single-request prefill (dense K/V) + batch decode (paged) in one call (FlashInfer-compatible)."""
+
+    def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 paged_kv_indptr_buffer: Optional[Tensor] = None, paged_kv_indices_buffer: Optional[Tensor] = None,
+                 paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto"):
+        self._decode = BatchDecodeWithPagedKVCacheWrapper(
+            float_workspace_buffer, kv_layout, use_cuda_graph, False, paged_kv_indptr_buffer,
+            paged_kv_indices_buffer, paged_kv_last_page_len_buffer, backend=backend, jit_args=jit_args)
+        self._requested_backend = backend
+        self._kv_layout = kv_layout
+        self._prefill_backend: Optional[str] = None
+
+    @property
+    def backend(self) -> Optional[str]:
+        """``"prefill=<name> decode=<name>"`` after a run (decode part known after plan)."""
+        if self._decode.backend is None:
+            return None
+        return f"prefill={self._prefill_backend or '?'} decode={self._decode.backend}"
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
+        self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def plan(self, indptr: Tensor, indices: Tensor, last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int, page_size: int, pos_encoding_mode: str = "NONE", window_left: int = -1,
+             q_data_type="float16", kv_data_type=None, data_type=None, sm_scale: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
+        """Plan the decode side (the prefill side is given whole to ``run``)."""
+        self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                          pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale,
+                          rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking)
+
+    def run(self, q_p: Tensor, k_p: Tensor, v_p: Tensor, q_d: Tensor, paged_kv_cache_d,
+            custom_mask_p: Optional[Tensor] = None, packed_custom_mask_p: Optional[Tensor] = None,
+            causal_p: bool = False, kv_layout_p: str = "NHD", pos_encoding_mode_p: str = "NONE",
+            sm_scale_p: Optional[float] = None, window_left_p: int = -1, rope_scale_p: Optional[float] = None,
+            rope_theta_p: Optional[float] = None, return_lse_p: bool = False,
+            custom_mask_d: Optional[Tensor] = None, packed_custom_mask_d: Optional[Tensor] = None,
+            causal_d: bool = False, kv_layout_d: Optional[str] = None, pos_encoding_mode_d: Optional[str] = None,
+            sm_scale_d: Optional[float] = None, window_left_d: Optional[int] = None,
+            rope_scale_d: Optional[float] = None, rope_theta_d: Optional[float] = None,
+            q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            return_lse_d: bool = False, use_fp16_qk_reduction: bool = False, enable_pdl: Optional[bool] = None,
+            *args):
+        """Returns ``(out_p, out_d)``; each part becomes ``(out, lse)`` when its ``return_lse_*`` is set.
+        q_scale/k_scale/v_scale apply to the decode side."""
+        if args:
+            _api.reject_extra("run", args)
+        planned = self._decode._require_plan()
+        params = planned.meta.params
+        if custom_mask_d is not None or packed_custom_mask_d is not None:
+            raise ValueError("custom_mask_d: the decode side takes no custom mask (each decode row sees its "
+                             "whole request, within the planned window)")
+        _same("kv_layout_d", kv_layout_d, self._kv_layout)
+        _same("pos_encoding_mode_d", pos_encoding_mode_d, params.pos_encoding_mode)
+        _same("sm_scale_d", None if sm_scale_d is None else float(sm_scale_d), params.sm_scale)
+        _same("window_left_d", window_left_d, params.window_left)
+        if params.pos_encoding_mode == "ROPE_LLAMA":
+            _same("rope_scale_d", rope_scale_d, params.rope_scale)
+            _same("rope_theta_d", rope_theta_d, params.rope_theta)
+        elif rope_scale_d is not None or rope_theta_d is not None:
+            raise ValueError("rope_scale_d/rope_theta_d: given, but the decode side was planned without RoPE")
+        if causal_d and planned.meta.q_len_per_req == 1:
+            pass  # one query row per request: causal is the same as no mask
+        res_p, self._prefill_backend = _single_prefill(
+            q_p, k_p, v_p, custom_mask_p, packed_custom_mask_p, causal_p, kv_layout_p, pos_encoding_mode_p,
+            sm_scale_p, window_left_p, None, rope_scale_p, rope_theta_p, return_lse_p,
+            backend=self._requested_backend, sinks=None, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None)
+        res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                 return_lse=return_lse_d)
+        return res_p, res_d
+
+
+class BatchPODWithPagedKVCacheWrapper:
+    """Paged batch prefill + paged batch decode in one call (FlashInfer-compatible)."""
+
+    def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto"):
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
+        self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
+        self._plan_args: Optional[tuple] = None
+        self._prefill_key = None
+
+    @property
+    def backend(self) -> Optional[str]:
+        if self._decode.backend is None:
+            return None
+        return f"prefill={self._prefill.backend or '?'} decode={self._decode.backend}"
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
+        self._prefill.reset_workspace_buffer(float_workspace_buffer)
+        self._decode.reset_workspace_buffer(float_workspace_buffer)
+
+    def plan(self, qo_indptr_p: Tensor, kv_indptr_p: Tensor, kv_indices_p: Tensor, last_page_len_p: Tensor,
+             qo_indptr_d: Tensor, kv_indptr_d: Tensor, kv_indices_d: Tensor, last_page_len_d: Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, pos_encoding_mode: str = "NONE",
+             window_left: int = -1, q_data_type="float16", kv_data_type=None, data_type=None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
+        """Plan both sides.  The decode side's query lengths (``qo_indptr_d``) must all be equal
+        (that length is its ``q_len_per_req``)."""
+        d_host = _api.check_indptr("qo_indptr_d", qo_indptr_d)
+        lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}
+        if len(lens) > 1 or 0 in lens:
+            raise ValueError(f"qo_indptr_d: decode requests must all have the same number (>= 1) of query rows, "
+                             f"got lengths {sorted(lens)}")
+        q_len = lens.pop() if lens else 1
+        if data_type is not None:
+            q_data_type = data_type
+            kv_data_type = kv_data_type or data_type
+        if last_page_len_p.device != kv_indptr_p.device:
+            last_page_len_p = last_page_len_p.to(kv_indptr_p.device)
+        if last_page_len_d.device != kv_indptr_d.device:
+            last_page_len_d = last_page_len_d.to(kv_indptr_d.device)
+        self._decode.plan(kv_indptr_d, kv_indices_d, last_page_len_d, num_qo_heads, num_kv_heads, head_dim, page_size,
+                          pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+                          rope_theta=rope_theta, non_blocking=non_blocking, q_len_per_req=q_len)
+        self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
+                           head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
+                           sm_scale, rope_scale, rope_theta)
+        self._prefill_key = None
+        self._plan_prefill(False, None, None)
+
+    def _plan_prefill(self, causal_p: bool, custom_mask_p, packed_custom_mask_p) -> None:
+        key = (bool(causal_p), id(custom_mask_p), id(packed_custom_mask_p))
+        if key == self._prefill_key:
+            return
+        (qo, kvp, kvi, lpl, hq, hkv, d, page, pe, wl, qdt, kvdt, sm, rs, rt) = self._plan_args
+        self._prefill.plan(qo, kvp, kvi, lpl, hq, hkv, d, page, custom_mask=custom_mask_p,
+                           packed_custom_mask=packed_custom_mask_p, causal=causal_p, pos_encoding_mode=pe,
+                           window_left=wl, sm_scale=sm, rope_scale=rs, rope_theta=rt, q_data_type=qdt,
+                           kv_data_type=kvdt)
+        self._prefill_key = key
+
+    def run(self, q_p: Tensor, paged_kv_cache_p, q_d: Tensor, paged_kv_cache_d,
+            custom_mask_p: Optional[Tensor] = None, packed_custom_mask_p: Optional[Tensor] = None,
+            causal_p: bool = False, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+            v_scale: Optional[float] = None, return_lse: bool = False, use_fp16_qk_reduction: bool = False,
+            enable_pdl: Optional[bool] = None):
+        """Returns ``(out_p, out_d)``, or ``((out_p, lse_p), (out_d, lse_d))`` with ``return_lse``.
+        The prefill side's mask (``causal_p``, custom masks) is planned on its first use and reused.
+        q_scale/k_scale/v_scale apply to the decode side."""
+        if self._plan_args is None:
+            raise RuntimeError("BatchPODWithPagedKVCacheWrapper.run() called before plan()")
+        self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+        res_p = self._prefill.run(q_p, paged_kv_cache_p, return_lse=return_lse)
+        res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                 return_lse=return_lse)
+        return res_p, res_d
