@@ -55,15 +55,19 @@ def golden_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     o_scale: float = 1.0,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense fp64 attention of one request.  ``mask``: bool [qo, kv], True = keep (replaces causal).
 
     Returns (out float64 [qo, Hq, Dv], lse float64 [qo, Hq] in base 2).  Rows that see no key
-    give out 0 and lse -inf.
+    give out 0 and lse -inf.  ``compute_dtype`` (e.g. fp16) runs both matmuls in that dtype with
+    the probabilities rounded to it: "the same torch math done in the backend's dtype", whose
+    error sets the tolerance (``tolerance``).
     """
     q = q.detach().to("cpu", torch.float64)
     k = k.detach().to("cpu", torch.float64)
     v = v.detach().to("cpu", torch.float64)
+    lowp = compute_dtype != torch.float64
     qo, hq, d = q.shape
     kv, hkv, dv = v.shape[0], v.shape[1], v.shape[2]
     group = hq // hkv
@@ -76,7 +80,11 @@ def golden_attention(
         k = golden_rope(k, k_pos, rope_theta, rope_scale)
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
+    if lowp:
+        s = torch.einsum("qhd,khd->hqk", q.to(compute_dtype), k.to(compute_dtype)).to(torch.float64)
+        s = s * (sm_scale * q_scale * k_scale)
+    else:
+        s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
     if logits_soft_cap and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     if pos_encoding_mode == "ALIBI":
@@ -100,7 +108,37 @@ def golden_attention(
     seen = keep.any(dim=1)  # [qo]
     p = torch.exp(s - lse_e[..., None])
     p = torch.where(seen[None, :, None], p, torch.zeros_like(p))
-    out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
+    if lowp:
+        out = torch.einsum("hqk,khd->qhd", p.to(compute_dtype), v.to(compute_dtype)).to(torch.float64)
+        out = (out * (v_scale / o_scale)).to(compute_dtype).to(torch.float64)
+    else:
+        out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
     lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous()
     lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
     return out, lse
+
+
+# Rounding floor per output dtype: the "small atol" of the tolerance rule.
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3,
+        torch.float8_e4m3fn: 0.125, torch.float8_e5m2: 0.25}
+
+
+def tolerance(baseline: torch.Tensor, golden: torch.Tensor, out_dtype: torch.dtype) -> float:
+    """Allowed max abs error against the golden: 2x the error of the same math done in the
+    backend's dtype (``baseline``, from ``compute_dtype``) plus a small rounding atol."""
+    base = (baseline.to(torch.float64) - golden).abs()
+    base = base[torch.isfinite(base)]
+    return 2.0 * (float(base.max()) if base.numel() else 0.0) + ATOL.get(out_dtype, 1e-3)
+
+
+def max_error(out: torch.Tensor, golden: torch.Tensor) -> float:
+    """Max abs error; NaN (e.g. an unwritten, NaN-poisoned element) counts as infinite."""
+    if out.numel() == 0:
+        return 0.0
+    diff = (out.detach().to("cpu", torch.float64) - golden).abs()
+    both_inf = torch.isinf(out.detach().cpu().double()) & torch.isinf(golden) & (
+        torch.sign(out.detach().cpu().double()) == torch.sign(golden))
+    diff = torch.where(both_inf, torch.zeros_like(diff), diff)
+    if torch.isnan(diff).any():
+        return float("inf")
+    return float(diff.max())
