@@ -18,10 +18,10 @@ from .backend import BatchMeta, RunArgs
 Tensor = torch.Tensor
 
 
-def _single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                    window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, *, backend, sinks, q_scale,
-                    k_scale, v_scale, out, lse):
-    """Returns (result, name of the backend that ran it)."""
+def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                 window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, *, backend, sinks, q_scale,
+                 k_scale, v_scale, out, lse) -> Tuple[_api.Planned, RunArgs]:
+    """Validate a single prefill and plan it; returns the plan and the run's arguments."""
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
@@ -60,9 +60,16 @@ def _single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout,
     sinks = _api.check_sinks(sinks, hq, device)
     out = _api.alloc_out("out", out, (qo_len, hq, d), q.dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
-    planned.run(RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=_api.scale_value("q_scale", q_scale),
-                        k_scale=_api.scale_value("k_scale", k_scale), v_scale=_api.scale_value("v_scale", v_scale)))
-    return ((out, lse_t) if return_lse else out), planned.backend_name
+    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=_api.scale_value("q_scale", q_scale),
+                   k_scale=_api.scale_value("k_scale", k_scale), v_scale=_api.scale_value("v_scale", v_scale))
+    return planned, args
+
+
+def _single_prefill(*args, **kwargs):
+    """Plan and run a single prefill; returns (result, name of the backend that ran it)."""
+    planned, ra = _plan_single(*args, **kwargs)
+    planned.run(ra)
+    return ((ra.out, ra.lse) if ra.lse is not None else ra.out), planned.backend_name
 
 
 def single_prefill_with_kv_cache(

@@ -66,6 +66,16 @@ class BackendEntry:
 _lock = threading.RLock()
 _entries: Optional[Dict[str, BackendEntry]] = None
 _manual: Dict[str, Backend] = {}
+_generation = 0  # bumped on every change, so caches keyed on it (the selector's) stay valid
+
+
+def generation() -> int:
+    return _generation
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
 
 
 def _csv_env(name: str) -> Optional[List[str]]:
@@ -136,11 +146,13 @@ def reload() -> None:
     global _entries
     with _lock:
         _entries = None
+        _bump()
 
 
 def register_backend(backend: Backend, *, origin: str = "registered") -> Backend:
     """Register a backend object directly (tests, notebooks).  Replaces one of the same name."""
     with _lock:
+        _bump()
         backend.origin = origin
         _manual[backend.name] = backend
         if _entries is not None:
@@ -152,6 +164,7 @@ def register_backend(backend: Backend, *, origin: str = "registered") -> Backend
 
 def unregister_backend(name: str) -> None:
     with _lock:
+        _bump()
         _manual.pop(name, None)
         if _entries is not None:
             _entries.pop(name, None)

@@ -114,10 +114,22 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
 
 
 _logged: set = set()
+_cache: Dict[tuple, Backend] = {}
 
 
 def select(problem: AttentionProblem, backend: str = "auto") -> Backend:
-    """The backend to use, or ``BackendSelectionError`` listing every reason."""
+    """The backend to use, or ``BackendSelectionError`` listing every reason.  Cached per
+    (problem, backend, ATTNCORE_BACKEND, registry generation) so per-call APIs stay cheap."""
+    key = (problem, backend, os.environ.get("ATTNCORE_BACKEND"), registry.generation())
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    b = _select(problem, backend)
+    _cache[key] = b
+    return b
+
+
+def _select(problem: AttentionProblem, backend: str) -> Backend:
     ex = explain(problem, backend)
     if ex.chosen is None:
         reasons = {**ex.unavailable, **ex.refused}

@@ -1,0 +1,218 @@
+"""The ``attncore`` command: info, explain, check, bench, build, conformance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Optional
+
+
+def _versions() -> List[str]:
+    import torch
+
+    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    try:
+        import triton
+
+        lines.append(f"triton {triton.__version__}")
+    except Exception as e:  # noqa: BLE001 - report, never fail
+        lines.append(f"triton not importable ({type(e).__name__})")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=20).stdout
+            lines.append("nvcc " + out.strip().splitlines()[-1])
+        except Exception:  # noqa: BLE001
+            lines.append(f"nvcc at {nvcc} (version unknown)")
+    else:
+        lines.append("nvcc not found")
+    return lines
+
+
+def cmd_info(args) -> int:
+    import torch
+
+    from . import __version__, registry
+    from .capabilities import summarize
+
+    print(f"attncore {__version__}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cc = torch.cuda.get_device_capability(i)
+            print(f"device cuda:{i}: {torch.cuda.get_device_name(i)} (sm{cc[0]}{cc[1]})")
+    else:
+        print("device: cpu (no CUDA GPU)")
+    for line in _versions():
+        print(line)
+    print("\nbackends:")
+    for name, e in sorted(registry.entries().items()):
+        rs = e.unavailable_reasons()
+        state = "available" if not rs else "unavailable: " + "; ".join(map(str, rs))
+        print(f"  {name} [{e.origin}] {state}")
+        if e.backend is not None:
+            if e.backend.description:
+                print(f"      {e.backend.description}")
+            for line in summarize(e.backend.capabilities):
+                print(f"      {line}")
+    return 0
+
+
+def _problem_from_args(a):
+    import torch
+
+    from ._api import to_dtype
+    from .problem import AttentionProblem
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cc = None
+    if device == "cuda":
+        if a.cc:
+            cc = tuple(int(x) for x in a.cc.split("."))
+        elif torch.cuda.is_available():
+            cc = tuple(torch.cuda.get_device_capability())
+        else:
+            cc = (9, 0)
+    hq, hkv = (int(x) for x in a.heads.split("/"))
+    q_dtype = to_dtype(a.q_dtype, "--q-dtype")
+    kv_dtype = to_dtype(a.kv_dtype, "--kv-dtype", q_dtype)
+    paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode")
+    mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
+    return AttentionProblem(
+        op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
+        out_dtype=to_dtype(a.out_dtype, "--out-dtype", q_dtype), num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
+        kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
+        sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
+        cuda_graph=a.cuda_graph)
+
+
+def cmd_explain(a) -> int:
+    from .selector import explain
+
+    ex = explain(_problem_from_args(a), a.backend)
+    print(ex)
+    return 0 if ex.chosen else 1
+
+
+def cmd_check(a) -> int:
+    from . import registry
+    from .check import format_table, run_check
+
+    names = a.backend or None
+    if names:
+        for n in names:
+            registry.get_backend(n)  # unknown/unavailable: a clear error now, not per case
+    else:
+        es = registry.entries()
+        for n, e in sorted(es.items()):
+            if not e.is_available:
+                print(f"skipping {n}: " + "; ".join(map(str, e.unavailable_reasons())), file=sys.stderr)
+    results = run_check(names, quick=a.quick, device=a.device,
+                        progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(results))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([r.__dict__ for r in results], f, indent=1, default=str)
+    ran = [r for r in results if r.status in ("pass", "FAIL", "ERROR")]
+    if not ran:
+        print("no case ran", file=sys.stderr)
+        return 1
+    return 1 if any(r.status in ("FAIL", "ERROR") for r in results) else 0
+
+
+def cmd_bench(a) -> int:
+    from .bench import format_table, run_bench
+
+    info = run_bench(a.backend or None, ids=a.workload or None, device=a.device,
+                     progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(info))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(info, f, indent=1, default=str)
+    return 0
+
+
+def cmd_build(a) -> int:
+    from . import jit
+
+    return jit.cli_build(a.backend, a.spec or None, list_only=a.list)
+
+
+def cmd_conformance(a, extra: List[str]) -> int:
+    from .testing import run_conformance
+
+    return run_conformance(a.name, extra)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="attncore", description="attncore: attention backends, checked")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="device, versions and every backend with its state and capabilities")
+
+    e = sub.add_parser("explain", help="which backend serves a problem, and why the others refuse")
+    e.add_argument("--op", default="batch_decode",
+                   choices=["single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode",
+                            "xqa_decode"])
+    e.add_argument("--device", choices=["cpu", "cuda"])
+    e.add_argument("--cc", help="compute capability for cuda, e.g. 9.0")
+    e.add_argument("--q-dtype", default="bfloat16")
+    e.add_argument("--kv-dtype")
+    e.add_argument("--out-dtype")
+    e.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    e.add_argument("--head-dim", type=int, default=128)
+    e.add_argument("--page-size", type=int, default=16)
+    e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
+    e.add_argument("--mask", choices=["none", "causal", "custom"])
+    e.add_argument("--window", type=int, default=-1)
+    e.add_argument("--soft-cap", action="store_true")
+    e.add_argument("--pos", default="NONE", choices=["NONE", "ROPE_LLAMA", "ALIBI"])
+    e.add_argument("--sinks", action="store_true")
+    e.add_argument("--fp8-scales", action="store_true")
+    e.add_argument("--lse", action="store_true")
+    e.add_argument("--q-len", type=int, default=1)
+    e.add_argument("--spec-mask", action="store_true")
+    e.add_argument("--cuda-graph", action="store_true")
+    e.add_argument("--backend", default="auto")
+
+    c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
+    c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")
+    c.add_argument("--quick", action="store_true", help="a smaller suite")
+    c.add_argument("--device", choices=["cpu", "cuda"])
+    c.add_argument("--json", metavar="FILE")
+
+    b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
+    b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
+    b.add_argument("--workload", action="append", help="workload id, e.g. D1, P1 (repeatable)")
+    b.add_argument("--device", choices=["cpu", "cuda"])
+    b.add_argument("--json", metavar="FILE")
+
+    bl = sub.add_parser("build", help="prebuild CUDA kernel specializations into the cache")
+    bl.add_argument("backend", nargs="?", default="cuda_fa2")
+    bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
+    bl.add_argument("--list", action="store_true", help="list the specializations instead")
+
+    cf = sub.add_parser("conformance", help="run the conformance suite on one backend (extra args go to pytest)")
+    cf.add_argument("name")
+
+    args, extra = p.parse_known_args(argv)
+    if extra and args.cmd != "conformance":
+        p.error("unrecognized arguments: " + " ".join(extra))
+    if args.cmd == "info":
+        return cmd_info(args)
+    if args.cmd == "explain":
+        return cmd_explain(args)
+    if args.cmd == "check":
+        return cmd_check(args)
+    if args.cmd == "bench":
+        return cmd_bench(args)
+    if args.cmd == "build":
+        return cmd_build(args)
+    return cmd_conformance(args, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
