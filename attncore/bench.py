@@ -41,7 +41,7 @@ WORKLOADS = [
     Workload("D2-B16", "decode", 16, 1, 16384),
     Workload("D2-B1", "decode", 1, 1, 32768),
     Workload("D3", "decode", 128, 1, 2048, hq=32, hkv=32),
-    Workload("D1-p1", "decode", 64, 1, 4096, page=1),
+    Workload("D1p1", "decode", 64, 1, 4096, page=1),
     Workload("D5", "decode", 64, 1, 4096, kv_fp8=True),
     Workload("X1-q1", "xqa", 64, 1, 8192, hq=64, hkv=8, sinks=True),
     Workload("X1-q4", "xqa", 64, 4, 8192, hq=64, hkv=8, q_len=4, sinks=True),
@@ -186,7 +186,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     names = list(backends) if backends else ["auto"]
-    wls = [w for w in WORKLOADS if not ids or w.id in ids or w.id.split("-")[0] in ids]
+    wls = [w for w in WORKLOADS if not ids or w.id in ids or w.id.split("-")[0] in ids]  # "P1" = all P1-*
     if device != "cuda":
         progress("no CUDA GPU: running small shapes on the CPU; the figures only show the paths run")
         wls = [_shrink(w) for w in wls]

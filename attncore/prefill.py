@@ -154,6 +154,11 @@ class _BatchWrapper:
         return self._planned.backend_name if self._planned else None
 
     @property
+    def problem(self):
+        """The ``AttentionProblem`` of the last plan() (for ``attncore.explain``)."""
+        return self._planned.problem if self._planned else None
+
+    @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
 

@@ -32,7 +32,7 @@ def attend(
     rope: Optional[Tuple[float, float]] = None,
     sinks: Optional[torch.Tensor] = None,
     v_scale: float = 1.0,
-    kv_chunk: int = KV_CHUNK,
+    kv_chunk: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """q [qo, Hq, D], k [kv, Hkv, D], v [kv, Hkv, Dv] (NHD, any float dtype incl. fp8).
 
@@ -49,7 +49,7 @@ def attend(
     lse = torch.full((qo, hq), float("-inf"), dtype=torch.float32, device=dev)
     if qo == 0:
         return out, lse
-    kv_chunk = max(1, min(kv_chunk, kv if kv > 0 else 1))
+    kv_chunk = max(1, min(kv_chunk or KV_CHUNK, kv if kv > 0 else 1))
     q_block = max(1, min(qo, SCORE_BUDGET // max(1, hq * kv_chunk)))
     qf_all = q.float()
     if rope is not None:

@@ -1,0 +1,107 @@
+"""pytest plugin of the attncore conformance suite (entry point ``pytest11: attncore``).
+
+Harmless unless used: it only adds options, and generates cases only for tests that request the
+``attncore_case`` fixture (``attncore.testing.test_conformance``) when ``--attncore-backend`` is
+given::
+
+    pytest --pyargs attncore.testing.test_conformance --attncore-backend reference
+    pytest --pyargs attncore.testing.test_conformance --attncore-backend mypkg.backend:MyBackend
+
+``NAME`` is a registered backend name (entry point or ``register_backend``) or
+``module:attribute`` naming a ``Backend`` instance, class or factory (handy before packaging).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+FAMILY_OF_TEST = {
+    "test_numerics": "numerics",
+    "test_refusal": "refusal",
+    "test_lse_merge": "merge",
+    "test_cuda_graph": "cuda_graph",
+    "test_suite_status": "status",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attncore", "attncore backend conformance suite")
+    group.addoption("--attncore-backend", action="store", default=None, metavar="NAME",
+                    help="backend to check (registered name, or module:attr of a Backend)")
+    group.addoption("--attncore-full", action="store_true", default=False,
+                    help="many more random cases and every claimed head dim / group / page size")
+    group.addoption("--attncore-budget", action="store", type=int, default=None, metavar="N",
+                    help="random multi-axis cases per op (default 10, 60 with --attncore-full)")
+    group.addoption("--attncore-seed", action="store", type=int, default=0, metavar="S",
+                    help="seed of case sampling and inputs (default 0)")
+    group.addoption("--attncore-device", action="store", default=None, choices=("cpu", "cuda"),
+                    help="device to test on (default: cuda when available and claimed, else cpu)")
+
+
+def _cases(config):
+    cached = getattr(config, "_attncore_cases", None)
+    if cached is not None:
+        return cached
+    from . import resolve_backend
+    from .cases import generate
+
+    name = config.getoption("--attncore-backend")
+    try:
+        backend, unavailable = resolve_backend(name)
+    except Exception as e:
+        raise pytest.UsageError(f"--attncore-backend {name}: {e}") from e
+    fams = generate(backend, device=config.getoption("--attncore-device"), full=config.getoption("--attncore-full"),
+                    budget=config.getoption("--attncore-budget"), seed=config.getoption("--attncore-seed"),
+                    unavailable=unavailable)
+    config._attncore_cases = (backend, fams)
+    return config._attncore_cases
+
+
+def _param(case, backend):
+    marks = []
+    for sub, reason in (getattr(backend, "known_failures", None) or {}).items():
+        if sub in case.id:
+            marks.append(pytest.mark.xfail(reason=f"known failure: {reason}", strict=False))
+            break
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def pytest_generate_tests(metafunc):
+    if "attncore_case" not in metafunc.fixturenames:
+        return
+    family = FAMILY_OF_TEST.get(metafunc.function.__name__)
+    if metafunc.config.getoption("--attncore-backend", default=None) is None:
+        metafunc.parametrize("attncore_case", [pytest.param(
+            None, id="no-backend", marks=pytest.mark.skip(reason="pass --attncore-backend NAME to run the suite"))])
+        return
+    backend, fams = _cases(metafunc.config)
+    if family == "status":
+        cases = fams.get("skip", []) + fams.get("fail", [])
+        if not cases:
+            n = sum(len(v) for k, v in fams.items() if k in ("numerics", "merge", "cuda_graph"))
+            from .cases import Case
+
+            cases = [Case("ok", f"{backend.name}-collected-{n}", backend, note=f"{n} computed cases")]
+    else:
+        cases = fams.get(family, [])
+    if not cases:
+        metafunc.parametrize("attncore_case", [pytest.param(
+            None, id=f"{backend.name}-none", marks=pytest.mark.skip(
+                reason=f"{backend.name} claims nothing this family tests"))])
+        return
+    metafunc.parametrize("attncore_case", [_param(c, backend) for c in cases])
+
+
+def pytest_report_header(config):
+    name = config.getoption("--attncore-backend", default=None)
+    if not name:
+        return None
+    try:
+        backend, fams = _cases(config)
+    except pytest.UsageError:
+        return None
+    from .cases import pick_device
+
+    dev, why = pick_device(backend, config.getoption("--attncore-device"))
+    counts = ", ".join(f"{k} {len(v)}" for k, v in fams.items() if v)
+    return f"attncore conformance: backend {backend.name} ({getattr(backend, 'origin', '?')}) on {dev} [{why}]: {counts}"

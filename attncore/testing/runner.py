@@ -1,0 +1,618 @@
+"""Running conformance cases: build inputs, drive a backend through plan()/run(), check the result.
+
+The suite talks to backends directly through the ``Backend`` contract (``BatchMeta`` +
+``RunArgs``), never through the public API, so a plugin can be checked on its own.
+
+Checks of every computed case:
+
+* outputs (and LSE) are poisoned with NaN before ``run()``, inside a buffer with one guard row on
+  each side: an unwritten element, or a write outside ``out``, fails;
+* inputs (q, k, v, index tensors, mask, sinks) must be bit-identical after ``run()``;
+* tolerance rule (``docs/writing-a-backend.md``): per request, ``max|out - golden|`` must be at
+  most ``2 x`` the error of the same torch math done in the backend's dtype (fp64 golden,
+  :func:`dtype_attention`), plus one rounding unit of the output dtype; the same for the base-2
+  LSE (atol 1e-3 relative to its magnitude);
+* rows that see no key: output exactly 0 and LSE exactly ``-inf``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ..backend import AttnParams, BatchMeta, RunArgs
+from ..capabilities import Reason
+from ..problem import DECODE_OPS, FP8_DTYPES, PAGED_OPS, AttentionProblem
+from .golden import golden_alibi_slopes, golden_attention, golden_rope
+
+TOL_FACTOR = 2.0
+LN2 = math.log(2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The "same torch math in the backend's dtype" baseline that sets the error budget.
+# ---------------------------------------------------------------------------------------------
+def dtype_attention(q, k, v, *, dtype, out_dtype, causal=False, mask=None, window_left=-1, sm_scale=None,
+                    logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0, rope_theta=1e4, sinks=None,
+                    q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
+    float32), on the CPU.  Returns (out float64 [qo, Hq, Dv] rounded to ``out_dtype``, lse float64
+    [qo, Hq] base 2)."""
+    qo, hq, d = q.shape
+    kv, hkv, dv = v.shape
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    qf, kf, vf = q.detach().cpu().double(), k.detach().cpu().double(), v.detach().cpu().double()
+    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
+    k_pos = torch.arange(kv, dtype=torch.float64)
+    if pos_encoding_mode == "ROPE_LLAMA":
+        qf = golden_rope(qf, q_pos, rope_theta, rope_scale)
+        kf = golden_rope(kf, k_pos, rope_theta, rope_scale)
+    g = hq // hkv
+    qd = qf.to(dtype)
+    kd = kf.to(dtype).repeat_interleave(g, dim=1)
+    vd = vf.to(dtype).repeat_interleave(g, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qd, kd)
+    s = s * (sm_scale * q_scale * k_scale)
+    if logits_soft_cap and logits_soft_cap > 0:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    if pos_encoding_mode == "ALIBI":
+        rows = torch.arange(qo, dtype=torch.float64)
+        bias = golden_alibi_slopes(hq)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
+        s = s + bias.to(dtype)
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if mask is not None:
+        keep &= mask.cpu().bool().reshape(qo, kv)
+    elif causal:
+        keep &= k_pos[None, :] <= q_pos[:, None]
+    if window_left is not None and window_left >= 0:
+        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
+    sf = s.float().masked_fill(~keep[None], float("-inf"))
+    if sinks is not None:
+        sf = torch.cat([sf, sinks.detach().cpu().float()[:, None, None].expand(hq, qo, 1)], dim=-1)
+    lse_e = torch.logsumexp(sf, dim=-1)
+    p = torch.exp(sf - lse_e[..., None])[..., :kv]
+    seen = keep.any(dim=1)
+    p = torch.where(seen[None, :, None], p, torch.zeros_like(p)).nan_to_num(0.0)
+    o = torch.einsum("hqk,khd->qhd", p.to(dtype), vd)
+    o = (o.float() * (v_scale / o_scale)).to(out_dtype).double()
+    lse = (lse_e.double() / LN2).transpose(0, 1)
+    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
+    return o, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+# ---------------------------------------------------------------------------------------------
+def case_shapes(p: AttentionProblem, tag: str, rng: random.Random) -> Tuple[List[int], List[int]]:
+    """(qo_lens, kv_lens) of a case.  Small on purpose: the suite must run on 2 CPU cores."""
+    causal = p.mask == "causal"
+    page = p.page_size or 16
+    if p.op == "single_prefill":
+        if tag == "tok1":
+            return [1], [1]
+        if tag == "edge":  # a few queries over many keys (chunked prefill / append)
+            qo = rng.randint(1, 3)
+            return [qo], [rng.randint(20, 40)]
+        if tag == "strided":
+            n = rng.randint(5, 16)
+            return [n], [n]
+        qo = rng.randint(1, 12)
+        kv = rng.randint(qo if causal else 1, 40)
+        return [qo], [kv]
+    if p.op in ("batch_prefill_ragged", "batch_prefill_paged"):
+        if tag == "tok1":
+            return [1], [1]
+        if tag == "edge":
+            # kv_len 0, an empty request, qo_len > kv_len, one token, last page full.
+            full = 2 * page if p.op == "batch_prefill_paged" else 17
+            return [3, 0, 6, 1, 4], [0, 5, 2, 1, full]
+        b = rng.randint(1, 4)
+        qo = [rng.randint(1, 9) for _ in range(b)]
+        kv = [rng.randint(0, 40) for _ in range(b)]
+        if causal and rng.random() < 0.7:
+            kv = [max(a, x) for a, x in zip(qo, kv)]
+        return qo, kv
+    ql = p.q_len_per_req
+    if tag == "tok1":
+        return [ql], [ql]
+    if tag == "edge":
+        kv = [1, page, 2 * page + 3, 29]
+        if p.op == "batch_decode" and ql == 1:
+            kv.append(0)
+        kv = [max(ql, x) if x else 0 for x in kv]
+        return [ql] * len(kv), kv
+    b = rng.randint(1, 5)
+    kv = [rng.randint(ql, 48) for _ in range(b)]
+    return [ql] * b, kv
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a batch
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Built:
+    problem: AttentionProblem
+    meta: BatchMeta
+    args: RunArgs
+    qo_lens: List[int]
+    kv_lens: List[int]
+    reqs: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per request (q, k, v) on the CPU, NHD
+    masks: List[Optional[torch.Tensor]]  # per request bool [qo, kv] (custom / spec) or None
+    golden_kwargs: dict
+    out_buf: torch.Tensor
+    lse_buf: Optional[torch.Tensor]
+    storages: List[torch.Tensor] = field(default_factory=list)  # device buffers holding q / k / v
+
+
+def _pack_bits_lsb(bits: torch.Tensor) -> torch.Tensor:
+    """uint8 bytes of a flat bool tensor, LSB-first, padded with zeros to a byte boundary."""
+    n = bits.numel()
+    pad = (-n) % 8
+    b = torch.cat([bits.reshape(-1).to(torch.int32), torch.zeros(pad, dtype=torch.int32)]).reshape(-1, 8)
+    return (b << torch.arange(8, dtype=torch.int32)).sum(dim=1).to(torch.uint8)
+
+
+def _spec_mask_words(bits: torch.Tensor) -> torch.Tensor:
+    """xqa mask: bool [B, q_len, q_len] -> uint16 [B, q_len, ceil(q_len/32)*2] (LSB-first uint32 words)."""
+    b, ql, _ = bits.shape
+    n16 = -(-ql // 32) * 2
+    words = torch.zeros(b, ql, n16, dtype=torch.int32)
+    for j in range(ql):
+        words[:, :, j // 16] |= bits[:, :, j].to(torch.int32) << (j % 16)
+    return words.to(torch.uint16)
+
+
+def _randn(gen, *shape, scale=1.0):
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: Optional[int] = None,
+          reqs: Optional[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None) -> Built:
+    """Inputs of one case.  Shapes, page tables and masks come from ``seed``; tensor values from
+    ``data_seed`` (so a second "layer" can reuse one plan), or ``reqs`` when given."""
+    rng = random.Random(seed)
+    mgen = torch.Generator().manual_seed(seed)
+    dgen = torch.Generator().manual_seed(seed + 7919 if data_seed is None else data_seed)
+    dev = torch.device(device)
+    hq, hkv, d, dv = p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo
+    if reqs is None:
+        qo_lens, kv_lens = case_shapes(p, tag, rng)
+    else:
+        qo_lens = [r[0].shape[0] for r in reqs]
+        kv_lens = [r[1].shape[0] for r in reqs]
+    bsz = len(qo_lens)
+    strided = tag == "strided" or (tag.startswith("r") and rng.random() < 0.3)
+    paged_5d = p.op in PAGED_OPS and d == dv and (strided or rng.random() < 0.5)
+    xqa = p.op == "xqa_decode"
+
+    # Scalars.
+    sm_scale = 1.0 / math.sqrt(d)
+    cap = 2.0 if p.soft_cap else 0.0
+    q_scale = k_scale = v_scale = o_scale = 1.0
+    if p.fp8_scales:
+        if xqa:  # bmm1_scale folds every QK scale into sm_scale; bmm2_scale is v_scale
+            sm_scale *= 1.25 * 0.75
+            v_scale = 1.5
+        else:
+            q_scale, k_scale, v_scale = 1.25, 0.75, 1.5
+    params = AttnParams(sm_scale=sm_scale, causal=p.mask == "causal", logits_soft_cap=cap,
+                        window_left=p.window_left, pos_encoding_mode=p.pos_encoding)
+
+    # Per-request values (CPU, in the problem's dtypes).
+    if reqs is None:
+        reqs = []
+        for qo, kv in zip(qo_lens, kv_lens):
+            reqs.append((_randn(dgen, qo, hq, d).to(p.q_dtype), _randn(dgen, kv, hkv, d).to(p.kv_dtype),
+                         _randn(dgen, kv, hkv, dv).to(p.kv_dtype)))
+    sinks = (_randn(dgen, hq) + 1.0).float() if p.sinks else None
+
+    # Masks (meta: drawn from the shape seed).
+    masks: List[Optional[torch.Tensor]] = [None] * bsz
+    packed = mask_indptr = mask_indptr_host = None
+    spec = None
+    if p.mask == "custom":
+        chunks, mask_indptr_host = [], [0]
+        for i, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+            m = torch.rand(qo, kv, generator=mgen) < 0.7
+            if qo > 1 and kv > 0:
+                m[rng.randrange(qo)] = False  # a fully masked row
+            masks[i] = m
+            chunk = _pack_bits_lsb(m)
+            chunks.append(chunk)
+            mask_indptr_host.append(mask_indptr_host[-1] + chunk.numel())
+        packed = torch.cat(chunks).to(dev) if chunks else torch.zeros(0, dtype=torch.uint8, device=dev)
+        mask_indptr = torch.tensor(mask_indptr_host, dtype=torch.int32, device=dev)
+    elif p.spec_mask:
+        ql = p.q_len_per_req
+        bits = torch.rand(bsz, ql, ql, generator=mgen) < 0.6
+        bits &= torch.ones(ql, ql, dtype=torch.bool).tril()
+        bits |= torch.eye(ql, dtype=torch.bool)
+        spec = _spec_mask_words(bits).to(dev)
+        for i, kv in enumerate(kv_lens):
+            prefix = torch.ones(ql, kv - ql, dtype=torch.bool)
+            masks[i] = torch.cat([prefix, bits[i]], dim=1)
+
+    # q (optionally a head-slice of a fused buffer, like q of a qkv projection).
+    storages = []
+    q_all = torch.cat([r[0] for r in reqs]) if reqs else torch.zeros(0, hq, d, dtype=p.q_dtype)
+    nnz = q_all.shape[0]
+    if strided:
+        qbuf = (_randn(dgen, nnz, hq + 3, d)).to(p.q_dtype).to(dev)
+        q = qbuf[:, 1:1 + hq]
+        q.copy_(q_all.to(dev))
+        storages.append(qbuf)
+    else:
+        q = q_all.to(dev)
+        storages.append(q)
+
+    meta_kw = dict(batch_size=bsz, params=params, q_len_per_req=p.q_len_per_req, device=dev)
+    qo_ptr = [0]
+    for n in qo_lens:
+        qo_ptr.append(qo_ptr[-1] + n)
+    meta_kw.update(qo_indptr=torch.tensor(qo_ptr, dtype=torch.int32, device=dev), qo_indptr_host=qo_ptr)
+
+    if p.op in ("single_prefill", "batch_prefill_ragged"):
+        kv_ptr = [0]
+        for n in kv_lens:
+            kv_ptr.append(kv_ptr[-1] + n)
+        n = kv_ptr[-1]
+        k_all = torch.cat([r[1] for r in reqs]).float()
+        v_all = torch.cat([r[2] for r in reqs]).float()
+        kv_tensors = []
+        for x, dd in ((k_all, d), (v_all, dv)):
+            extra_h = 2 if strided else 0
+            if p.kv_layout == "NHD":
+                stage = _randn(dgen, n + 2, hkv + extra_h, dd, scale=10.0)
+                stage[:n, extra_h // 2: extra_h // 2 + hkv] = x
+                buf = stage.to(p.kv_dtype).to(dev)
+                view = buf[:n, extra_h // 2: extra_h // 2 + hkv]
+            else:
+                stage = _randn(dgen, hkv + extra_h // 2, n + 2 + (3 if strided else 0), dd, scale=10.0)
+                off = 3 if strided else 0
+                stage[extra_h // 2:, off:off + n] = x.transpose(0, 1)
+                buf = stage.to(p.kv_dtype).to(dev)
+                view = buf[extra_h // 2:, off:off + n]
+            kv_tensors.append(view)
+            storages.append(buf)
+        k, v = kv_tensors
+        meta_kw.update(kv_indptr=torch.tensor(kv_ptr, dtype=torch.int32, device=dev), kv_indptr_host=kv_ptr,
+                       kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev), kv_lens_host=list(kv_lens))
+    else:
+        page = p.page_size
+        npages = [-(-n // page) for n in kv_lens]
+        total = sum(npages)
+        pool = total + 3
+        perm = list(range(pool))
+        rng.shuffle(perm)
+        used, spare = perm[:total], perm[total:]
+        page_ids, s = [], 0
+        for n in npages:
+            page_ids.append(used[s:s + n])
+            s += n
+        hnd = p.kv_layout == "HND"
+        tok_shape = (hkv, page) if hnd else (page, hkv)
+        if paged_5d:
+            stage = _randn(dgen, pool, 2, *tok_shape, d, scale=10.0)
+            ks, vs = stage[:, 0], stage[:, 1]
+        else:
+            ks = _randn(dgen, pool, *tok_shape, d, scale=10.0)
+            vs = _randn(dgen, pool, *tok_shape, dv, scale=10.0)
+        for (qi, ki, vi), ids, n in zip(reqs, page_ids, kv_lens):
+            if n == 0:
+                continue
+            pid = torch.tensor(ids, dtype=torch.long).repeat_interleave(page)[:n]
+            slot = torch.arange(n) % page
+            if hnd:
+                ks[pid, :, slot] = ki.float()
+                vs[pid, :, slot] = vi.float()
+            else:
+                ks[pid, slot] = ki.float()
+                vs[pid, slot] = vi.float()
+        if paged_5d:
+            buf = stage.to(p.kv_dtype).to(dev)
+            k, v = buf[:, 0], buf[:, 1]
+            storages.append(buf)
+        else:
+            k = ks.to(p.kv_dtype).to(dev)
+            v = vs.to(p.kv_dtype).to(dev)
+            storages += [k, v]
+        if xqa:
+            width = max(npages) + 1 if npages else 1
+            bt = torch.tensor([[rng.choice(spare) for _ in range(width)] for _ in range(bsz)], dtype=torch.int32)
+            for i, ids in enumerate(page_ids):
+                if ids:
+                    bt[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
+            meta_kw.update(block_tables=bt.to(dev), seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
+                           max_seq_len=max(kv_lens) if kv_lens else 0, page_size=page)
+        else:
+            kv_ptr = [0]
+            for n in npages:
+                kv_ptr.append(kv_ptr[-1] + n)
+            flat = [x for ids in page_ids for x in ids]
+            last = [((n - 1) % page) + 1 if n else 0 for n in kv_lens]
+            meta_kw.update(
+                kv_indptr=torch.tensor(kv_ptr, dtype=torch.int32, device=dev), kv_indptr_host=kv_ptr,
+                kv_indices=torch.tensor(flat, dtype=torch.int32, device=dev),
+                kv_last_page_len=torch.tensor(last, dtype=torch.int32, device=dev),
+                kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev), kv_lens_host=list(kv_lens),
+                page_size=page)
+            if "max_page_id" in BatchMeta.__dataclass_fields__:
+                meta_kw["max_page_id"] = max(flat) if flat else -1
+    if packed is not None:
+        meta_kw.update(packed_mask=packed, mask_indptr=mask_indptr, mask_indptr_host=mask_indptr_host)
+    meta = BatchMeta(**{k_: v_ for k_, v_ in meta_kw.items() if k_ in BatchMeta.__dataclass_fields__})
+
+    # Outputs: NaN-poisoned, with a guard row on each side.
+    out_buf = torch.full((nnz + 2, hq, dv), float("nan"), dtype=p.out_dtype, device=dev)
+    lse_buf = torch.full((nnz + 2, hq), float("nan"), dtype=torch.float32, device=dev) if p.return_lse else None
+    args = RunArgs(q=q, k=k, v=v, out=out_buf[1:nnz + 1], lse=None if lse_buf is None else lse_buf[1:nnz + 1],
+                   sinks=None if sinks is None else sinks.to(dev), q_scale=q_scale, k_scale=k_scale,
+                   v_scale=v_scale, o_scale=o_scale, spec_mask=spec)
+    golden_kwargs = dict(window_left=p.window_left, sm_scale=sm_scale, logits_soft_cap=cap,
+                         pos_encoding_mode=p.pos_encoding, sinks=sinks, q_scale=q_scale, k_scale=k_scale,
+                         v_scale=v_scale, o_scale=o_scale)
+    return Built(p, meta, args, qo_lens, kv_lens, reqs, masks, golden_kwargs, out_buf, lse_buf, storages)
+
+
+def expected(b: Built):
+    """Per request: (golden out, golden lse, baseline out, baseline lse), float64 on the CPU."""
+    res = []
+    p = b.problem
+    causal = p.mask == "causal"
+    for (q, k, v), m in zip(b.reqs, b.masks):
+        kw = dict(b.golden_kwargs, causal=causal and m is None, mask=m)
+        go, gl = golden_attention(q, k, v, **kw)
+        bo, bl = dtype_attention(q, k, v, dtype=p.q_dtype, out_dtype=p.out_dtype, **kw)
+        res.append((go, gl, bo, bl))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking
+# ---------------------------------------------------------------------------------------------
+def _snapshot(b: Built):
+    ts = list(b.storages)
+    m = b.meta
+    for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.kv_last_page_len, m.kv_lens, m.packed_mask, m.mask_indptr,
+              m.block_tables, m.seq_lens, b.args.sinks, b.args.spec_mask):
+        if t is not None:
+            ts.append(t)
+    return [(t, t.detach().clone()) for t in ts]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.uint8) if t.is_floating_point() else t
+
+
+def check_inputs_unchanged(snap) -> List[str]:
+    bad = []
+    for t, before in snap:
+        if not torch.equal(_bits(t), _bits(before)):
+            bad.append(f"an input tensor of shape {tuple(t.shape)} ({t.dtype}) was modified by run()")
+    return bad
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps)
+
+
+def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+                 *, out_buf: Optional[torch.Tensor] = None, lse_buf: Optional[torch.Tensor] = None,
+                 atol_scale: float = 1.0, what: str = "") -> List[str]:
+    """Failure messages (empty: pass)."""
+    p = b.problem
+    errs: List[str] = []
+    out_buf = b.out_buf if out_buf is None else out_buf
+    lse_buf = b.lse_buf if lse_buf is None else lse_buf
+    out = out_buf[1:-1] if out is None else out
+    o_all = out.detach().cpu().double()
+    if out_buf is not None and out_buf.shape[0] >= 2:
+        g = out_buf.detach().cpu().double()
+        if not (torch.isnan(g[0]).all() and torch.isnan(g[-1]).all()):
+            errs.append("run() wrote outside `out` (the guard rows around it were overwritten)")
+    l_all = None
+    if p.return_lse:
+        lse = lse_buf[1:-1] if lse is None else lse
+        l_all = lse.detach().cpu().double()
+        if lse_buf is not None and lse_buf.shape[0] >= 2 and not (torch.isnan(lse_buf[0]).all() and torch.isnan(lse_buf[-1]).all()):
+            errs.append("run() wrote outside `lse` (the guard rows around it were overwritten)")
+    nan = torch.isnan(o_all)
+    if nan.any():
+        rows = torch.nonzero(nan.any(dim=2).any(dim=1)).flatten().tolist()
+        errs.append(f"{int(nan.sum())} elements of out are NaN (left unwritten, or computed NaN), rows {rows[:12]}")
+    row0 = 0
+    for i, ((go, gl, bo, bl), qo, kv) in enumerate(zip(exp, b.qo_lens, b.kv_lens)):
+        o = o_all[row0:row0 + qo]
+        where = f"{what}request {i} (qo_len={qo}, kv_len={kv}, rows {row0}..{row0 + qo - 1})"
+        seen = torch.isfinite(gl)  # [qo, Hq]
+        if qo and (~seen).any():
+            z = o[~seen]
+            if z.numel() and not torch.nan_to_num(z, nan=1.0).eq(0).all():
+                errs.append(f"{where}: rows that see no key must give exactly 0, got max |out| = "
+                            f"{float(torch.nan_to_num(z, nan=float('inf')).abs().max()):.3g}")
+        if qo and not torch.isnan(o).any():
+            err = float((o - go).abs().max()) if o.numel() else 0.0
+            berr = float((bo - go).abs().max()) if o.numel() else 0.0
+            atol = _eps(p.out_dtype) * max(1.0, float(go.abs().max()) if go.numel() else 1.0) * atol_scale
+            if not err <= TOL_FACTOR * berr + atol:
+                idx = torch.nonzero((o - go).abs() == err)[0].tolist()
+                errs.append(f"{where}: max |out - golden| = {err:.3g} at [row {idx[0]}, head {idx[1]}, dim {idx[2]}] "
+                            f"> {TOL_FACTOR:g} x {berr:.3g} (error of the same torch math in "
+                            f"{str(p.q_dtype).replace('torch.', '')}) + atol {atol:.3g}")
+        if l_all is not None and qo:
+            l = l_all[row0:row0 + qo]
+            if torch.isnan(l).any():
+                errs.append(f"{where}: {int(torch.isnan(l).sum())} LSE elements are NaN (unwritten?)")
+            else:
+                if (~seen).any() and not torch.isneginf(l[~seen]).all():
+                    errs.append(f"{where}: LSE of rows that see no key must be -inf, got {l[~seen][:4].tolist()}")
+                if seen.any():
+                    ls, gs, bs = l[seen], gl[seen], bl[seen]
+                    if not torch.isfinite(ls).all():
+                        errs.append(f"{where}: LSE is not finite on rows that see keys")
+                    else:
+                        err = float((ls - gs).abs().max())
+                        berr = float((bs - gs).abs().max())
+                        atol = 1e-3 * max(1.0, float(gs.abs().max())) * atol_scale
+                        if not err <= TOL_FACTOR * berr + atol:
+                            ratio = float((ls / gs)[(gs.abs() > 1)].median()) if (gs.abs() > 1).any() else float("nan")
+                            hint = " (looks like natural log: LSE must be base 2)" if abs(ratio - LN2) < 0.02 else ""
+                            errs.append(f"{where}: max |lse - golden| = {err:.3g} > {TOL_FACTOR:g} x {berr:.3g} "
+                                        f"+ atol {atol:.3g}{hint}")
+        row0 += qo
+    return errs
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _fail(case, errs: Sequence[str], b: Optional[Built] = None) -> None:
+    if not errs:
+        return
+    head = f"{case.id}: {case.problem.describe() if case.problem else ''}"
+    if b is not None:
+        head += f"\n  shapes: qo_lens={b.qo_lens} kv_lens={b.kv_lens}"
+    shown = list(errs[:8]) + ([f"... and {len(errs) - 8} more"] if len(errs) > 8 else [])
+    raise AssertionError(head + "\n  " + "\n  ".join(shown))
+
+
+# ---------------------------------------------------------------------------------------------
+# Families
+# ---------------------------------------------------------------------------------------------
+def run_numerics(case) -> None:
+    be, p = case.backend, case.problem
+    b = build(p, case.tag, case.seed, case.device)
+    exp = expected(b)
+    snap = _snapshot(b)
+    plan = be.plan(p, b.meta)
+    be.run(plan, b.args)
+    _sync(case.device)
+    errs = check_inputs_unchanged(snap) + check_result(b, exp)
+    _fail(case, errs, b)
+    if case.tag == "edge":  # a second "layer": same plan, new tensors
+        b2 = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 104729)
+        be.run(plan, b2.args)
+        _sync(case.device)
+        _fail(case, check_result(b2, expected(b2), what="second run() with the same plan: "), b2)
+
+
+def run_refusal(case) -> None:
+    be, p = case.backend, case.problem
+    rs = be.reasons(p)
+    errs = []
+    if not isinstance(rs, (list, tuple)) or not rs:
+        errs.append(f"{be.name}.reasons() returned {rs!r} for a problem outside its claim ({case.note})")
+    else:
+        for r in rs:
+            if not isinstance(r, Reason) or not r.axis:
+                errs.append(f"reasons() must return attncore.capabilities.Reason objects with an axis, got {r!r}")
+            else:
+                str(r)
+    if be.supports(p):
+        errs.append(f"{be.name}.supports() is True but reasons() gives {[str(r) for r in rs]}")
+    try:
+        from .. import registry, selector
+    except ImportError:
+        selector = None
+    if selector is not None and not errs:
+        try:
+            entry = registry.get_entry(be.name)
+        except Exception:
+            entry = None
+        if entry is not None and entry.backend is be and not entry.unavailable_reasons():
+            try:
+                selector.select(p, backend=be.name)
+            except ValueError:
+                pass
+            else:
+                errs.append(f"the selector accepted backend={be.name!r} for a refused problem")
+    _fail(case, errs)
+
+
+def run_merge(case) -> None:
+    """Split every request's keys in two, run both halves with LSE, merge, compare with the full golden."""
+    be, p = case.backend, case.problem
+    full = build(p, "", case.seed, case.device)
+    exp = expected(full)
+    rng = random.Random(case.seed + 1)
+    splits = [rng.randint(0, kv) for kv in full.kv_lens]
+    parts = []
+    for lo in (True, False):
+        reqs = [(q, k[:s] if lo else k[s:], v[:s] if lo else v[s:]) for (q, k, v), s in zip(full.reqs, splits)]
+        b = build(p, "", case.seed + (11 if lo else 13), case.device, reqs=reqs)
+        plan = be.plan(p, b.meta)
+        be.run(plan, b.args)
+        _sync(case.device)
+        parts.append(b)
+    a, c = parts
+    try:
+        from ..cascade import merge_state
+    except ImportError:  # pragma: no cover - the core always ships it
+        merge_state = None
+    oa, la, ob, lb = a.args.out, a.args.lse, c.args.out, c.args.lse
+    if merge_state is not None:
+        o, l = merge_state(oa, la, ob, lb)
+    else:
+        m = torch.maximum(la, lb)
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        wa, wb = torch.exp2(la - m), torch.exp2(lb - m)
+        tot = wa + wb
+        o = ((oa.float() * wa[..., None] + ob.float() * wb[..., None]) / tot.clamp_min(1e-30)[..., None]).to(oa.dtype)
+        l = m + torch.log2(tot)
+    errs = check_result(full, exp, o, l, out_buf=torch.empty(0), lse_buf=torch.empty(0), atol_scale=2.0,
+                        what=f"merged halves (splits {splits}): ")
+    _fail(case, errs, full)
+
+
+def run_cuda_graph(case) -> None:
+    import pytest
+
+    if not case.device.startswith("cuda") or not torch.cuda.is_available():
+        pytest.skip("CUDA-graph replay needs a CUDA device")
+    be, p = case.backend, case.problem
+    b = build(p, case.tag, case.seed, case.device)
+    plan = be.plan(p, b.meta)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        be.run(plan, b.args)  # warm-up (JIT, autotune) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        be.run(plan, b.args)
+    # New values in the captured buffers, poisoned outputs, replay.
+    b2 = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 31337)
+    for dst, src in zip(b.storages, b2.storages):
+        dst.copy_(src)
+    if b.args.sinks is not None and b2.args.sinks is not None:
+        b.args.sinks.copy_(b2.args.sinks)
+    b.out_buf.fill_(float("nan"))
+    if b.lse_buf is not None:
+        b.lse_buf.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    replay_out = b.out_buf.clone()
+    replay_lse = None if b.lse_buf is None else b.lse_buf.clone()
+    errs = check_result(b2, expected(b2), out_buf=replay_out, lse_buf=replay_lse, what="graph replay: ")
+    b.out_buf.fill_(float("nan"))
+    be.run(plan, b.args)
+    torch.cuda.synchronize()
+    if not torch.equal(_bits(replay_out), _bits(b.out_buf)):
+        diff = (replay_out.double() - b.out_buf.double()).abs().nan_to_num(float("inf")).max()
+        errs.append(f"graph replay differs from an eager run() on the same inputs (max |diff| = {float(diff):.3g})")
+    if replay_lse is not None and not torch.equal(_bits(replay_lse), _bits(b.lse_buf)):
+        errs.append("graph replay LSE differs from an eager run() on the same inputs")
+    del g
+    _fail(case, errs, b2)
+
+
+FAMILIES = {"numerics": run_numerics, "refusal": run_refusal, "merge": run_merge, "cuda_graph": run_cuda_graph}

@@ -1,0 +1,29 @@
+import os
+
+import pytest
+import torch
+
+# Triton's CPU interpreter must be chosen before triton decorates any kernel.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """A registry re-read from entry points and the environment, restored afterwards."""
+    from attncore import registry
+
+    registry.reload()
+    yield registry
+    for name in list(registry._manual):
+        registry.unregister_backend(name)
+    registry.reload()
