@@ -222,7 +222,7 @@ def build_problem(op: str, device: torch.device, *, q_dtype, kv_dtype, out_dtype
         out_dtype=out_dtype or q_dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
         head_dim_qk=head_dim, head_dim_vo=head_dim_vo or head_dim, page_size=page_size, kv_layout=kv_layout,
         mask=mask, window_left=p.window_left, soft_cap=p.logits_soft_cap > 0, pos_encoding=p.pos_encoding_mode,
-        q_len_per_req=q_len_per_req, spec_mask=spec_mask, cuda_graph=cuda_graph,
+        q_len_per_req=q_len_per_req, spec_mask=spec_mask, cuda_graph=cuda_graph and dev_type == "cuda",
     )
 
 

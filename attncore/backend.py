@@ -75,6 +75,9 @@ class BatchMeta:
     max_page_id: int = -1  # largest page id referenced (the API checks it against the cache)
     fixed_split_size: Optional[int] = None  # decode: user's split-KV hint (pages per split)
     disable_split_kv: bool = False
+    # The caller's float workspace buffer (uint8), or None.  Backends should carve split-KV partials
+    # from it: in CUDA-graph mode its address is what a captured graph keeps using across plans.
+    workspace: Optional[torch.Tensor] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property

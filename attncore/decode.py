@@ -136,7 +136,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                                      num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                      page_size=page_size, kv_layout=self._kv_layout, mask="causal", params=params,
                                      q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph)
-        self._planned = _api.Planned(problem, meta, self._requested_backend)
+        self._plan_with(problem, meta)
 
     def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
@@ -223,7 +223,7 @@ def xqa_batch_decode_with_kv_cache(
     meta = BatchMeta(batch_size=b, qo_indptr=torch.tensor(qo_host, dtype=torch.int32, device=device),
                      qo_indptr_host=qo_host, block_tables=block_tables, seq_lens=seq_lens,
                      kv_lens=seq_lens.to(torch.int32), max_seq_len=max_seq_len, page_size=page_size,
-                     params=params, q_len_per_req=q_len, device=device)
+                     params=params, q_len_per_req=q_len, device=device, workspace=workspace_buffer)
     problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
                                  kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,

@@ -176,6 +176,10 @@ class _BatchWrapper:
             raise ValueError(f"batch_size: got {batch_size}, but this wrapper uses CUDA graphs with a frozen "
                              f"batch size of {self._fixed_batch_size}")
 
+    def _plan_with(self, problem, meta: BatchMeta) -> None:
+        meta.workspace = self._float_workspace_buffer
+        self._planned = _api.Planned(problem, meta, self._requested_backend)
+
     def _require_plan(self) -> _api.Planned:
         if self._planned is None:
             raise RuntimeError(f"{type(self).__name__}.run() called before plan()")
@@ -276,7 +280,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                      num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                      page_size=page_size, kv_layout=self._kv_layout, mask=mask_kind, params=params,
                                      cuda_graph=self._use_cuda_graph)
-        self._planned = _api.Planned(problem, meta, self._requested_backend)
+        self._plan_with(problem, meta)
 
     def run(self, q: Tensor, paged_kv_cache, *args, k_scale: Optional[float] = None,
             v_scale: Optional[float] = None, return_lse: bool = False, q_scale: Optional[float] = None,
@@ -346,7 +350,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                      num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                      kv_layout=self._kv_layout, mask=mask_kind, params=params,
                                      cuda_graph=self._use_cuda_graph)
-        self._planned = _api.Planned(problem, meta, self._requested_backend)
+        self._plan_with(problem, meta)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, *args, return_lse: bool = False,
             q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,

@@ -1,0 +1,63 @@
+"""use_cuda_graph=True: plan copies the page table into the caller's fixed buffers; batch size frozen."""
+
+import pytest
+import torch
+
+import attncore
+
+
+def _table(b, pages_per_req, page):
+    indptr = torch.arange(b + 1, dtype=torch.int32) * pages_per_req
+    indices = torch.randperm(b * pages_per_req).to(torch.int32)
+    last = torch.randint(1, page + 1, (b,), dtype=torch.int32)
+    return indptr, indices, last
+
+
+def test_plan_writes_into_user_buffers_and_freezes_batch():
+    indptr_buf = torch.zeros(5, dtype=torch.int32)
+    indices_buf = torch.zeros(64, dtype=torch.int32)
+    last_buf = torch.zeros(4, dtype=torch.int32)
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8), "NHD", use_cuda_graph=True,
+                                                    paged_kv_indptr_buffer=indptr_buf,
+                                                    paged_kv_indices_buffer=indices_buf,
+                                                    paged_kv_last_page_len_buffer=last_buf)
+    indptr, indices, last = _table(4, 3, 16)
+    w.plan(indptr, indices, last, 4, 2, 64, 16)
+    assert torch.equal(indptr_buf, indptr) and torch.equal(indices_buf[:12], indices) and torch.equal(last_buf, last)
+    assert w._planned.meta.kv_indices.data_ptr() == indices_buf.data_ptr()  # the kernel reads the fixed buffer
+    with pytest.raises(ValueError, match="frozen batch size of 4"):
+        w.plan(*_table(3, 3, 16), 4, 2, 64, 16)
+    with pytest.raises(ValueError, match=r"paged_kv_indices_buffer|indices: needs 80 entries"):
+        w.plan(*_table(4, 20, 16), 4, 2, 64, 16)
+
+
+@pytest.mark.gpu
+def test_decode_graph_replay_equals_eager():
+    dev = "cuda"
+    b, page, hq, hkv, d = 8, 16, 32, 8, 128
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(b + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buffer=torch.zeros(b * 64, dtype=torch.int32, device=dev),
+                paged_kv_last_page_len_buffer=torch.zeros(b, dtype=torch.int32, device=dev))
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD",
+                                                    use_cuda_graph=True, **bufs)
+    cache = torch.randn(b * 64, 2, page, hkv, d, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(b, hq, d, device=dev, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    indptr, indices, last = (t.to(dev) for t in _table(b, 32, page))
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.bfloat16)
+    w.run(q, cache, out=out)  # warm-up compiles outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, cache, out=out)
+    # new page table with the same batch size, planned into the same buffers; replay must follow it
+    indptr2, indices2, last2 = (t.to(dev) for t in _table(b, 32, page))
+    w.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=torch.bfloat16)
+    q.copy_(torch.randn_like(q))
+    out.fill_(float("nan"))
+    g.replay()
+    eager = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD")
+    eager.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=torch.bfloat16)
+    ref = eager.run(q, cache)
+    assert not torch.isnan(out).any()
+    assert (out.float() - ref.float()).abs().max() < 2e-2
