@@ -363,7 +363,7 @@ def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor
     """Copy ``src`` into the user's CUDA-graph buffer ``buffers[key]`` (allocated on first use)."""
     buf = buffers.get(key)
     if buf is None:
-        buf = torch.empty(max(src.numel(), 1), dtype=torch.int32, device=src.device)
+        buf = torch.empty(max(src.numel(), 1), dtype=src.dtype, device=src.device)
         buffers[key] = buf
     if buf.numel() < src.numel():
         raise ValueError(f"{name}: needs {src.numel()} entries but the CUDA-graph buffer holds {buf.numel()}")

@@ -220,11 +220,23 @@ class _BatchWrapper:
         return self.run(*args, return_lse=True, **kwargs)
 
 
-def _mask_setup(qo_host, kv_lens, custom_mask, packed_custom_mask, causal, device):
+def _mask_setup(wrapper, meta, qo_host, custom_mask, packed_custom_mask, causal) -> str:
+    """Pack a custom mask into ``meta`` (into the caller's fixed buffers in CUDA-graph mode)."""
     if custom_mask is None and packed_custom_mask is None:
-        return ("causal" if causal else "none"), None
+        return "causal" if causal else "none"
     qo_lens = [qo_host[i + 1] - qo_host[i] for i in range(len(qo_host) - 1)]
-    return "custom", _api.pack_batch_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, device)
+    packed, indptr, offsets = _api.pack_batch_mask(custom_mask, packed_custom_mask, qo_lens, meta.kv_lens_host,
+                                                   wrapper._device)
+    if wrapper._use_cuda_graph:
+        packed = _api._into(wrapper._graph_buffers, "custom_mask", packed, "custom_mask_buf")
+        indptr = _api._into(wrapper._graph_buffers, "qk_indptr", indptr, "qk_indptr_buf")
+    meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = packed, indptr, offsets
+    return "custom"
+
+
+def _graph_buffers(**bufs) -> dict:
+    """The caller's CUDA-graph buffers by role (missing ones are allocated on first plan)."""
+    return {k: b for k, b in bufs.items() if b is not None}
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
@@ -242,12 +254,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         if use_cuda_graph:
             for n, b in (("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf),
                          ("paged_kv_indices_buf", paged_kv_indices_buf),
-                         ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)):
+                         ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf), ("qk_indptr_buf", qk_indptr_buf)):
                 if b is not None:
                     _api.check_tensor(n, b, ndim=1, dtype=torch.int32, device=self._device)
-            self._graph_buffers = {k: b for k, b in (
-                ("qo_indptr", qo_indptr_buf), ("indptr", paged_kv_indptr_buf), ("indices", paged_kv_indices_buf),
-                ("last_page_len", paged_kv_last_page_len_buf)) if b is not None}
+            if custom_mask_buf is not None:
+                _api.check_tensor("custom_mask_buf", custom_mask_buf, ndim=1, dtype=torch.uint8, device=self._device)
+            self._graph_buffers = _graph_buffers(
+                qo_indptr=qo_indptr_buf, indptr=paged_kv_indptr_buf, indices=paged_kv_indices_buf,
+                last_page_len=paged_kv_last_page_len_buf, custom_mask=custom_mask_buf, qk_indptr=qk_indptr_buf)
 
     def plan(self, qo_indptr: Tensor, paged_kv_indptr: Tensor, paged_kv_indices: Tensor,
              paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -269,10 +283,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         meta = _api.paged_meta(qo_host, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size,
                                self._device, params=params, non_blocking=non_blocking,
                                buffers=self._graph_buffers if self._use_cuda_graph else None)
-        mask_kind, packed = _mask_setup(qo_host, meta.kv_lens_host, custom_mask, packed_custom_mask, causal,
-                                        self._device)
-        if packed is not None:
-            meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = packed
+        mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
         q_dtype = _api.to_dtype(q_data_type, "q_data_type")
         kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
         problem = _api.build_problem("batch_prefill_paged", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,
@@ -314,7 +325,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         if jit_args is not None:
             raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
                              "select a backend with backend= instead")
-        self._qo_buf, self._kv_buf = qo_indptr_buf, kv_indptr_buf
+        if use_cuda_graph:
+            self._graph_buffers = _graph_buffers(qo_indptr=qo_indptr_buf, kv_indptr=kv_indptr_buf,
+                                                 custom_mask=custom_mask_buf, qk_indptr=qk_indptr_buf)
 
     def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None, causal: bool = False,
@@ -334,15 +347,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         self._freeze_batch(len(qo_host) - 1)
         meta = _api.ragged_meta(qo_indptr, kv_indptr, self._device, params=params, qo_host=qo_host)
         if self._use_cuda_graph:
-            bufs = {"qo_indptr": self._qo_buf, "kv_indptr": self._kv_buf}
-            bufs = {k: b for k, b in bufs.items() if b is not None}
-            meta.qo_indptr = _api._into(bufs, "qo_indptr", meta.qo_indptr, "qo_indptr_buf")
-            meta.kv_indptr = _api._into(bufs, "kv_indptr", meta.kv_indptr, "kv_indptr_buf")
-            self._qo_buf, self._kv_buf = bufs["qo_indptr"], bufs["kv_indptr"]
-        mask_kind, packed = _mask_setup(qo_host, meta.kv_lens_host, custom_mask, packed_custom_mask, causal,
-                                        self._device)
-        if packed is not None:
-            meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = packed
+            meta.qo_indptr = _api._into(self._graph_buffers, "qo_indptr", meta.qo_indptr, "qo_indptr_buf")
+            meta.kv_indptr = _api._into(self._graph_buffers, "kv_indptr", meta.kv_indptr, "kv_indptr_buf")
+            meta.kv_lens = _api._into(self._graph_buffers, "kv_lens", meta.kv_lens, "kv_lens")
+        mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
         q_dtype = _api.to_dtype(q_data_type, "q_data_type")
         kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
         problem = _api.build_problem("batch_prefill_ragged", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,

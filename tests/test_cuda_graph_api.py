@@ -61,3 +61,24 @@ def test_decode_graph_replay_equals_eager():
     ref = eager.run(q, cache)
     assert not torch.isnan(out).any()
     assert (out.float() - ref.float()).abs().max() < 2e-2
+
+
+def test_ragged_and_mask_buffers_are_used():
+    qo_buf = torch.zeros(3, dtype=torch.int32)
+    kv_buf = torch.zeros(3, dtype=torch.int32)
+    mask_buf = torch.zeros(64, dtype=torch.uint8)
+    qk_buf = torch.zeros(3, dtype=torch.int32)
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8), "NHD", use_cuda_graph=True, qo_indptr_buf=qo_buf,
+                                                      kv_indptr_buf=kv_buf, custom_mask_buf=mask_buf,
+                                                      qk_indptr_buf=qk_buf)
+    qo = torch.tensor([0, 3, 5], dtype=torch.int32)
+    kv = torch.tensor([0, 4, 10], dtype=torch.int32)
+    mask = torch.rand(3 * 4 + 2 * 6) < 0.5
+    w.plan(qo, kv, 2, 1, 16, custom_mask=mask)
+    meta = w._planned.meta
+    assert meta.packed_mask.data_ptr() == mask_buf.data_ptr() and meta.mask_indptr.data_ptr() == qk_buf.data_ptr()
+    assert torch.equal(qo_buf, qo) and torch.equal(kv_buf, kv) and qk_buf.tolist() == [0, 2, 4]
+    q, k, v = torch.randn(5, 2, 16).half(), torch.randn(10, 1, 16).half(), torch.randn(10, 1, 16).half()
+    ref = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8))
+    ref.plan(qo, kv, 2, 1, 16, custom_mask=mask)
+    assert torch.equal(w.run(q, k, v), ref.run(q, k, v))
