@@ -138,8 +138,21 @@ def cmd_bench(a) -> int:
 
 def cmd_build(a) -> int:
     from . import jit
+    from .registry import canonical_name
 
-    return jit.cli_build(a.backend, a.spec or None, list_only=a.list)
+    backend = canonical_name(a.backend)
+    if a.list:
+        for s in jit.list_specs(backend, a.arch):
+            print(f"{s.uri_for(jit._default_arch(a.arch))}  {s.text()}")
+        return 0
+    rs = jit.toolchain_reasons()
+    if rs:
+        print("cannot build: " + "; ".join(map(str, rs)), file=sys.stderr)
+        return 1
+    for r in jit.build(backend, a.spec or None, arch=a.arch, force=a.force):
+        state = f"built in {r.seconds:.1f} s" if r.built else "cached"
+        print(f"{r.spec.uri_for(r.arch)}: {state} -> {r.path}")
+    return 0
 
 
 def cmd_conformance(a, extra: List[str]) -> int:
@@ -194,6 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bl.add_argument("backend", nargs="?", default="cuda_fa2")
     bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
     bl.add_argument("--list", action="store_true", help="list the specializations instead")
+    bl.add_argument("--arch", help="target arch, e.g. 90 (default: the current GPU, else 90)")
+    bl.add_argument("--force", action="store_true", help="rebuild even if cached")
 
     cf = sub.add_parser("conformance", help="run the conformance suite on one backend (extra args go to pytest)")
     cf.add_argument("name")

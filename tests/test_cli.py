@@ -81,3 +81,11 @@ def test_bench_on_cpu_says_so(tmp_path):
 def test_unknown_backend_is_a_clear_error():
     r = _run("check", "--backend", "nosuch")
     assert r.returncode != 0 and "'nosuch' is not a known backend" in r.stderr
+
+
+def test_build_lists_specializations_without_a_gpu():
+    r = _run("build", "cuda_fa2", "--list", "--arch", "90")
+    assert r.returncode == 0, r.stderr
+    assert "cuda_fa2_prefill_bf16_d128_causal_sm90" in r.stdout
+    r = _run("build", "fa2", "--list", "--arch", "80")
+    assert r.returncode == 0 and "_sm80" in r.stdout
