@@ -59,19 +59,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                  use_tensor_cores: bool = False, paged_kv_indptr_buffer: Optional[Tensor] = None,
                  paged_kv_indices_buffer: Optional[Tensor] = None,
                  paged_kv_last_page_len_buffer: Optional[Tensor] = None, backend: str = "auto", jit_args=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
-        if jit_args is not None:
-            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
-                             "select a backend with backend= instead")
-        if use_cuda_graph:
-            for n, b in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
-                         ("paged_kv_indices_buffer", paged_kv_indices_buffer),
-                         ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
-                if b is not None:
-                    _api.check_tensor(n, b, ndim=1, dtype=torch.int32, device=self._device)
-            self._graph_buffers = {k: b for k, b in (
-                ("indptr", paged_kv_indptr_buffer), ("indices", paged_kv_indices_buffer),
-                ("last_page_len", paged_kv_last_page_len_buffer)) if b is not None}
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
+            indptr=("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+            indices=("paged_kv_indices_buffer", paged_kv_indices_buffer),
+            last_page_len=("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)))
 
     def plan(self, indptr: Tensor, indices: Tensor, last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int,
              head_dim: int, page_size: int, *args, pos_encoding_mode: str = "NONE", window_left: int = -1,
@@ -151,10 +142,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             raise ValueError(f"window_left: got {window_left} in run(), but plan() used "
                              f"{planned.meta.params.window_left}; plan again to change it")
         self._check_q(q)
-        p = planned.problem
-        k, v = _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
-                                      head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
-                                      device=self._device, max_page_id=planned.meta.max_page_id)
+        k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 

@@ -136,17 +136,28 @@ class _BatchWrapper:
     _op = ""
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 backend: str = "auto"):
+                 backend: str = "auto", jit_args=None, graph_buffers: Optional[dict] = None):
+        """``graph_buffers``: {role: (argument name, tensor or None)} of the caller's CUDA-graph buffers."""
         _api.check_tensor("float_workspace_buffer", float_workspace_buffer)
         _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+        if jit_args is not None:
+            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
+                             "select a backend with backend= instead")
         self._float_workspace_buffer = float_workspace_buffer
         self._device = _api.norm_device(float_workspace_buffer.device)
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._requested_backend = backend
         self._planned: Optional[_api.Planned] = None
-        self._graph_buffers: dict = {}
         self._fixed_batch_size: Optional[int] = None
+        # In CUDA-graph mode plan() copies into these (the caller's, or allocated on first plan).
+        self._graph_buffers: dict = {}
+        if self._use_cuda_graph:
+            for role, (name, buf) in (graph_buffers or {}).items():
+                if buf is not None:
+                    dtype = torch.uint8 if role == "custom_mask" else torch.int32
+                    _api.check_tensor(name, buf, ndim=1, dtype=dtype, device=self._device)
+                    self._graph_buffers[role] = buf
 
     @property
     def backend(self) -> Optional[str]:
@@ -194,6 +205,14 @@ class _BatchWrapper:
         if q.stride(-1) != 1:
             raise ValueError(f"q: the last dimension must be contiguous (stride 1), got stride {q.stride(-1)}")
 
+    def _paged_kv(self, paged_kv_cache):
+        """(k_cache, v_cache) views of a paged cache, checked against the plan."""
+        planned = self._planned
+        p = planned.problem
+        return _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
+                                      head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
+                                      device=self._device, max_page_id=planned.meta.max_page_id)
+
     def _finish(self, q, k, v, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
         planned = self._planned
         p = planned.problem
@@ -234,11 +253,6 @@ def _mask_setup(wrapper, meta, qo_host, custom_mask, packed_custom_mask, causal)
     return "custom"
 
 
-def _graph_buffers(**bufs) -> dict:
-    """The caller's CUDA-graph buffers by role (missing ones are allocated on first plan)."""
-    return {k: b for k, b in bufs.items() if b is not None}
-
-
 class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
     """Batch prefill/append attention over a paged KV cache (FlashInfer-compatible)."""
 
@@ -247,21 +261,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                  paged_kv_indices_buf: Optional[Tensor] = None, paged_kv_last_page_len_buf: Optional[Tensor] = None,
                  custom_mask_buf: Optional[Tensor] = None, qk_indptr_buf: Optional[Tensor] = None,
                  backend: str = "auto", jit_args=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
-        if jit_args is not None:
-            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
-                             "select a backend with backend= instead")
-        if use_cuda_graph:
-            for n, b in (("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf),
-                         ("paged_kv_indices_buf", paged_kv_indices_buf),
-                         ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf), ("qk_indptr_buf", qk_indptr_buf)):
-                if b is not None:
-                    _api.check_tensor(n, b, ndim=1, dtype=torch.int32, device=self._device)
-            if custom_mask_buf is not None:
-                _api.check_tensor("custom_mask_buf", custom_mask_buf, ndim=1, dtype=torch.uint8, device=self._device)
-            self._graph_buffers = _graph_buffers(
-                qo_indptr=qo_indptr_buf, indptr=paged_kv_indptr_buf, indices=paged_kv_indices_buf,
-                last_page_len=paged_kv_last_page_len_buf, custom_mask=custom_mask_buf, qk_indptr=qk_indptr_buf)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
+            qo_indptr=("qo_indptr_buf", qo_indptr_buf), indptr=("paged_kv_indptr_buf", paged_kv_indptr_buf),
+            indices=("paged_kv_indices_buf", paged_kv_indices_buf),
+            last_page_len=("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("qk_indptr_buf", qk_indptr_buf)))
 
     def plan(self, qo_indptr: Tensor, paged_kv_indptr: Tensor, paged_kv_indices: Tensor,
              paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -304,12 +308,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             if len(args) > 3:
                 _api.reject_extra("run", args[3:])
             k_scale, v_scale, return_lse = (list(args) + [k_scale, v_scale, return_lse][len(args):])[:3]
-        planned = self._require_plan()
+        self._require_plan()
         self._check_q(q)
-        p = planned.problem
-        k, v = _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
-                                      head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
-                                      device=self._device, max_page_id=planned.meta.max_page_id)
+        k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 
@@ -321,13 +322,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                  qo_indptr_buf: Optional[Tensor] = None, kv_indptr_buf: Optional[Tensor] = None,
                  custom_mask_buf: Optional[Tensor] = None, qk_indptr_buf: Optional[Tensor] = None,
                  backend: str = "auto", jit_args=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
-        if jit_args is not None:
-            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
-                             "select a backend with backend= instead")
-        if use_cuda_graph:
-            self._graph_buffers = _graph_buffers(qo_indptr=qo_indptr_buf, kv_indptr=kv_indptr_buf,
-                                                 custom_mask=custom_mask_buf, qk_indptr=qk_indptr_buf)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
+            qo_indptr=("qo_indptr_buf", qo_indptr_buf), kv_indptr=("kv_indptr_buf", kv_indptr_buf),
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("qk_indptr_buf", qk_indptr_buf)))
 
     def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None, causal: bool = False,
