@@ -1,0 +1,211 @@
+"""The one binding of the xqa backend: loads a specialization, checks run tensors, fills the
+``XqaParams`` struct (ctypes mirror of ``csrc/xqa_params.h``) and launches on the current stream of
+the input's device.  No torch headers anywhere: the kernel sees pointers, strides and sizes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .specs import XqaKey
+
+LOG2E = 1.4426950408889634
+TILE = 64  # keys per pipeline tile (must match xqa::TILE)
+
+
+class XqaParams(ctypes.Structure):
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p), ("page_table", ctypes.c_void_p), ("page_table_indptr", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p), ("sinks", ctypes.c_void_p), ("spec_mask", ctypes.c_void_p),
+        ("ws_partial_o", ctypes.c_void_p), ("ws_partial_lse", ctypes.c_void_p), ("ws_counters", ctypes.c_void_p),
+        ("q_stride_tok", ctypes.c_int64), ("q_stride_head", ctypes.c_int64),
+        ("o_stride_tok", ctypes.c_int64), ("o_stride_head", ctypes.c_int64),
+        ("lse_stride_tok", ctypes.c_int64), ("lse_stride_head", ctypes.c_int64),
+        ("k_stride_page", ctypes.c_int64), ("k_stride_head", ctypes.c_int64), ("k_stride_tok", ctypes.c_int64),
+        ("v_stride_page", ctypes.c_int64), ("v_stride_head", ctypes.c_int64), ("v_stride_tok", ctypes.c_int64),
+        ("page_table_stride", ctypes.c_int64),
+        ("batch", ctypes.c_int32), ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+        ("group", ctypes.c_int32), ("q_len", ctypes.c_int32), ("rows", ctypes.c_int32),
+        ("m_groups", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
+        ("window_left", ctypes.c_int32), ("causal", ctypes.c_int32), ("mask_words16", ctypes.c_int32),
+        ("qk_scale_log2", ctypes.c_float), ("out_scale", ctypes.c_float),
+        ("enable_pdl", ctypes.c_int32), ("device", ctypes.c_int32),
+    ]
+
+
+@dataclass
+class Library:
+    """A loaded specialization and what it reports about itself."""
+
+    key: XqaKey
+    cdll: ctypes.CDLL
+    rows: int  # packed rows per CTA (16 * MT)
+    tile: int
+    threads: int
+    smem: int
+    stages: int
+    ctas_per_sm: int
+    num_sms: int
+
+
+_LIBS: Dict[Tuple[XqaKey, int], Library] = {}
+_LOCK = threading.Lock()
+
+
+def arch_of(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}{minor}"
+
+
+def get_library(key: XqaKey, device: torch.device) -> Library:
+    """Build (first use, through :mod:`attncore.jit`) and load the specialization for ``device``."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    lib = _LIBS.get((key, idx))
+    if lib is not None:
+        return lib
+    with _LOCK:
+        lib = _LIBS.get((key, idx))
+        if lib is None:
+            from attncore import jit
+
+            lib = wrap_library(key, jit.load(key.spec(), arch_of(torch.device("cuda", idx))), idx)
+            _LIBS[(key, idx)] = lib
+        return lib
+
+
+def wrap_library(key: XqaKey, cdll: ctypes.CDLL, idx: int) -> Library:
+    """Declare the entry points of a loaded specialization and read its configuration."""
+    cdll.xqa_run.restype = ctypes.c_int
+    cdll.xqa_run.argtypes = [ctypes.POINTER(XqaParams), ctypes.c_void_p]
+    cdll.xqa_info.restype = ctypes.c_int
+    cdll.xqa_info.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    cdll.xqa_params_size.restype = ctypes.c_int
+    cdll.xqa_error_string.restype = ctypes.c_char_p
+    cdll.xqa_error_string.argtypes = [ctypes.c_int]
+    if cdll.xqa_params_size() != ctypes.sizeof(XqaParams):
+        raise RuntimeError(f"xqa: params struct mismatch (C {cdll.xqa_params_size()} bytes, "
+                           f"ctypes {ctypes.sizeof(XqaParams)}): rebuild {key.uri}")
+    info = (ctypes.c_int * 8)()
+    with torch.cuda.device(idx):
+        cdll.xqa_info(info)
+    props = torch.cuda.get_device_properties(idx)
+    if info[7] == 0:
+        raise RuntimeError(f"xqa: {key.uri} cannot be resident on {props.name} "
+                           f"({info[3]} bytes of shared memory per CTA)")
+    return Library(key, cdll, info[0], info[1], info[2], info[3], info[4], info[7], props.multi_processor_count)
+
+
+def choose_splits(base_ctas: int, max_tiles: int, slots: int, max_splits: int = 128) -> int:
+    """Split count minimising (waves x tiles per CTA) plus a small merge cost.
+
+    A CTA streams ``ceil(max_tiles / s)`` tiles plus a fixed cost (pipeline fill, Q load,
+    epilogue: about two tiles); ``ceil(base * s / slots)`` waves of CTAs run.  A split adds one
+    partial write + merge (about one tile) and a little per-split merge traffic."""
+    if base_ctas <= 0 or max_tiles <= 1:
+        return 1
+    best, best_cost = 1, None
+    for s in range(1, min(max_splits, max_tiles) + 1):
+        cost = math.ceil(base_ctas * s / slots) * (math.ceil(max_tiles / s) + 2) + (1.0 + 0.02 * s if s > 1 else 0.0)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def _kv_strides(st, layout: str) -> Tuple[int, int, int]:
+    """(page, head, token) strides of a 4-D paged cache from its stride tuple."""
+    if layout == "NHD":  # [pages, page_size, Hkv, D]
+        return st[0], st[2], st[1]
+    return st[0], st[1], st[2]  # HND [pages, Hkv, page_size, D]
+
+
+def check_kv(name: str, t: torch.Tensor, st=None) -> None:
+    st = st if st is not None else t.stride()
+    vec = 16 // t.element_size()
+    if st[-1] != 1:
+        raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(st)}")
+    if t.data_ptr() % 16 or st[0] % vec or st[1] % vec or st[2] % vec:
+        raise ValueError(f"{name}: xqa needs 16-byte aligned rows (data pointer and strides multiples of "
+                         f"{vec} elements), got strides {tuple(st)}")
+
+
+try:  # the raw current stream without building a torch.cuda.Stream object (a few us cheaper)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover
+    _raw_stream = None
+
+
+def current_stream(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def launch(plan, args) -> None:
+    """Fill the params struct from ``plan`` (static fields) and ``args`` (this run's tensors) and
+    launch.  Raises RuntimeError on a launch error."""
+    p: XqaParams = plan.params
+    q = args.q
+    qs = q.stride()
+    if qs[2] != 1 or qs[0] % 8 or qs[1] % 8 or q.data_ptr() % 16:
+        q = q.contiguous()
+        qs = q.stride()
+    out = args.out
+    os_ = out.stride()
+    target = out
+    if os_[2] != 1 or os_[0] % 4 or os_[1] % 4 or out.data_ptr() % 16:
+        target = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        os_ = target.stride()
+    k, v = args.k, args.v
+    ks, vs = k.stride(), v.stride()
+    if plan.check_kv:
+        check_kv("k_cache", k, ks)
+        check_kv("v_cache", v, vs)
+    p.q = q.data_ptr()
+    p.k = k.data_ptr()
+    p.v = v.data_ptr()
+    p.out = target.data_ptr()
+    p.q_stride_tok, p.q_stride_head = qs[0], qs[1]
+    p.o_stride_tok, p.o_stride_head = os_[0], os_[1]
+    p.k_stride_page, p.k_stride_head, p.k_stride_tok = _kv_strides(ks, plan.layout)
+    p.v_stride_page, p.v_stride_head, p.v_stride_tok = _kv_strides(vs, plan.layout)
+    lse = args.lse
+    if lse is not None:
+        p.lse = lse.data_ptr()
+        p.lse_stride_tok, p.lse_stride_head = lse.stride()
+    else:
+        p.lse = None
+    sinks = args.sinks
+    if sinks is not None:
+        if sinks.dtype != torch.float32 or not sinks.is_contiguous():
+            sinks = sinks.to(torch.float32).contiguous()
+        p.sinks = sinks.data_ptr()
+    else:
+        p.sinks = None
+    mask = args.spec_mask if plan.spec_mask_allowed else None
+    if mask is not None:
+        if not mask.is_contiguous():
+            mask = mask.contiguous()
+        p.spec_mask = mask.data_ptr()
+        p.mask_words16 = mask.shape[-1]
+    else:
+        p.spec_mask = None
+        p.mask_words16 = 0
+    p.qk_scale_log2 = plan.sm_scale * args.q_scale * args.k_scale * LOG2E * plan.fp8_fold
+    p.out_scale = args.v_scale / args.o_scale * plan.fp8_fold
+    p.enable_pdl = 1 if (args.enable_pdl and plan.pdl_ok) else 0
+    err = plan.lib.cdll.xqa_run(ctypes.byref(p), current_stream(plan.device))
+    if err != 0:
+        raise RuntimeError(f"xqa: launch of {plan.lib.key.uri} failed: {plan.lib.cdll.xqa_error_string(err).decode()}")
+    if target is not out:
+        out.copy_(target)

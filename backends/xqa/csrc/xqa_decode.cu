@@ -1,0 +1,100 @@
+// attncore xqa: one specialization per build (compile-time -D flags), plain C entry points.
+//
+// Notation: see xqa_decode.cuh.  Specialization defines (set by specs.py):
+//   XQA_DTYPE     0 fp16, 1 bf16 (q and out; the MMA operand type unless the KV is fp8)
+//   XQA_KV        0 same as q, 1 fp8 e4m3, 2 fp8 e5m2
+//   XQA_OUT       0 q dtype, 1 fp8 e4m3
+//   XQA_HEAD_DIM  64 / 128 / 256
+//   XQA_MT        m16 tiles per CTA: 1 (R <= 16 rows per CTA) or 2 (32 rows)
+// Entry points (extern "C", return a cudaError_t as int):
+//   xqa_run(const XqaParams*, cudaStream_t)  grid (m_groups, num_splits * Hkv, B), 128 threads
+//   xqa_info(int* out8)     rows per CTA, keys per tile, threads, smem bytes, stages, D, kv bytes,
+//                           max CTAs per SM on the current device (0 without a GPU)
+//   xqa_params_size()       ABI guard for the ctypes mirror
+//   xqa_error_string(int)
+#include "xqa_decode.cuh"
+
+#ifndef XQA_DTYPE
+#define XQA_DTYPE 1
+#endif
+#ifndef XQA_KV
+#define XQA_KV 0
+#endif
+#ifndef XQA_OUT
+#define XQA_OUT 0
+#endif
+#ifndef XQA_HEAD_DIM
+#define XQA_HEAD_DIM 128
+#endif
+#ifndef XQA_MT
+#define XQA_MT 1
+#endif
+
+namespace {
+using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
+using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT>;
+static_assert(XQA_HEAD_DIM == 64 || XQA_HEAD_DIM == 128 || XQA_HEAD_DIM == 256, "head dim");
+static_assert(XQA_MT == 1 || XQA_MT == 2, "MT");
+static_assert(XQA_OUT == 0 || XQA_KV != 0, "fp8 output needs fp8 KV");
+
+auto kernel = xqa::xqa_decode_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
+
+constexpr int kMaxDevices = 64;
+int g_smem_set[kMaxDevices] = {0};
+
+}  // namespace
+
+extern "C" int xqa_params_size() { return (int)sizeof(XqaParams); }
+
+extern "C" const char* xqa_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
+
+extern "C" int xqa_info(int* out) {
+  out[0] = Cfg::ROWS;
+  out[1] = xqa::TILE;
+  out[2] = xqa::NT;
+  out[3] = Cfg::SMEM;
+  out[4] = Cfg::STAGES;
+  out[5] = Cfg::D;
+  out[6] = Cfg::KVB;
+  out[7] = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM);
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, xqa::NT, Cfg::SMEM) == cudaSuccess) out[7] = n;
+  }
+  cudaGetLastError();  // clear a sticky "no device" error
+  return 0;
+}
+
+extern "C" int xqa_run(const XqaParams* p, cudaStream_t stream) {
+  int prev = -1;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e != cudaSuccess) return (int)e;
+  if (prev != p->device) {
+    e = cudaSetDevice(p->device);
+    if (e != cudaSuccess) return (int)e;
+  }
+  if (p->device >= 0 && p->device < kMaxDevices && !g_smem_set[p->device]) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM);
+    if (e == cudaSuccess) g_smem_set[p->device] = 1;
+  }
+  if (e == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)p->m_groups, (unsigned)(p->num_splits * p->num_kv_heads), (unsigned)p->batch);
+    cfg.blockDim = dim3(xqa::NT, 1, 1);
+    cfg.dynamicSmemBytes = Cfg::SMEM;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    cfg.numAttrs = 0;
+    if (p->enable_pdl) {
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+    }
+    e = cudaLaunchKernelEx(&cfg, kernel, *p);
+  }
+  if (prev != p->device) cudaSetDevice(prev);
+  return (int)e;
+}

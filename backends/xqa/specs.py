@@ -1,0 +1,90 @@
+"""xqa specializations: one shared library per (q dtype, kv dtype, out dtype, head dim, rows per CTA).
+
+URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arch)::
+
+    xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>
+
+``mt1`` packs up to 16 rows (GQA heads x draft tokens of one kv head) into one CTA, ``mt2`` up to
+32 (d64/d128 only: d256 with 32 rows would spill).  Everything else (page size, NHD/HND, window,
+sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+from attncore import jit
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCE = str(CSRC / "xqa_decode.cu")
+
+DTYPES = {"fp16": 0, "bf16": 1}
+KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
+OUTS = {"same": 0, "e4m3": 1}
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class XqaKey:
+    dtype: str = "bf16"
+    kv: str = "same"
+    out: str = "same"
+    head_dim: int = 128
+    mt: int = 1
+
+    @property
+    def uri(self) -> str:
+        parts = ["xqa_decode", self.dtype]
+        if self.kv != "same":
+            parts.append("kv" + self.kv)
+        if self.out != "same":
+            parts.append("out" + self.out)
+        parts += [f"d{self.head_dim}", f"mt{self.mt}"]
+        return "_".join(parts)
+
+    def spec(self) -> jit.Spec:
+        if self.dtype not in DTYPES or self.kv not in KVS or self.out not in OUTS or self.head_dim not in HEAD_DIMS \
+                or self.mt not in (1, 2):
+            raise ValueError(f"invalid xqa specialization {self}")
+        if self.out != "same" and self.kv == "same":
+            raise ValueError("xqa: fp8 output needs an fp8 KV cache")
+        if self.head_dim == 256 and self.mt != 1:
+            raise ValueError("xqa: head_dim 256 uses mt1 only")
+        defines = (
+            ("XQA_DTYPE", str(DTYPES[self.dtype])), ("XQA_KV", str(KVS[self.kv])), ("XQA_OUT", str(OUTS[self.out])),
+            ("XQA_HEAD_DIM", str(self.head_dim)), ("XQA_MT", str(self.mt)),
+        )
+        return jit.Spec("xqa", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
+                        description=self.uri.replace("_", " "))
+
+
+_URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])(?:_sm\d+)?$")
+
+
+def parse(uri: str) -> jit.Spec:
+    m = _URI_RE.match(uri)
+    if not m:
+        raise ValueError(f"not an xqa specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
+    dt, kv, out, d, mt = m.groups()
+    return XqaKey(dt, kv or "same", out or "same", int(d), int(mt)).spec()
+
+
+def default_keys() -> List[XqaKey]:
+    """What ``attncore build xqa`` prebuilds: the common serving set (bf16/fp16, d128, both tiles,
+    16-bit and e4m3 KV)."""
+    keys = []
+    for dt in ("bf16", "fp16"):
+        for kv in ("same", "e4m3"):
+            for mt in (1, 2):
+                keys.append(XqaKey(dt, kv, "same", 128, mt))
+    return keys
+
+
+def list_specs(arch: str) -> List[jit.Spec]:
+    return [k.spec() for k in default_keys()]
+
+
+jit.register_specs("xqa", list_specs, parse)

@@ -1,0 +1,649 @@
+"""xqa backend: capabilities and compile checks (CPU), numerics against the fp64 golden (GPU).
+
+CPU: the backend reports why it is unavailable, refuses what it does not serve, and its CUDA sources
+compile for sm_80 and sm_90 with nvcc (no GPU needed).  GPU (``@pytest.mark.gpu``): every case runs
+the backend on fresh random inputs with NaN-poisoned outputs and compares each request with
+``golden_attention`` (fp64); the tolerance is 2x the error of the same attention computed by torch
+in the backend's dtype (inputs, P and output rounded like the kernel's) plus a small atol.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import List, Optional
+
+import pytest
+import torch
+
+from attncore.backend import AttnParams, BatchMeta, RunArgs
+from attncore.problem import AttentionProblem
+from attncore.testing.golden import golden_attention
+
+gpu = pytest.mark.gpu
+HAS_GPU = torch.cuda.is_available()
+
+
+def _backend():
+    from attncore.backends.xqa.backend import XqaBackend
+
+    return XqaBackend()
+
+
+def _problem(op="xqa_decode", *, q=torch.bfloat16, kv=None, out=None, hq=32, hkv=8, d=128, ps=16, layout="NHD",
+             window=-1, sinks=False, q_len=1, spec=False, lse=False, cc=(9, 0), device="cuda", scales=False):
+    kv = kv or q
+    return AttentionProblem(op=op, device_type=device, compute_capability=cc if device == "cuda" else None,
+                            q_dtype=q, kv_dtype=kv, out_dtype=out or q, num_qo_heads=hq, num_kv_heads=hkv,
+                            head_dim_qk=d, head_dim_vo=d, page_size=ps, kv_layout=layout, mask="causal",
+                            window_left=window, sinks=sinks, q_len_per_req=q_len, spec_mask=spec,
+                            return_lse=lse, fp8_scales=scales)
+
+
+# --------------------------------------------------------------------------------------- CPU
+def test_plugin_returns_backend():
+    from attncore.backends.xqa import plugin
+
+    bs = plugin.attncore_backends()
+    assert len(bs) == 1 and bs[0].name == "xqa"
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU reason")
+def test_unavailable_reason_without_gpu():
+    reasons = _backend().available()
+    assert reasons, "xqa must report why it cannot run without a GPU"
+    assert any("cuda" in str(r).lower() or "nvcc" in str(r).lower() for r in reasons)
+
+
+def test_claims_and_refusals():
+    b = _backend()
+    ok = [
+        _problem(),
+        _problem(q=torch.float16, hq=64, hkv=8, q_len=4, spec=True, sinks=True, window=128),
+        _problem(kv=torch.float8_e4m3fn, out=torch.float8_e4m3fn, scales=True),
+        _problem(op="batch_decode", d=64, ps=1, layout="HND", hq=16, hkv=1),
+        _problem(d=256, ps=128, hq=8, hkv=8, cc=(8, 0), lse=True),
+    ]
+    for p in ok:
+        assert b.reasons(p) == [], (p.describe(), [str(r) for r in b.reasons(p)])
+    bad = {
+        "op": _problem(op="batch_prefill_paged"),
+        "op-single": _problem(op="single_prefill"),
+        "device": _problem(device="cpu"),
+        "head_dim": _problem(d=96),
+        "page_size": _problem(ps=3),
+        "cc": _problem(cc=(8, 9)),
+        "cc-old": _problem(cc=(7, 5)),
+        "nvfp4": _problem(kv=torch.uint8),
+        "out": _problem(out=torch.float8_e4m3fn),  # fp8 out needs fp8 KV
+        "out-fp16": _problem(out=torch.float16),
+        "kv-mismatch": _problem(q=torch.float16, kv=torch.bfloat16),
+        "spec-on-batch-decode": _problem(op="batch_decode", spec=True),
+        "softcap": _problem().replace(soft_cap=True),
+        "alibi": _problem().replace(pos_encoding="ALIBI"),
+        "custom-mask": _problem().replace(mask="custom"),
+    }
+    for name, p in bad.items():
+        rs = b.reasons(p)
+        assert rs, f"{name}: {p.describe()} must be refused"
+        assert all(str(r) for r in rs)
+    nv = [str(r) for r in b.reasons(_problem(kv=torch.uint8))]
+    assert any("NVFP4" in s for s in nv)
+
+
+def test_priority():
+    b = _backend()
+    assert b.priority(_problem(cc=(9, 0))) == 70
+    assert b.priority(_problem(cc=(8, 0))) == 40
+
+
+def test_uri_roundtrip_and_splits():
+    from attncore.backends.xqa import binding, specs
+
+    for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2)]:
+        s = specs.parse(k.uri + "_sm90")
+        assert s.uri == k.uri
+    with pytest.raises(ValueError):
+        specs.parse("xqa_decode_bf16_d96_mt1")
+    with pytest.raises(ValueError):
+        specs.XqaKey("bf16", "same", "e4m3", 128, 1).spec()
+    # split policy: a full batch stays unsplit, one long request fills the GPU
+    assert binding.choose_splits(512, 64, 264) == 1
+    assert binding.choose_splits(8, 512, 264) >= 16
+    assert binding.choose_splits(128, 256, 264) == 2
+
+
+def test_params_struct_layout():
+    import ctypes
+
+    from attncore.backends.xqa.binding import XqaParams
+
+    # 13 pointers, 13 int64 strides, 12 int32, 2 floats, 2 int32 (mirrors csrc/xqa_params.h)
+    assert ctypes.sizeof(XqaParams) == 13 * 8 + 13 * 8 + 12 * 4 + 2 * 4 + 2 * 4
+
+
+def _nvcc():
+    from attncore import jit
+
+    return jit.find_nvcc()
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+def test_sources_compile_sm80_sm90():
+    """Representative specializations compile for sm_80 and sm_90 without register spills."""
+    from attncore import jit
+    from attncore.backends.xqa.specs import XqaKey
+
+    keys = [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 2),
+            XqaKey("fp16", "e4m3", "e4m3", 256, 1), XqaKey("fp16", "e5m2", "same", 64, 2)]
+    res = jit.compile_check([k.spec() for k in keys], archs=("80", "90"), ptxas_verbose=True)
+    assert len(res) == 2 * len(keys)
+    for r in res:
+        spills = [ln for ln in r.log.splitlines() if "spill" in ln and "0 bytes spill stores" not in ln]
+        assert not spills, (r.spec.uri, r.arch, spills)
+
+
+# --------------------------------------------------------------------------------------- GPU helpers
+def _rand_kv(shape, dtype, device):
+    x = torch.randn(shape, device=device, dtype=torch.float32)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return (x * 2).to(dtype)
+    return x.to(dtype)
+
+
+def _lowp_attention(q, k, v, keep, sm_scale, dtype, out_dtype, sinks, v_scale, o_scale):
+    """The same attention in torch with the backend's roundings: inputs in ``dtype`` (fp8 KV widened
+    exactly), fp32 logits, P rounded to ``dtype``, output rounded to ``out_dtype``."""
+    qo, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qf = q.to(dtype).float()
+    kf = k.float().to(dtype).float().repeat_interleave(g, dim=1)
+    vf = v.float().to(dtype).float().repeat_interleave(g, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * sm_scale
+    s = s.masked_fill(~keep[None], float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.float()[:, None, None])
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    if sinks is not None:
+        l = l + torch.exp(sinks.float()[:, None, None] - m)
+    o = torch.einsum("hqk,khd->qhd", p.to(dtype).float(), vf) / l.transpose(0, 1).clamp_min(1e-30)
+    o = torch.where(keep.any(1)[:, None, None], o, torch.zeros_like(o)) * (v_scale / o_scale)
+    return o.to(out_dtype).double()
+
+
+class Case:
+    """Random paged decode batch, in block-table form (xqa_decode) or CSR form (batch_decode)."""
+
+    def __init__(self, *, op="xqa_decode", B=3, hq=32, hkv=8, d=128, ps=16, kv_lens=None, q_len=1,
+                 dtype=torch.bfloat16, kv_dtype=None, out_dtype=None, layout="NHD", window=-1, sinks=False,
+                 spec=False, lse=False, bmm1=None, bmm2=1.0, o_scale=1.0, tuple_cache=False, seed=0,
+                 q_noncontig=False, cuda_graph=False, pdl=False):
+        dev = torch.device("cuda")
+        gen = random.Random(seed)
+        torch.manual_seed(seed)
+        self.__dict__.update({k_: v_ for k_, v_ in locals().items() if k_ != "self"})
+        kv_dtype = kv_dtype or dtype
+        out_dtype = out_dtype or dtype
+        self.kv_dtype, self.out_dtype = kv_dtype, out_dtype
+        if kv_lens is None:
+            kv_lens = [gen.randint(q_len, 700) for _ in range(B)]
+        self.kv_lens = kv_lens
+        B = len(kv_lens)
+        self.B = B
+        npages = [-(-n // ps) for n in kv_lens]
+        total = sum(npages) + 3
+        perm = torch.randperm(total).tolist()
+        self.pages = []
+        off = 0
+        for n in npages:
+            self.pages.append(perm[off:off + n])
+            off += n
+        if layout == "NHD":
+            shape = (total, 2, ps, hkv, d)
+        else:
+            shape = (total, 2, hkv, ps, d)
+        cache = _rand_kv(shape, kv_dtype, dev)
+        if tuple_cache:
+            self.k_cache, self.v_cache = cache[:, 0].contiguous(), cache[:, 1].contiguous()
+        else:
+            self.k_cache, self.v_cache = cache[:, 0], cache[:, 1]
+        if q_noncontig:
+            qbig = torch.randn(B * q_len, hq, d + 64, device=dev).to(dtype)
+            self.q = qbig[:, :, 32:32 + d]
+        else:
+            self.q = torch.randn(B * q_len, hq, d, device=dev).to(dtype)
+        self.sm_scale = bmm1 if bmm1 is not None else 1.0 / math.sqrt(d)
+        self.sinks_t = (torch.randn(hq, device=dev) * 2).float() if sinks else None
+        self.mask_t = None
+        self.mask_bool = None
+        if spec:
+            words = ((q_len + 31) // 32) * 2
+            bits = torch.rand(B, q_len, q_len) < 0.6
+            bits |= torch.eye(q_len, dtype=torch.bool)[None]
+            self.mask_bool = bits
+            m32 = torch.zeros(B, q_len, words // 2, dtype=torch.int64)
+            for j in range(q_len):
+                m32[:, :, j // 32] |= bits[:, :, j].to(torch.int64) << (j % 32)
+            m32 = torch.where(m32 >= 2 ** 31, m32 - 2 ** 32, m32).to(torch.int32)
+            self.mask_t = m32.to(dev).view(torch.uint16).reshape(B, q_len, words)
+        maxp = max(npages + [1])
+        bt = torch.full((B, maxp + 2), 10 ** 6, dtype=torch.int32)  # garbage past the used pages
+        for i, pg in enumerate(self.pages):
+            if pg:
+                bt[i, :len(pg)] = torch.tensor(pg, dtype=torch.int32)
+        self.block_tables = bt.to(dev)
+        self.seq_lens = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+        self.op = op
+        self.problem = AttentionProblem(
+            op=op, device_type="cuda", compute_capability=tuple(torch.cuda.get_device_capability()),
+            q_dtype=dtype, kv_dtype=kv_dtype, out_dtype=out_dtype, num_qo_heads=hq, num_kv_heads=hkv,
+            head_dim_qk=d, head_dim_vo=d, page_size=ps, kv_layout=layout, mask="causal", window_left=window,
+            sinks=sinks, fp8_scales=(bmm2 != 1.0 or o_scale != 1.0), return_lse=lse, q_len_per_req=q_len,
+            spec_mask=spec, cuda_graph=cuda_graph)
+        params = AttnParams(sm_scale=self.sm_scale, causal=True, window_left=window)
+        qo_host = [i * q_len for i in range(B + 1)]
+        qo = torch.tensor(qo_host, dtype=torch.int32, device=dev)
+        if op == "xqa_decode":
+            self.meta = BatchMeta(batch_size=B, qo_indptr=qo, qo_indptr_host=qo_host,
+                                  block_tables=self.block_tables, seq_lens=self.seq_lens,
+                                  kv_lens=self.seq_lens, max_seq_len=max(kv_lens + [0]), page_size=ps,
+                                  params=params, q_len_per_req=q_len, device=dev)
+        else:
+            indptr_h = [0]
+            for n in npages:
+                indptr_h.append(indptr_h[-1] + n)
+            indices = torch.tensor([p for pg in self.pages for p in pg] or [0], dtype=torch.int32, device=dev)
+            last = [(n - (len(pg) - 1) * ps) if pg else 0 for n, pg in zip(kv_lens, self.pages)]
+            self.meta = BatchMeta(batch_size=B, qo_indptr=qo, qo_indptr_host=qo_host,
+                                  kv_indptr=torch.tensor(indptr_h, dtype=torch.int32, device=dev),
+                                  kv_indptr_host=indptr_h, kv_indices=indices,
+                                  kv_last_page_len=torch.tensor(last, dtype=torch.int32, device=dev),
+                                  kv_lens=self.seq_lens, kv_lens_host=list(kv_lens), page_size=ps,
+                                  params=params, q_len_per_req=q_len, device=dev)
+
+    def new_out(self):
+        out = torch.empty(self.q.shape, dtype=self.out_dtype, device=self.q.device)
+        if self.out_dtype.is_floating_point and self.out_dtype.itemsize == 1:
+            out.view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+        else:
+            out.fill_(float("nan"))
+        lse = torch.full(self.q.shape[:2], float("nan"), device=self.q.device) if self.lse else None
+        return out, lse
+
+    def args(self, out, lse):
+        return RunArgs(q=self.q, k=self.k_cache, v=self.v_cache, out=out, lse=lse, sinks=self.sinks_t,
+                       v_scale=self.bmm2, o_scale=self.o_scale, spec_mask=self.mask_t, enable_pdl=self.pdl)
+
+    def run(self, backend=None, plan=None):
+        backend = backend or _backend()
+        assert backend.reasons(self.problem) == [], [str(r) for r in backend.reasons(self.problem)]
+        plan = plan or backend.plan(self.problem, self.meta)
+        out, lse = self.new_out()
+        backend.run(plan, self.args(out, lse))
+        torch.cuda.synchronize()
+        return out, lse, plan
+
+    def request_kv(self, i):
+        pg = self.pages[i]
+        n = self.kv_lens[i]
+        if not pg:
+            shp = (0, self.hkv, self.d)
+            return torch.zeros(shp, dtype=self.kv_dtype), torch.zeros(shp, dtype=self.kv_dtype)
+        idx = torch.tensor(pg, device=self.q.device)
+        if self.layout == "NHD":
+            k = self.k_cache[idx].reshape(-1, self.hkv, self.d)[:n]
+            v = self.v_cache[idx].reshape(-1, self.hkv, self.d)[:n]
+        else:
+            k = self.k_cache[idx].transpose(1, 2).reshape(-1, self.hkv, self.d)[:n]
+            v = self.v_cache[idx].transpose(1, 2).reshape(-1, self.hkv, self.d)[:n]
+        return k.cpu(), v.cpu()
+
+    def keep_mask(self, i):
+        n, ql = self.kv_lens[i], self.q_len
+        qpos = torch.arange(ql)[:, None] + (n - ql)
+        kpos = torch.arange(n)[None, :]
+        if self.spec:
+            keep = torch.ones(ql, n, dtype=torch.bool)
+            d0 = n - ql
+            keep[:, d0:] = self.mask_bool[i]
+        else:
+            keep = kpos <= qpos
+        if self.window >= 0:
+            keep &= kpos >= qpos - self.window
+        return keep
+
+    def check(self, out, lse, factor=2.0, atol=None):
+        assert not torch.isnan(out.float()).any(), "unwritten (NaN) output elements"
+        outc = out.float().cpu().double()
+        for i in range(self.B):
+            ql = self.q_len
+            if self.kv_lens[i] == 0:  # empty request: zeros, LSE -inf
+                assert (outc[i * ql:(i + 1) * ql] == 0).all(), f"request {i}: empty request must give 0"
+                if lse is not None:
+                    assert torch.isneginf(lse[i * ql:(i + 1) * ql]).all()
+                continue
+            qi = self.q[i * ql:(i + 1) * ql].cpu()
+            k, v = self.request_kv(i)
+            keep = self.keep_mask(i)
+            sinks = self.sinks_t.cpu() if self.sinks_t is not None else None
+            gold, glse = golden_attention(qi, k.double(), v.double(), mask=keep, sm_scale=self.sm_scale,
+                                          sinks=sinks, v_scale=self.bmm2, o_scale=self.o_scale)
+            low = _lowp_attention(qi, k, v, keep, self.sm_scale, self.dtype, self.out_dtype, sinks, self.bmm2,
+                                  self.o_scale)
+            ref_err = (low - gold).abs().max().item()
+            err = (outc[i * ql:(i + 1) * ql] - gold).abs().max().item()
+            tol_atol = atol if atol is not None else (2e-3 if self.out_dtype.itemsize == 2 else 2e-2) * max(
+                1.0, gold.abs().max().item())
+            assert err <= factor * ref_err + tol_atol, (
+                f"request {i} (kv {self.kv_lens[i]}): max err {err:.3e} > {factor} x torch-{self.dtype} err "
+                f"{ref_err:.3e} + {tol_atol:.1e}")
+            if lse is not None:
+                gl = glse
+                ours = lse[i * ql:(i + 1) * ql].cpu().double()
+                fin = torch.isfinite(gl)
+                assert torch.equal(fin, torch.isfinite(ours)), f"request {i}: LSE -inf pattern differs"
+                if fin.any():
+                    assert (ours[fin] - gl[fin]).abs().max().item() < 2e-2, f"request {i}: LSE error"
+
+
+# --------------------------------------------------------------------------------------- GPU tests
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gpu_basic(dtype, group, layout):
+    hkv = 4
+    c = Case(B=4, hq=hkv * group, hkv=hkv, dtype=dtype, layout=layout, kv_lens=[1, 16, 333, 700], seed=group)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("ps", [1, 2, 4, 8, 32, 64, 128])
+def test_gpu_page_sizes(ps):
+    c = Case(ps=ps, hq=16, hkv=4, kv_lens=[ps, 3 * ps, 5 * ps + 1, 257], seed=ps, layout="HND" if ps % 2 else "NHD")
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_head_dims(d, dtype):
+    c = Case(d=d, hq=16, hkv=2, dtype=dtype, kv_lens=[5, 64, 300], seed=d)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("q_len", [2, 4])
+@pytest.mark.parametrize("spec", [False, True])
+@pytest.mark.parametrize("group", [1, 8, 16])
+def test_gpu_spec_decode(q_len, spec, group):
+    c = Case(q_len=q_len, spec=spec, hq=2 * group, hkv=2, kv_lens=[q_len, 65, 400], seed=q_len * 10 + group)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_spec_mask_long_draft():
+    c = Case(q_len=7, spec=True, hq=8, hkv=2, kv_lens=[7, 100], d=64, seed=7)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("window", [0, 5, 100])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_gpu_window(window, q_len):
+    c = Case(window=window, q_len=q_len, hq=16, hkv=4, kv_lens=[q_len, 64, 130, 700], seed=window + q_len)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_gpu_sinks(q_len):
+    c = Case(sinks=True, q_len=q_len, hq=64, hkv=8, kv_lens=[q_len, 50, 600], seed=31)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("group", [4, 8])
+def test_gpu_fp8_kv(dtype, kv_dtype, group):
+    c = Case(dtype=dtype, kv_dtype=kv_dtype, hq=4 * group, hkv=4, q_len=1 if group == 4 else 2,
+             kv_lens=[1, 77, 500], bmm1=0.7 / math.sqrt(128), bmm2=0.5, seed=group)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_fp8_kv_head_dims(d):
+    c = Case(d=d, kv_dtype=torch.float8_e4m3fn, hq=8, hkv=2, kv_lens=[3, 200], layout="HND", seed=d)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_fp8_output():
+    c = Case(kv_dtype=torch.float8_e4m3fn, out_dtype=torch.float8_e4m3fn, bmm2=2.0, o_scale=0.5, hq=32, hkv=8,
+             kv_lens=[1, 90, 400], seed=5)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_scales_and_lse():
+    c = Case(bmm1=0.05, bmm2=1.7, o_scale=0.8, lse=True, sinks=True, hq=16, hkv=2, kv_lens=[1, 64, 129, 512],
+             seed=9)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_gpu_split_kv(q_len):
+    """One long request: the KV range is split across CTAs and merged by the last one; runs repeat
+    (the arrival counters reset themselves)."""
+    c = Case(B=1, q_len=q_len, hq=32, hkv=8, kv_lens=[9000], lse=True, sinks=True, seed=q_len)
+    b = _backend()
+    out, lse, plan = c.run(b)
+    assert plan.num_splits > 1
+    c.check(out, lse)
+    for _ in range(3):
+        out2, lse2, _ = c.run(b, plan)
+        assert torch.equal(out2, out)
+    # uneven lengths with splits, including an empty request
+    c = Case(B=3, hq=8, hkv=2, kv_lens=[0, 5000, 37], lse=True, seed=3)
+    out, lse, plan = c.run(b)
+    assert plan.num_splits > 1
+    c.check(out, lse)
+    assert (out[0].float() == 0).all() and torch.isinf(lse[0]).all()
+
+
+@gpu
+def test_gpu_batch_decode_csr():
+    c = Case(op="batch_decode", B=5, hq=32, hkv=8, kv_lens=[1, 16, 17, 320, 1000], lse=True, tuple_cache=True,
+             seed=11)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+    c = Case(op="batch_decode", B=2, hq=8, hkv=8, kv_lens=[0, 40], lse=True, layout="HND", seed=12)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_noncontiguous_q_and_pdl():
+    c = Case(q_noncontig=True, pdl=True, hq=32, hkv=8, kv_lens=[100, 2000], seed=13)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_out_preallocated_view():
+    c = Case(hq=16, hkv=4, kv_lens=[10, 300], seed=14)
+    b = _backend()
+    plan = b.plan(c.problem, c.meta)
+    big = torch.full((c.q.shape[0], c.hq, c.d * 2), float("nan"), dtype=c.dtype, device="cuda")
+    out = big[:, :, :c.d]
+    b.run(plan, c.args(out, None))
+    torch.cuda.synchronize()
+    c.check(out, None)
+    assert torch.isnan(big[:, :, c.d:].float()).all()
+
+
+@gpu
+def test_gpu_cuda_graph_replay():
+    c = Case(hq=32, hkv=8, kv_lens=[50, 6000], sinks=True, cuda_graph=True, seed=15)
+    b = _backend()
+    plan = b.plan(c.problem, c.meta)
+    out, lse = c.new_out()
+    args = c.args(out, lse)
+    b.run(plan, args)
+    torch.cuda.synchronize()
+    eager = out.clone()
+    out.fill_(float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            b.run(plan, args)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    c.check(out, None)
+
+
+@gpu
+def test_gpu_large_group_rows():
+    """64 query heads on 4 kv heads with 4 draft rows: 64 rows per kv head -> 2 m-groups of 32."""
+    c = Case(hq=64, hkv=4, q_len=4, spec=True, kv_lens=[4, 200, 1500], seed=16)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+def test_gpu_fp8_large_q_prescale():
+    """bf16 q beyond fp16 range with fp8 KV: the CTA's power-of-two prescale keeps it finite."""
+    c = Case(kv_dtype=torch.float8_e4m3fn, hq=16, hkv=4, kv_lens=[3, 300], bmm1=1e-6, seed=17)
+    c.q = (c.q.float() * 3e5).to(torch.bfloat16)
+    out, lse, _ = c.run()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("dtype,kv_dtype,d,mt_rows", [
+    (torch.bfloat16, torch.float8_e4m3fn, 128, 8), (torch.float16, torch.float8_e4m3fn, 64, 32),
+    (torch.bfloat16, torch.float8_e5m2, 128, 4), (torch.bfloat16, torch.bfloat16, 128, 32)])
+def test_gpu_sm80_code_path_via_ptx(tmp_path, dtype, kv_dtype, d, mt_rows):
+    """The sm_80 code (software fp8 widening, no PDL instructions) run on this GPU: compiled to
+    compute_80 PTX only, so the driver JIT-compiles it for the device with __CUDA_ARCH__ == 800."""
+    import ctypes
+    import subprocess
+
+    from attncore import jit
+    from attncore.backends.xqa import binding
+
+    b = _backend()
+    hkv = 2
+    q_len = 2 if mt_rows == 32 else 1
+    hq = hkv * mt_rows // q_len
+    c = Case(dtype=dtype, kv_dtype=kv_dtype, d=d, hq=hq, hkv=hkv, q_len=q_len, kv_lens=[q_len, 100, 3000],
+             sinks=True, seed=d + mt_rows)
+    plan = b.plan(c.problem, c.meta)
+    spec = plan.lib.key.spec()
+    so = tmp_path / "xqa_ptx80.so"
+    flags = list(jit.DEFAULT_FLAGS) + [f"-D{k}={v}" for k, v in spec.defines] + [f"-I{i}" for i in spec.include_dirs]
+    cmd = [jit.find_nvcc()] + flags + ["-gencode", "arch=compute_80,code=compute_80", "-shared",
+                                       spec.sources[0], "-o", str(so)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    plan.lib = binding.wrap_library(plan.lib.key, ctypes.CDLL(str(so)), torch.cuda.current_device())
+    out, lse = c.new_out()
+    b.run(plan, c.args(out, lse))
+    torch.cuda.synchronize()
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("mt2", [True, False])
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_gpu_fp8_policy_knobs(mt2, splits):
+    """Both tilings of 32 fp8 rows (one 32-row CTA, two 16-row CTAs) and forced split counts."""
+    b = _backend()
+    b.mt2_for_fp8 = mt2
+    b.split_override = splits
+    c = Case(kv_dtype=torch.float8_e4m3fn, hq=16, hkv=2, q_len=4, spec=True, sinks=True, lse=True,
+             kv_lens=[4, 333, 2500], seed=18)
+    out, lse, plan = c.run(b)
+    assert plan.m_groups == (1 if mt2 else 2)
+    if splits:
+        assert plan.num_splits == splits
+    c.check(out, lse)
+
+
+def test_graph_workspace_pool_grow_only():
+    from attncore.backends.xqa import backend as xb
+
+    dev = torch.device("cpu")
+    a = xb._graph_pool("test", dev, 10, torch.int32)
+    assert a.numel() >= 10 and (a == 0).all()
+    b = xb._graph_pool("test", dev, 5, torch.int32)
+    assert b.data_ptr() == a.data_ptr()
+    c = xb._graph_pool("test", dev, a.numel() + 1, torch.int32)
+    assert c.numel() > a.numel() and c.data_ptr() != a.data_ptr()
+    assert any(t is a for t in xb._POOLS[("test", None)])  # the old buffer stays alive
+
+
+@gpu
+def test_gpu_cuda_graph_replan_after_plan_dropped():
+    """The API pattern: capture with plan A, drop A, re-plan B (new lengths) into the same index
+    buffers, replay.  The split-KV workspace must outlive plan A (graph pools)."""
+    import gc
+
+    b = _backend()
+    c = Case(B=2, hq=32, hkv=8, kv_lens=[40, 6000], sinks=True, cuda_graph=True, lse=True, seed=19)
+    plan = b.plan(c.problem, c.meta)
+    assert plan.num_splits > 1
+    out, lse = c.new_out()
+    args = c.args(out, lse)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        b.run(plan, args)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        b.run(plan, args)
+    torch.cuda.synchronize()
+    del plan
+    gc.collect()
+    junk = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(8)]  # reuse freed memory
+    new_lens = [45, 3500]  # within the pages each request already has
+    c.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+    c.kv_lens = new_lens
+    plan_b = b.plan(c.problem, c.meta)  # re-plan B (host work only; the graph keeps A's launch)
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    del junk
+    c.check(out, lse)
+    replay = out.clone()
+    out.fill_(float("nan"))
+    b.run(plan_b, args)
+    torch.cuda.synchronize()
+    assert torch.equal(out, replay), "graph replay must equal an eager run of the re-planned plan"
