@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from .golden import golden_alibi_slopes, golden_attention, golden_rope
 

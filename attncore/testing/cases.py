@@ -23,10 +23,9 @@ Case ids read like ``reference-batch_prefill_paged-fp16-d128-g4-p16-causal-lse-e
 
 from __future__ import annotations
 
-import itertools
 import random
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -135,13 +134,14 @@ def _claimed(backend: Backend, p: AttentionProblem) -> bool:
 
 
 def normalize(p: AttentionProblem) -> AttentionProblem:
-    """Make a problem self-consistent: decode with q_len_per_req > 1 is causal (semantics.md)."""
+    """Make a problem self-consistent and shaped like the API's: decode with q_len_per_req > 1 is
+    causal (semantics.md), and the API plans every decode (xqa's spec mask included) as causal."""
     if p.op in DECODE_OPS and p.q_len_per_req > 1 and p.mask == "none" and not p.spec_mask:
         p = p.replace(mask="causal")
     if p.spec_mask and (p.op != "xqa_decode" or p.q_len_per_req < 2):
         p = p.replace(spec_mask=False)
     if p.spec_mask:
-        p = p.replace(mask="none")
+        p = p.replace(mask="causal")
     return p
 
 
@@ -157,7 +157,7 @@ def find_base(backend: Backend, op: str, device_type: str, cc, dtypes) -> Option
         for kd in kv_opts(qd):
             for d in dims:
                 for layout in ("NHD", "HND"):
-                    for mask in ("none", "causal", "custom"):
+                    for mask in (("causal", "none", "custom") if op in DECODE_OPS else ("none", "causal", "custom")):
                         for page in pages:
                             for g in (1, 4, 2, 8):
                                 for ql in qlens:
@@ -286,7 +286,8 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         return fams
     if unavailable:
         add("skip", None, cid=f"{name}-unavailable",
-            note=f"{name} is unavailable here: " + "; ".join(map(str, unavailable)))
+            note=f"{name} is unavailable here, nothing computed: " + "; ".join(map(str, unavailable)))
+        return fams
 
     found_any = False
     for op in TESTED_OPS:
@@ -359,7 +360,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         # CUDA graphs.
         pg = base.replace(cuda_graph=True)
         if _claimed(backend, pg):
-            add("cuda_graph", pg)
+            add("cuda_graph", pg, tag="edge")
             pgl = pg.replace(return_lse=True)
             if _claimed(backend, pgl):
                 add("cuda_graph", pgl, tag="edge")

@@ -26,7 +26,7 @@ import torch
 
 from ..backend import AttnParams, BatchMeta, RunArgs
 from ..capabilities import Reason
-from ..problem import DECODE_OPS, FP8_DTYPES, PAGED_OPS, AttentionProblem
+from ..problem import DECODE_OPS, PAGED_OPS, AttentionProblem
 from .golden import golden_alibi_slopes, golden_attention, golden_rope
 
 TOL_FACTOR = 2.0
@@ -147,6 +147,10 @@ class Built:
     out_buf: torch.Tensor
     lse_buf: Optional[torch.Tensor]
     storages: List[torch.Tensor] = field(default_factory=list)  # device buffers holding q / k / v
+    strided: bool = False
+    paged_5d: bool = False
+    pool: int = 0
+    bt_width: int = 0
 
 
 def _pack_bits_lsb(bits: torch.Tensor) -> torch.Tensor:
@@ -167,20 +171,38 @@ def _spec_mask_words(bits: torch.Tensor) -> torch.Tensor:
     return words.to(torch.uint16)
 
 
+_WORKSPACES: dict = {}
+
+
+def _workspace(dev: torch.device) -> torch.Tensor:
+    """A zeroed 32 MiB float workspace per device, like the caller's ``float_workspace_buffer``."""
+    key = str(dev)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = torch.zeros(32 << 20, dtype=torch.uint8, device=dev)
+    return _WORKSPACES[key]
+
+
 def _randn(gen, *shape, scale=1.0):
     return torch.randn(*shape, generator=gen) * scale
 
 
 def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: Optional[int] = None,
-          reqs: Optional[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None) -> Built:
+          reqs: Optional[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None,
+          shapes: Optional[Tuple[List[int], List[int]]] = None, views: Optional[Tuple[bool, bool]] = None,
+          min_pages: int = 0, min_bt_width: int = 0) -> Built:
     """Inputs of one case.  Shapes, page tables and masks come from ``seed``; tensor values from
-    ``data_seed`` (so a second "layer" can reuse one plan), or ``reqs`` when given."""
+    ``data_seed`` (so a second "layer" can reuse one plan), or ``reqs`` when given.
+
+    ``shapes`` (qo_lens, kv_lens), ``views`` (strided, 5-D paged cache), ``min_pages`` (page pool
+    size) and ``min_bt_width`` (xqa block-table width) pin what the CUDA-graph family keeps fixed."""
     rng = random.Random(seed)
     mgen = torch.Generator().manual_seed(seed)
     dgen = torch.Generator().manual_seed(seed + 7919 if data_seed is None else data_seed)
     dev = torch.device(device)
     hq, hkv, d, dv = p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo
-    if reqs is None:
+    if shapes is not None:
+        qo_lens, kv_lens = list(shapes[0]), list(shapes[1])
+    elif reqs is None:
         qo_lens, kv_lens = case_shapes(p, tag, rng)
     else:
         qo_lens = [r[0].shape[0] for r in reqs]
@@ -188,6 +210,8 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
     bsz = len(qo_lens)
     strided = tag == "strided" or (tag.startswith("r") and rng.random() < 0.3)
     paged_5d = p.op in PAGED_OPS and d == dv and (strided or rng.random() < 0.5)
+    if views is not None:
+        strided, paged_5d = views[0], views[1] and p.op in PAGED_OPS and d == dv
     xqa = p.op == "xqa_decode"
 
     # Scalars.
@@ -250,7 +274,8 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         q = q_all.to(dev)
         storages.append(q)
 
-    meta_kw = dict(batch_size=bsz, params=params, q_len_per_req=p.q_len_per_req, device=dev)
+    meta_kw = dict(batch_size=bsz, params=params, q_len_per_req=p.q_len_per_req, device=dev,
+                   workspace=_workspace(dev))
     qo_ptr = [0]
     for n in qo_lens:
         qo_ptr.append(qo_ptr[-1] + n)
@@ -286,7 +311,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         page = p.page_size
         npages = [-(-n // page) for n in kv_lens]
         total = sum(npages)
-        pool = total + 3
+        pool = max(total + 3, min_pages)
         perm = list(range(pool))
         rng.shuffle(perm)
         used, spare = perm[:total], perm[total:]
@@ -322,7 +347,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             v = vs.to(p.kv_dtype).to(dev)
             storages += [k, v]
         if xqa:
-            width = max(npages) + 1 if npages else 1
+            width = max(max(npages) + 1 if npages else 1, min_bt_width)
             bt = torch.tensor([[rng.choice(spare) for _ in range(width)] for _ in range(bsz)], dtype=torch.int32)
             for i, ids in enumerate(page_ids):
                 if ids:
@@ -356,7 +381,9 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
     golden_kwargs = dict(window_left=p.window_left, sm_scale=sm_scale, logits_soft_cap=cap,
                          pos_encoding_mode=p.pos_encoding, sinks=sinks, q_scale=q_scale, k_scale=k_scale,
                          v_scale=v_scale, o_scale=o_scale)
-    return Built(p, meta, args, qo_lens, kv_lens, reqs, masks, golden_kwargs, out_buf, lse_buf, storages)
+    return Built(p, meta, args, qo_lens, kv_lens, reqs, masks, golden_kwargs, out_buf, lse_buf, storages,
+                 strided=strided, paged_5d=paged_5d, pool=pool if p.op in PAGED_OPS else 0,
+                 bt_width=int(meta.block_tables.shape[1]) if meta.block_tables is not None else 0)
 
 
 def expected(b: Built):
@@ -399,6 +426,11 @@ def check_inputs_unchanged(snap) -> List[str]:
 
 
 def _eps(dtype: torch.dtype) -> float:
+    """The output rounding atol unit.  fp32 gets 16 ulp: GPU kernels use fast exp2 approximations
+    (relative error ~2^-22) that the CPU baseline does not, and fp32 errors are tiny anyway (TF32
+    matmuls, ~1e-3, still fail)."""
+    if dtype == torch.float32:
+        return 16 * float(torch.finfo(dtype).eps)
     return float(torch.finfo(dtype).eps)
 
 
@@ -420,7 +452,9 @@ def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optiona
     if p.return_lse:
         lse = lse_buf[1:-1] if lse is None else lse
         l_all = lse.detach().cpu().double()
-        if lse_buf is not None and lse_buf.shape[0] >= 2 and not (torch.isnan(lse_buf[0]).all() and torch.isnan(lse_buf[-1]).all()):
+        guards_ok = lse_buf is None or lse_buf.shape[0] < 2 or bool(
+            torch.isnan(lse_buf[0]).all() and torch.isnan(lse_buf[-1]).all())
+        if not guards_ok:
             errs.append("run() wrote outside `lse` (the guard rows around it were overwritten)")
     nan = torch.isnan(o_all)
     if nan.any():
@@ -534,7 +568,52 @@ def run_refusal(case) -> None:
                 pass
             else:
                 errs.append(f"the selector accepted backend={be.name!r} for a refused problem")
+    if not errs and p.op == "single_prefill" and p.device_type == case.device:
+        errs += _api_refuses(case)
     _fail(case, errs)
+
+
+def _api_refuses(case) -> List[str]:
+    """The public API, forced to this backend, must raise on a refused single-prefill problem
+    (a ``ValueError``/``TypeError`` naming what is wrong), never compute it."""
+    try:
+        import attncore
+        from .. import registry
+    except ImportError:
+        return []
+    be, p = case.backend, case.problem
+    try:
+        entry = registry.get_entry(be.name)
+    except Exception:
+        return []
+    if entry.backend is not be or entry.unavailable_reasons():
+        return []
+    if p.out_dtype != p.q_dtype or p.head_dim_vo != p.head_dim_qk:
+        return []  # not expressible through single_prefill_with_kv_cache
+    dev = torch.device(case.device)
+    g = torch.Generator().manual_seed(case.seed)
+    qo, kv = 3, 7
+    q = torch.randn(qo, p.num_qo_heads, p.head_dim_qk, generator=g).to(p.q_dtype).to(dev)
+    shape = (kv, p.num_kv_heads, p.head_dim_qk) if p.kv_layout == "NHD" else (p.num_kv_heads, kv, p.head_dim_qk)
+    k = torch.randn(*shape, generator=g).to(p.kv_dtype).to(dev)
+    v = torch.randn(*shape, generator=g).to(p.kv_dtype).to(dev)
+    kw = dict(causal=p.mask == "causal", kv_layout=p.kv_layout, pos_encoding_mode=p.pos_encoding,
+              window_left=p.window_left, logits_soft_cap=2.0 if p.soft_cap else None, return_lse=p.return_lse,
+              backend=be.name)
+    if p.mask == "custom":
+        kw["custom_mask"] = torch.rand(qo, kv, generator=g).lt(0.7).to(dev)
+    if p.sinks:
+        kw["sinks"] = torch.randn(p.num_qo_heads, generator=g).float().to(dev)
+    if p.fp8_scales:
+        kw.update(k_scale=0.75, v_scale=1.5)
+    try:
+        attncore.single_prefill_with_kv_cache(q, k, v, **kw)
+    except (ValueError, TypeError) as e:
+        if not str(e):
+            return [f"the API refused {p.describe()} with an empty {type(e).__name__} message"]
+        return []
+    return [f"attncore.single_prefill_with_kv_cache(..., backend={be.name!r}) computed a problem "
+            f"{be.name} refuses ({case.note}): it must raise ValueError with the reasons"]
 
 
 def run_merge(case) -> None:
@@ -572,47 +651,122 @@ def run_merge(case) -> None:
     _fail(case, errs, full)
 
 
+_INDEX_FIELDS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "kv_lens", "packed_mask",
+                 "mask_indptr", "seq_lens")
+
+
+def _into_fixed(meta: BatchMeta, bases: dict) -> BatchMeta:
+    """Put meta's index tensors into fixed device buffers (allocated on first use), the way the API
+    does in CUDA-graph mode: every plan() of a wrapper sees the same addresses."""
+    for name in _INDEX_FIELDS:
+        t = getattr(meta, name)
+        if t is None:
+            continue
+        if name not in bases:
+            bases[name] = torch.zeros(max(4096, t.numel()), dtype=t.dtype, device=t.device)
+        view = bases[name][:t.numel()]
+        view.copy_(t.reshape(-1))
+        setattr(meta, name, view.view(t.shape))
+    if meta.block_tables is not None:
+        if "block_tables" not in bases:
+            bases["block_tables"] = meta.block_tables.clone()
+        bases["block_tables"].copy_(meta.block_tables)
+        meta.block_tables = bases["block_tables"]
+    return meta
+
+
+def _second_shapes(p: AttentionProblem, qo_lens: List[int], seed: int) -> List[int]:
+    """New kv lengths for the same batch size and query rows (what changes between decode steps)."""
+    rng = random.Random(seed)
+    lo = p.q_len_per_req if p.op in DECODE_OPS else 1
+    return [rng.randint(lo, 48) for _ in qo_lens]
+
+
+def _recompose(total: int, parts: int, seed: int) -> List[int]:
+    """``parts`` non-negative lengths summing to ``total``."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.randint(0, total) for _ in range(parts - 1))
+    return [b - a for a, b in zip([0] + cuts, cuts + [total])]
+
+
 def run_cuda_graph(case) -> None:
+    """Capture run() after plan A, re-plan B into the same index buffers, write B's inputs into the
+    captured tensors, replay: must pass the golden check and equal an eager run() of plan B.
+
+    Paged ops: B has new kv lengths (same batch size, query rows and page pool).  Ragged batch: the
+    same total of keys split differently among the requests (the API fixes K/V shapes).
+    single_prefill: plan A replayed on new values."""
     import pytest
 
     if not case.device.startswith("cuda") or not torch.cuda.is_available():
         pytest.skip("CUDA-graph replay needs a CUDA device")
     be, p = case.backend, case.problem
-    b = build(p, case.tag, case.seed, case.device)
-    plan = be.plan(p, b.meta)
+    paged = p.op in PAGED_OPS
+    replan = paged or p.op == "batch_prefill_ragged"
+    pool = width = 0
+    if replan:
+        qo_a, kv_a = case_shapes(p, case.tag, random.Random(case.seed))
+        if paged:
+            kv_b = _second_shapes(p, qo_a, case.seed + 5)
+            pages = lambda kv: [-(-n // p.page_size) for n in kv]  # noqa: E731
+            pool = max(sum(pages(kv_a)), sum(pages(kv_b))) + 3
+            width = max(pages(kv_a) + pages(kv_b)) + 1
+        else:
+            kv_b = _recompose(sum(kv_a), len(kv_a), case.seed + 5)
+        a = build(p, case.tag, case.seed, case.device, shapes=(qo_a, kv_a), min_pages=pool, min_bt_width=width)
+    else:
+        a = build(p, case.tag, case.seed, case.device)
+    bases: dict = {}
+    _into_fixed(a.meta, bases)
+    plan_a = be.plan(p, a.meta)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        be.run(plan, b.args)  # warm-up (JIT, autotune) outside the capture
+        be.run(plan_a, a.args)  # warm-up (JIT, autotune) outside the capture
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        be.run(plan, b.args)
-    # New values in the captured buffers, poisoned outputs, replay.
-    b2 = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 31337)
-    for dst, src in zip(b.storages, b2.storages):
+        be.run(plan_a, a.args)
+    torch.cuda.synchronize()
+    if replan:
+        b = build(p, case.tag, case.seed + 1, case.device, data_seed=case.seed + 31337, shapes=(qo_a, kv_b),
+                  views=(a.strided, a.paged_5d), min_pages=pool, min_bt_width=width)
+        if paged and (b.pool != a.pool or (p.op == "xqa_decode" and b.bt_width != a.bt_width)):
+            pytest.fail(f"internal: second batch does not fit the first's buffers ({b.pool} vs {a.pool} pages)")
+        what = f"graph captured at kv_lens={a.kv_lens}, re-planned to kv_lens={b.kv_lens}, replayed: "
+    else:
+        b = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 31337)
+        what = "graph replayed on new values: "
+    meta_b = _into_fixed(b.meta, bases)
+    plan_b = be.plan(p, meta_b) if replan else plan_a
+    for dst, src in zip(a.storages, b.storages):
         dst.copy_(src)
-    if b.args.sinks is not None and b2.args.sinks is not None:
-        b.args.sinks.copy_(b2.args.sinks)
-    b.out_buf.fill_(float("nan"))
-    if b.lse_buf is not None:
-        b.lse_buf.fill_(float("nan"))
+    if a.args.sinks is not None and b.args.sinks is not None:
+        a.args.sinks.copy_(b.args.sinks)
+    if a.args.spec_mask is not None and b.args.spec_mask is not None:
+        a.args.spec_mask.copy_(b.args.spec_mask)
+    a.out_buf.fill_(float("nan"))
+    if a.lse_buf is not None:
+        a.lse_buf.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    replay_out = b.out_buf.clone()
-    replay_lse = None if b.lse_buf is None else b.lse_buf.clone()
-    errs = check_result(b2, expected(b2), out_buf=replay_out, lse_buf=replay_lse, what="graph replay: ")
-    b.out_buf.fill_(float("nan"))
-    be.run(plan, b.args)
+    replay_out = a.out_buf.clone()
+    replay_lse = None if a.lse_buf is None else a.lse_buf.clone()
+    errs = check_result(b, expected(b), out_buf=replay_out, lse_buf=replay_lse, what=what)
+    a.out_buf.fill_(float("nan"))
+    if a.lse_buf is not None:
+        a.lse_buf.fill_(float("nan"))
+    be.run(plan_b, a.args)
     torch.cuda.synchronize()
-    if not torch.equal(_bits(replay_out), _bits(b.out_buf)):
-        diff = (replay_out.double() - b.out_buf.double()).abs().nan_to_num(float("inf")).max()
-        errs.append(f"graph replay differs from an eager run() on the same inputs (max |diff| = {float(diff):.3g})")
-    if replay_lse is not None and not torch.equal(_bits(replay_lse), _bits(b.lse_buf)):
-        errs.append("graph replay LSE differs from an eager run() on the same inputs")
+    if not torch.equal(_bits(replay_out), _bits(a.out_buf)):
+        diff = (replay_out.double() - a.out_buf.double()).abs().nan_to_num(float("inf")).max()
+        errs.append("graph replay differs from an eager run() of the same plan and inputs "
+                    f"(max |diff| = {float(diff):.3g})")
+    if replay_lse is not None and not torch.equal(_bits(replay_lse), _bits(a.lse_buf)):
+        errs.append("graph replay LSE differs from an eager run() of the same plan and inputs")
     del g
-    _fail(case, errs, b2)
+    _fail(case, errs, b)
 
 
 FAMILIES = {"numerics": run_numerics, "refusal": run_refusal, "merge": run_merge, "cuda_graph": run_cuda_graph}

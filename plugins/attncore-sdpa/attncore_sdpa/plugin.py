@@ -1,0 +1,13 @@
+"""Entry point module (``attncore.backends: sdpa = "attncore_sdpa.plugin"``).
+
+Keep it cheap: attncore imports it when its registry first loads.
+"""
+
+from attncore.hooks import hookimpl
+
+from .backend import SdpaBackend
+
+
+@hookimpl
+def attncore_backends():
+    return [SdpaBackend()]

@@ -1,0 +1,135 @@
+"""The example third-party plugin ``plugins/attncore-sdpa`` against the core.
+
+Works whether or not the plugin is pip-installed: its source directory is put on ``sys.path`` and
+the backend registered directly; the entry-point test runs only where it is installed.
+"""
+
+import math
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_SRC = os.path.join(ROOT, "plugins", "attncore-sdpa")
+if PLUGIN_SRC not in sys.path:
+    sys.path.insert(0, PLUGIN_SRC)
+
+import attncore  # noqa: E402
+from attncore.problem import AttentionProblem  # noqa: E402
+from attncore_sdpa import SdpaBackend  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sdpa():
+    from attncore import registry
+
+    registry.register_backend(SdpaBackend(), origin="test")
+    yield registry.get_backend("sdpa")
+    registry.unregister_backend("sdpa")
+
+
+def _p(**kw):
+    base = dict(op="single_prefill", device_type="cpu", q_dtype=torch.float16, kv_dtype=torch.float16,
+                out_dtype=torch.float16, num_qo_heads=8, num_kv_heads=2, head_dim_qk=128, head_dim_vo=128)
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+@pytest.mark.parametrize("change, axis", [
+    (dict(op="batch_prefill_paged", page_size=16), "op"),
+    (dict(op="batch_decode", page_size=16), "op"),
+    (dict(mask="custom"), "mask"),
+    (dict(window_left=4), "feature:window"),
+    (dict(soft_cap=True), "feature:soft_cap"),
+    (dict(pos_encoding="ALIBI"), "feature:alibi"),
+    (dict(pos_encoding="ROPE_LLAMA"), "feature:rope"),
+    (dict(sinks=True), "feature:sinks"),
+    (dict(kv_dtype=torch.float8_e4m3fn), "kv_dtype"),
+    (dict(fp8_scales=True), "feature:fp8_scales"),
+    (dict(kv_dtype=torch.float32), "kv_dtype"),
+])
+def test_refuses_what_sdpa_cannot_do(change, axis):
+    rs = SdpaBackend().reasons(_p(**change))
+    assert rs and any(r.axis == axis for r in rs), rs
+
+
+def test_claims_dense_prefill():
+    b = SdpaBackend()
+    for kw in (dict(), dict(mask="causal"), dict(op="batch_prefill_ragged", return_lse=True),
+               dict(kv_layout="HND", q_dtype=torch.float32, kv_dtype=torch.float32, out_dtype=torch.float32)):
+        assert b.reasons(_p(**kw)) == [], kw
+    assert b.reasons(_p(device_type="cuda", compute_capability=(9, 0), head_dim_qk=100, head_dim_vo=100))
+
+
+def test_priority():
+    b = SdpaBackend()
+    assert b.priority(_p()) == -1  # below the reference (0) on CPU
+    assert b.priority(_p(device_type="cuda", compute_capability=(9, 0))) == 55
+    assert b.priority(_p(device_type="cuda", compute_capability=(7, 5))) < 55
+    assert b.priority(_p(device_type="cuda", compute_capability=(9, 0), return_lse=True)) < 55
+
+
+@pytest.mark.parametrize("qo, kv", [(5, 5), (3, 11), (1, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_public_api_matches_reference(sdpa, qo, kv, causal):
+    g = torch.Generator().manual_seed(qo * 100 + kv)
+    q = torch.randn(qo, 8, 64, generator=g).half()
+    k = torch.randn(kv, 2, 64, generator=g).half()
+    v = torch.randn(kv, 2, 64, generator=g).half()
+    o, lse = attncore.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend="sdpa")
+    ro, rlse = attncore.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend="reference")
+    assert not torch.isnan(o).any()
+    torch.testing.assert_close(o, ro, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, rlse, atol=1e-3, rtol=1e-4)
+
+
+def test_batch_ragged_qo_longer_than_kv(sdpa):
+    """Batch prefill allows qo_len > kv_len: rows that see no key give 0 and LSE -inf."""
+    qo_indptr = torch.tensor([0, 4, 6], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 2, 2], dtype=torch.int32)  # request 1 has no keys
+    q = torch.randn(6, 4, 64).half()
+    k = torch.randn(2, 2, 64).half()
+    v = torch.randn(2, 2, 64).half()
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend="sdpa")
+    w.plan(qo_indptr, kv_indptr, 4, 2, 64, causal=True, q_data_type=torch.float16)
+    assert w.backend == "sdpa"
+    o, lse = w.run(q, k, v, return_lse=True)
+    assert torch.equal(o[:2], torch.zeros_like(o[:2])) and torch.isneginf(lse[:2]).all()
+    assert torch.equal(o[4:], torch.zeros_like(o[4:])) and torch.isneginf(lse[4:]).all()
+    assert torch.isfinite(lse[2:4]).all()
+
+
+def test_forced_sdpa_refuses_with_reasons(sdpa):
+    q = torch.randn(3, 4, 64).half()
+    k = torch.randn(5, 2, 64).half()
+    with pytest.raises(ValueError, match="sdpa"):
+        attncore.single_prefill_with_kv_cache(q, k, k, window_left=2, backend="sdpa")
+
+
+def test_conformance_suite_passes():
+    env = dict(os.environ, PYTHONPATH=PLUGIN_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = ("import sys; from attncore.testing import run_conformance; "
+            "sys.exit(run_conformance('attncore_sdpa:SdpaBackend', ['-q', '--attncore-device', 'cpu']))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
+
+
+def test_entry_point_declared():
+    text = open(os.path.join(PLUGIN_SRC, "pyproject.toml")).read()
+    assert '[project.entry-points."attncore.backends"]' in text
+    assert 'sdpa = "attncore_sdpa.plugin"' in text
+    from attncore_sdpa import plugin
+
+    (b,) = plugin.attncore_backends()
+    assert isinstance(b, SdpaBackend) and b.name == "sdpa"
+    installed = [ep for ep in metadata.entry_points(group="attncore.backends") if ep.name == "sdpa"]
+    if installed:  # pip-installed: the registry finds it on its own
+        from attncore import registry
+
+        assert installed[0].value == "attncore_sdpa.plugin"
+        assert "sdpa" in registry.entries()
