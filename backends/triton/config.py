@@ -1,0 +1,105 @@
+"""Launch configurations of the Triton kernels: candidates pruned by problem, one chosen per plan.
+
+A config is (block_m, block_n, num_warps, num_stages).  ``candidates()`` lists what fits the
+problem (shared memory, head dim, dtype); the first entry is the default pick, ordered from
+the sweeps measured on an H100 on 2026-11-22 (benchmarks/triton.md, results/triton-h100-*.json):
+decode bf16 block_n 64 / 2 stages; fp8 KV block_n 128 / 2 stages; prefill 128x64, 8 warps,
+3 stages (d256: 2); paged prefill gathers the next tile's page ids one iteration ahead.  Picks are cached per (device, key) so that
+``plan()`` stays cheap; ``set_config`` lets a tuning script pin a measured best.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    prefetch: bool = False  # paged: gather the next tile's page ids one iteration ahead
+    dot_f16: bool = False  # fp8 KV + bf16 q: dots in fp16 (cheap fp8 -> fp16 conversion)
+
+    def as_dict(self) -> dict:
+        return dict(block_m=self.block_m, block_n=self.block_n, num_warps=self.num_warps,
+                    num_stages=self.num_stages, prefetch=self.prefetch, dot_f16=self.dot_f16)
+
+
+_CACHE: Dict[Tuple, LaunchConfig] = {}
+SMEM_BUDGET = 220 * 1024  # sm_90 / sm_80 (A100: 163 KB, pruned below by cc)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def config_key(problem, rows_per_req: int, device: torch.device) -> Tuple:
+    """What a config depends on: device, head dim, dtype width, rope, and the packed rows bucket."""
+    small = min(_pow2(max(rows_per_req, 1)), 128)
+    return (str(device), problem.head_dim_qk, problem.q_dtype, problem.kv_dtype,
+            problem.page_size is not None, problem.pos_encoding == "ROPE_LLAMA", small)
+
+
+def _smem(cfg: LaunchConfig, d: int, elt: int) -> int:
+    return (cfg.block_m * d + max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * d) * elt
+
+
+def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tuple[int, int]] = None
+               ) -> List[LaunchConfig]:
+    """Configs that fit the problem, best guess first.  rows_per_req: max packed rows (qo * G)."""
+    d = max(16, _pow2(problem.head_dim_qk))
+    elt = problem.q_dtype.itemsize
+    rows = max(rows_per_req, 1)
+    paged = problem.page_size is not None
+    fp8 = problem.kv_dtype.itemsize == 1
+    if interpret:  # one small config: the interpreter is slow and has no shared memory
+        bm = min(64, max(16, _pow2(rows)))
+        return [LaunchConfig(bm, 32, 1, 1, prefetch=paged)]
+    budget = SMEM_BUDGET if (cc is None or cc >= (9, 0)) else (160 * 1024 if cc == (8, 0) else 99 * 1024)
+    out: List[LaunchConfig] = []
+    if rows <= 64:  # decode-like: few packed rows, memory bound
+        bm = max(16, _pow2(rows))
+        if fp8:
+            f16 = problem.q_dtype == torch.bfloat16 and problem.pos_encoding != "ROPE_LLAMA"
+            out = [LaunchConfig(bm, bn, 4, st, pf, f) for f in ((False, True) if f16 else (False,))
+                   for bn in (128, 256) for st in (2, 3) for pf in (False, True)]
+        elif d <= 128:
+            out = [LaunchConfig(bm, bn, 4, st, pf) for bn in (64, 128) for st in (2, 3)
+                   for pf in (False, True)]
+        else:
+            out = [LaunchConfig(bm, bn, 4, st, pf) for bn in (32, 64) for st in (2, 3)
+                   for pf in (False, True)]
+    else:
+        if d <= 64:
+            base = [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]
+        elif d <= 128:
+            base = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2)]
+        else:
+            base = [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2)]
+        if elt == 4:
+            base = [(64, 32, 4, 2), (32, 32, 4, 2)]
+        out = [LaunchConfig(*b) for b in base]
+        if paged:
+            out = [LaunchConfig(*b, prefetch=True) for b in base[:2]] + out
+    out = [c for c in out if _smem(c, d, elt) <= budget] or [LaunchConfig(32, 32, 4, 1)]
+    return out
+
+
+def pick(problem, rows_per_req: int, device: torch.device, *, interpret: bool,
+         cc: Optional[Tuple[int, int]] = None) -> LaunchConfig:
+    key = config_key(problem, rows_per_req, device)
+    cfg = _CACHE.get(key)
+    if cfg is None:
+        cfg = candidates(problem, rows_per_req, interpret=interpret, cc=cc)[0]
+        _CACHE[key] = cfg
+    return cfg
+
+
+def set_config(problem, rows_per_req: int, device: torch.device, cfg: LaunchConfig) -> None:
+    """Pin a (measured) config for this device and problem kind."""
+    _CACHE[config_key(problem, rows_per_req, device)] = cfg

@@ -1,0 +1,434 @@
+"""Attention over the canonical batch (ragged or paged KV), one kernel for prefill and decode.
+
+Notation
+  B        requests in the batch; request i has qo_i query rows and kv_i keys
+  Hq, Hkv  query / kv heads; G = Hq // Hkv (GQA group size)
+  D        head dim (HEAD_DIM); BLOCK_D = next power of two >= D (padded lanes masked)
+  page     tokens per page (PAGE; 0 = ragged KV addressed by token offsets)
+  packed   row p of request i is (token p // G, head hkv*G + p % G): the G query heads that share
+           a kv head are packed into the rows of one tile, so each K/V tile is loaded once per group
+  item     one program's work, planned on the host: (req, first packed row, kv_lo, kv_hi, slot);
+           slot >= 0 marks one KV partition of a split request (flash-decoding): its normalized
+           partial output and LSE go to TmpO/TmpLse and ``merge.py`` combines them
+  off      kv_i - qo_i: query row t sits at absolute position off + t (bottom-right alignment)
+
+Scores are kept in base 2 (log2(e) folded into the scale), so the LSE comes out base 2.
+The KV loop runs in three ranges: masked head tiles (sliding window), unmasked body tiles, masked
+tail tiles (diagonal, kv end); tiles no row can see are never visited (causal / window bounds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# mask modes
+MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC = 0, 1, 2, 3
+WORK_FIELDS = 5
+
+
+@triton.jit
+def _kv_rows(KvIndices, page_base, tok, kv_len, stride_kp, stride_ks, stride_vp, stride_vs,
+             PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``tok`` (pages gathered through kv_indices)."""
+    if PAGE > 0:
+        if MASKED:
+            pg = tl.load(KvIndices + page_base + tok // PAGE, mask=tok < kv_len, other=0)
+        else:
+            pg = tl.load(KvIndices + page_base + tok // PAGE)
+        pg = pg.to(tl.int64)
+        slot = tok % PAGE
+        k_row = pg * stride_kp + slot * stride_ks
+        v_row = pg * stride_vp + slot * stride_vs
+    else:
+        t64 = (page_base + tok).to(tl.int64)
+        k_row = t64 * stride_ks
+        v_row = t64 * stride_vs
+    return k_row, v_row
+
+
+@triton.jit
+def _kv_step(
+    acc, l_i, m_i, q, q2, start_n, k_row, v_row,
+    Kh, Vh, kv_len,
+    q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+    MaskBytes, mask_base, spec_row, inv_freq,
+    offs_n, offs_d, offs_h,
+    MASKED: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr, ALIBI: tl.constexpr, ROPE: tl.constexpr,
+):
+    tok = start_n + offs_n
+    tok_ok = tok < kv_len
+    # ---- scores
+    if ROPE:
+        if MASKED:
+            hm = tok_ok[:, None] & (offs_h[None, :] < HALF)
+        else:
+            hm = (offs_h[None, :] < HALF) & (offs_n[:, None] >= 0)
+        k1 = tl.load(Kh + k_row[:, None] + offs_h[None, :], mask=hm, other=0.0).to(tl.float32)
+        k2 = tl.load(Kh + k_row[:, None] + HALF + offs_h[None, :], mask=hm, other=0.0).to(tl.float32)
+        ang = tok.to(tl.float32)[:, None] * inv_freq[None, :]
+        c = tl.cos(ang)
+        s = tl.sin(ang)
+        k1r = (k1 * c - k2 * s).to(DT)
+        k2r = (k2 * c + k1 * s).to(DT)
+        qk = tl.dot(q, tl.trans(k1r), input_precision=DOT_PREC)
+        qk += tl.dot(q2, tl.trans(k2r), input_precision=DOT_PREC)
+    else:
+        if MASKED:
+            if BLOCK_D != HEAD_DIM:
+                k = tl.load(Kh + k_row[:, None] + offs_d[None, :],
+                            mask=tok_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            else:
+                k = tl.load(Kh + k_row[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+        else:
+            if BLOCK_D != HEAD_DIM:
+                k = tl.load(Kh + k_row[:, None] + offs_d[None, :],
+                            mask=(offs_d[None, :] < HEAD_DIM) & (offs_n[:, None] >= 0), other=0.0)
+            else:
+                k = tl.load(Kh + k_row[:, None] + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(k.to(DT)), input_precision=DOT_PREC)
+    if SOFT_CAP:
+        x = qk * cap_inv
+        t = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2|x|)
+        th = (1.0 - t) / (1.0 + t)
+        s2 = cap_l2 * tl.where(x < 0, -th, th)
+    else:
+        s2 = qk * qk_scale
+    if ALIBI:
+        s2 += slope[:, None] * (tok[None, :] - q_tok[:, None]).to(tl.float32)
+    # ---- mask (only on tiles where some row may not see some key)
+    if MASKED:
+        keep = tok_ok[None, :] & row_ok[:, None]
+        if MASK_MODE == 1:
+            keep = keep & (tok[None, :] <= q_tok[:, None] + off)
+        if MASK_MODE == 2:
+            bit = q_tok.to(tl.int64)[:, None] * kv_len + tok[None, :]
+            byte = tl.load(MaskBytes + mask_base + (bit >> 3), mask=keep, other=0).to(tl.int32)
+            keep = keep & (((byte >> (bit & 7).to(tl.int32)) & 1) != 0)
+        if MASK_MODE == 3:
+            j = tok[None, :] - off  # draft token index; the prefix (j < 0) is always visible
+            draft = j >= 0
+            jj = tl.where(draft, j, 0)
+            byte = tl.load(MaskBytes + spec_row[:, None] + (jj >> 3), mask=keep & draft, other=0)
+            keep = keep & ((~draft) | (((byte.to(tl.int32) >> (jj & 7)) & 1) != 0))
+        if HAS_WINDOW:
+            keep = keep & (tok[None, :] >= q_tok[:, None] + off - window_left)
+        s2 = tl.where(keep, s2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s2 - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # ---- values
+    if MASKED:
+        if BLOCK_D != HEAD_DIM:
+            v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
+                        mask=tok_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            v = tl.load(Vh + v_row[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+    else:
+        if BLOCK_D != HEAD_DIM:
+            v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
+                        mask=(offs_d[None, :] < HEAD_DIM) & (offs_n[:, None] >= 0), other=0.0)
+        else:
+            v = tl.load(Vh + v_row[:, None] + offs_d[None, :])
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(DT), v.to(DT), acc, input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _kv_loop(
+    acc, l_i, m_i, q, q2, lo, hi,
+    Kh, Vh, KvIndices, page_base, kv_len,
+    stride_kp, stride_ks, stride_vp, stride_vs,
+    q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+    MaskBytes, mask_base, spec_row, inv_freq,
+    offs_n, offs_d, offs_h,
+    MASKED: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr, ALIBI: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """KV tiles [lo, hi) step BLOCK_N.  PREFETCH: the page ids of tile n+1 are gathered while tile
+    n is computed, so the K/V loads depend on loop-carried offsets only (pipelines like ragged)."""
+    k_row, v_row = _kv_rows(KvIndices, page_base, lo + offs_n, kv_len, stride_kp, stride_ks,
+                            stride_vp, stride_vs, PAGE, True)
+    for start_n in range(lo, hi, BLOCK_N):
+        if PREFETCH:
+            nk_row, nv_row = _kv_rows(KvIndices, page_base, start_n + BLOCK_N + offs_n, kv_len,
+                                      stride_kp, stride_ks, stride_vp, stride_vs, PAGE, True)
+        else:
+            k_row, v_row = _kv_rows(KvIndices, page_base, start_n + offs_n, kv_len, stride_kp,
+                                    stride_ks, stride_vp, stride_vs, PAGE, MASKED)
+        acc, l_i, m_i = _kv_step(
+            acc, l_i, m_i, q, q2, start_n, k_row, v_row, Kh, Vh, kv_len,
+            q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+            MASKED, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, MASK_MODE,
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE)
+        if PREFETCH:
+            k_row = nk_row
+            v_row = nv_row
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+    QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    stride_ts, stride_tt, stride_th,
+    stride_us, stride_ut, stride_uh,
+    qk_scale, cap_inv, cap_l2, out_scale, window_left,
+    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
+    ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
+):
+    item = tl.program_id(0)
+    hkv = tl.program_id(1)
+    wp = Work + item * 5
+    req = tl.load(wp)
+    row0 = tl.load(wp + 1)
+    kv_lo = tl.load(wp + 2)
+    kv_hi = tl.load(wp + 3)
+    slot = tl.load(wp + 4)
+    qo_start = tl.load(QoIndptr + req)
+    qo_len = tl.load(QoIndptr + req + 1) - qo_start
+    kv_len = tl.load(KvLens + req)
+    page_base = tl.load(KvIndptr + req)
+    off = kv_len - qo_len
+    if DOT_F16:  # fp8 KV with bf16 q: run the dots in fp16 (fp8 -> fp16 is one cvt; bf16 -> fp16
+        DT: tl.constexpr = tl.float16  # is exact in range, and q is clamped to +-65504 first)
+    else:
+        DT: tl.constexpr = Q.dtype.element_ty
+
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    q_tok = offs_m // G
+    head = hkv * G + offs_m % G
+    row_ok = q_tok < qo_len
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_HALF)
+    q_row = (qo_start + q_tok).to(tl.int64) * stride_qt + head * stride_qh
+
+    # ---- load q (RoPE: rotate both halves once, positions off + t)
+    if ROPE:
+        qm = row_ok[:, None] & (offs_h[None, :] < HALF)
+        q1 = tl.load(Q + q_row[:, None] + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
+        q2 = tl.load(Q + q_row[:, None] + HALF + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
+        inv_freq = tl.exp2(-(2.0 * offs_h.to(tl.float32) / HEAD_DIM) * rope_log2_theta) * rope_inv_scale
+        ang = (off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :]
+        c = tl.cos(ang)
+        s = tl.sin(ang)
+        q = (q1 * c - q2 * s).to(DT)
+        qb = (q2 * c + q1 * s).to(DT)
+    else:
+        inv_freq = offs_h.to(tl.float32)  # unused
+        qm = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+        q = tl.load(Q + q_row[:, None] + offs_d[None, :], mask=qm, other=0.0)
+        if DOT_F16:
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
+        q = q.to(DT)
+        qb = q  # unused
+    if ALIBI:
+        slope = tl.load(Slopes + head)
+    else:
+        slope = tl.zeros([BLOCK_M], tl.float32)
+    if MASK_MODE == 2:
+        mask_base = tl.load(MaskIndptr + req).to(tl.int64)
+    else:
+        mask_base = 0
+    if MASK_MODE == 3:
+        spec_row = (req * spec_q_len + q_tok).to(tl.int64) * spec_row_bytes
+    else:
+        spec_row = q_tok.to(tl.int64)
+
+    Kh = K + hkv.to(tl.int64) * stride_kh
+    Vh = V + hkv.to(tl.int64) * stride_vh
+
+    # ---- KV range of this item, cut to what some row of the tile can see
+    q_first = row0 // G
+    q_last = tl.minimum(row0 + BLOCK_M, qo_len * G) // G  # one past the last row's token...
+    q_last = tl.maximum(q_last - 1, q_first)  # ...so this is the last token (clamped)
+    lo = kv_lo
+    hi = tl.minimum(kv_hi, kv_len)
+    f_hi = (hi // BLOCK_N) * BLOCK_N  # tiles below f_hi hold only valid keys...
+    f_lo = lo
+    if MASK_MODE == 1:
+        hi = tl.minimum(hi, q_last + off + 1)
+        f_hi = tl.minimum(f_hi, ((q_first + off + 1) // BLOCK_N) * BLOCK_N)
+    if MASK_MODE == 2:
+        f_hi = lo  # every tile masked
+    if MASK_MODE == 3:
+        f_hi = tl.minimum(f_hi, (off // BLOCK_N) * BLOCK_N)  # the prefix is always visible
+    if HAS_WINDOW:
+        w_lo = q_first + off - window_left
+        lo = tl.maximum(lo, (tl.maximum(w_lo, 0) // BLOCK_N) * BLOCK_N)
+        w_full = q_last + off - window_left
+        f_lo = tl.maximum(lo, ((tl.maximum(w_full, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    hi_up = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    f_lo = tl.minimum(tl.maximum(f_lo, lo), hi_up)
+    f_hi = tl.maximum(f_hi, f_lo)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    acc, l_i, m_i = _kv_loop(
+        acc, l_i, m_i, q, qb, lo, f_lo, Kh, Vh, KvIndices, page_base, kv_len,
+        stride_kp, stride_ks, stride_vp, stride_vs,
+        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+        True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
+        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
+    acc, l_i, m_i = _kv_loop(
+        acc, l_i, m_i, q, qb, f_lo, f_hi, Kh, Vh, KvIndices, page_base, kv_len,
+        stride_kp, stride_ks, stride_vp, stride_vs,
+        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+        False, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
+        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
+    acc, l_i, m_i = _kv_loop(
+        acc, l_i, m_i, q, qb, f_hi, hi, Kh, Vh, KvIndices, page_base, kv_len,
+        stride_kp, stride_ks, stride_vp, stride_vs,
+        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+        True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
+        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
+
+    # ---- epilogue: a row that saw no key has l_i == 0 -> out 0, lse -inf
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
+    if ROPE:
+        om = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    else:
+        om = qm
+    if SPLIT:
+        is_part = slot >= 0
+    else:
+        is_part = False
+    if is_part:
+        o = acc / l_safe[:, None]
+        t_row = slot.to(tl.int64) * stride_ts + (qo_start + q_tok).to(tl.int64) * stride_tt + head * stride_th
+        tl.store(TmpO + t_row[:, None] + offs_d[None, :], o, mask=om)
+        u_row = slot.to(tl.int64) * stride_us + (qo_start + q_tok).to(tl.int64) * stride_ut + head * stride_uh
+        tl.store(TmpLse + u_row, lse, mask=row_ok)
+    else:
+        if HAS_SINKS:
+            sink = tl.load(Sinks + head) * 1.4426950408889634
+            m2 = tl.maximum(lse, sink)
+            l2 = tl.exp2(lse - m2) + tl.exp2(sink - m2)
+            scale = tl.where(seen, tl.exp2(lse - m2) / l2 / l_safe, 0.0)
+            lse = tl.where(seen, m2 + tl.log2(l2), float("-inf"))
+        else:
+            scale = 1.0 / l_safe
+        o = acc * (scale * out_scale)[:, None]
+        o_row = (qo_start + q_tok).to(tl.int64) * stride_ot + head * stride_oh
+        tl.store(Out + o_row[:, None] + offs_d[None, :], o.to(Out.dtype.element_ty), mask=om)
+        if STORE_LSE:
+            l_row = (qo_start + q_tok).to(tl.int64) * stride_lt + head * stride_lh
+            tl.store(Lse + l_row, lse, mask=row_ok)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def attention_fwd(
+    q, k, v, out, lse, tmp_o, tmp_lse, work, num_items, qo_indptr, kv_indptr, kv_indices,
+    kv_lens, mask_bytes, mask_indptr, sinks, slopes, *, num_kv_heads, group_size, head_dim,
+    page_size, kv_strides, v_strides, mask_mode, window_left, soft_cap, alibi, rope,
+    rope_theta, rope_scale, qk_scale, cap_inv, cap_l2, out_scale, spec_q_len, spec_row_bytes,
+    split, block_m, block_n, num_warps, num_stages, prefetch=False,
+    dot_f16=False,
+):
+    """Launch ``_attn_fwd`` over ``num_items`` work items x ``num_kv_heads``.
+
+    q [nnz_q, Hq, D]; k, v: ragged [nnz_kv, ...] or paged caches, addressed through
+    ``kv_strides`` / ``v_strides`` = (page, slot-or-token, head) element strides; out [nnz_q, Hq, D];
+    lse [nnz_q, Hq] fp32 or None; tmp_o [S, nnz_q, Hq, D] / tmp_lse [S, nnz_q, Hq] fp32 when split.
+    work int32 [num_items, 5].  Every index tensor is int32 on q's device.
+    """
+    D = head_dim
+    assert q.dim() == 3 and q.stride(2) == 1 and out.stride(2) == 1, "q/out: last dim contiguous"
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "k/v: last dim contiguous"
+    assert q.shape[1] == num_kv_heads * group_size and q.shape[2] == D
+    assert D % 16 == 0 and D <= 256, f"head_dim {D}: multiples of 16 up to 256"
+    assert mask_mode in (MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC)
+    assert block_m >= 16 and block_n >= 16 and block_m & (block_m - 1) == 0 and block_n & (block_n - 1) == 0
+    assert work.dtype.itemsize == 4 and work.is_contiguous() and work.numel() >= num_items * WORK_FIELDS
+    for t in (qo_indptr, kv_indptr, kv_lens):
+        assert t.dtype.itemsize == 4 and t.device == q.device
+    if page_size:
+        assert kv_indices is not None and kv_indices.dtype.itemsize == 4
+    if mask_mode in (MASK_CUSTOM, MASK_SPEC):
+        assert mask_bytes is not None and mask_bytes.dtype.itemsize == 1
+    if split:
+        assert tmp_o is not None and tmp_lse is not None and tmp_o.stride(3) == 1
+    if num_items == 0:
+        return lambda *a: None
+    half = D // 2
+    dummy = kv_lens
+    lse_t = lse if lse is not None else dummy
+    t_o = tmp_o if tmp_o is not None else dummy
+    t_l = tmp_lse if tmp_lse is not None else dummy
+    ts = tuple(tmp_o.stride()[:3]) if tmp_o is not None else (0, 0, 0)
+    us = tuple(tmp_lse.stride()) if tmp_lse is not None else (0, 0, 0)
+    ls = tuple(lse.stride()) if lse is not None else (0, 0)
+    dot_prec = "ieee" if q.dtype.itemsize == 4 else "tf32"
+    grid = (num_items, num_kv_heads)
+    kvi = kv_indices if kv_indices is not None else dummy
+    mi = mask_indptr if mask_indptr is not None else dummy
+    sl = slopes if slopes is not None else dummy
+    tail = (
+        q.stride(0), q.stride(1),
+        kv_strides[0], kv_strides[1], kv_strides[2],
+        v_strides[0], v_strides[1], v_strides[2],
+        out.stride(0), out.stride(1),
+        ls[0], ls[1],
+        ts[0], ts[1], ts[2],
+        us[0], us[1], us[2],
+        float(qk_scale), float(cap_inv), float(cap_l2), float(out_scale), int(window_left),
+        math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes),
+    )
+    cx = dict(
+        G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HALF=half,
+        BLOCK_HALF=max(16, _next_pow2(half)), BLOCK_M=block_m, BLOCK_N=block_n,
+        PAGE=int(page_size or 0), MASK_MODE=mask_mode, HAS_WINDOW=window_left >= 0,
+        SOFT_CAP=bool(soft_cap), ALIBI=bool(alibi), ROPE=bool(rope), HAS_SINKS=sinks is not None,
+        STORE_LSE=lse is not None, SPLIT=bool(split), DOT_PREC=dot_prec,
+        PREFETCH=bool(prefetch) and bool(page_size),
+        DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    launcher = _attn_fwd[grid]
+
+    def launch(q, k, v, out, lse, mask_bytes, sinks):
+        """Relaunch with new tensors of the same strides / None-ness (checked once above)."""
+        launcher(q, k, v, out, lse if lse is not None else dummy, t_o, t_l, work, qo_indptr,
+                 kv_indptr, kvi, kv_lens, mask_bytes if mask_bytes is not None else dummy, mi,
+                 sinks if sinks is not None else dummy, sl, *tail, **cx)
+
+    launch(q, k, v, out, lse, mask_bytes, sinks)
+    return launch

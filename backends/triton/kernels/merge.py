@@ -1,0 +1,96 @@
+"""LSE merge of split-KV partials (the second half of flash-decoding).
+
+Notation
+  S        KV partitions (splits) of one request, planned on the host
+  row      one query row (token) of a split request; Hq query heads, D head dim
+  TmpO     [S_max, nnz_q, Hq, D] fp32, each split's normalized partial output (no v/o scale)
+  TmpLse   [S_max, nnz_q, Hq] fp32 base-2 LSE of each partial (-inf: the split saw no key)
+Out = sum_s 2^(lse_s) o_s / (sum_s 2^(lse_s) + 2^(sink)) * out_scale; LSE = log2 of the denominator.
+A row whose partials are all -inf gets out 0 and LSE -inf (sinks do not apply to it).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _merge_splits(
+    TmpO, TmpLse, Out, Lse, MergeRows, MergeSplits, Sinks,
+    stride_ts, stride_tt, stride_th, stride_us, stride_ut, stride_uh,
+    stride_ot, stride_oh, stride_lt, stride_lh, out_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    row = tl.load(MergeRows + i).to(tl.int64)
+    ns = tl.load(MergeSplits + i)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, ns, BLOCK_S):
+        s = s0 + offs_s
+        ls = tl.load(TmpLse + s.to(tl.int64) * stride_us + row * stride_ut + h * stride_uh,
+                     mask=s < ns, other=float("-inf"))
+        m = tl.maximum(m, ls)
+    m_all = tl.max(m, 0)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h) * 1.4426950408889634
+        m_ref = tl.maximum(m_all, sink)
+    else:
+        m_ref = tl.where(m_all == float("-inf"), 0.0, m_all)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    lsum = tl.zeros([BLOCK_S], tl.float32)
+    dm = offs_d < HEAD_DIM
+    for s0 in range(0, ns, BLOCK_S):
+        s = s0 + offs_s
+        sm = s < ns
+        ls = tl.load(TmpLse + s.to(tl.int64) * stride_us + row * stride_ut + h * stride_uh,
+                     mask=sm, other=float("-inf"))
+        w = tl.exp2(ls - m_ref)
+        lsum += w
+        o = tl.load(TmpO + s.to(tl.int64)[:, None] * stride_ts + row * stride_tt + h * stride_th
+                    + offs_d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+    l_tot = tl.sum(lsum, 0)
+    seen = m_all > float("-inf")
+    if HAS_SINKS:
+        l_tot += tl.exp2(sink - m_ref)
+    l_safe = tl.where(seen, l_tot, 1.0)
+    o = tl.where(seen, acc / l_safe * out_scale, 0.0)
+    tl.store(Out + row * stride_ot + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=dm)
+    if STORE_LSE:
+        lse = tl.where(seen, m_ref + tl.log2(l_safe), float("-inf"))
+        tl.store(Lse + row * stride_lt + h * stride_lh, lse)
+
+
+def merge_splits(tmp_o, tmp_lse, out, lse, merge_rows, merge_splits_, sinks, *, num_rows,
+                 head_dim, out_scale, max_splits, num_warps=4):
+    """Combine the partials of ``num_rows`` query rows (``merge_rows`` int32, their split counts
+    ``merge_splits_`` int32) into ``out`` [nnz_q, Hq, D] and ``lse`` [nnz_q, Hq] (or None)."""
+    assert tmp_o.dim() == 4 and tmp_o.stride(3) == 1 and tmp_o.dtype.itemsize == 4
+    assert tmp_lse.dim() == 3 and out.stride(2) == 1
+    assert merge_rows.dtype.itemsize == 4 and merge_splits_.dtype.itemsize == 4
+    assert max_splits >= 1
+    if num_rows == 0:
+        return lambda *a: None
+    hq = out.shape[1]
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    block_s = min(32, max(2, 1 << (max_splits - 1).bit_length()))
+    ls = tuple(lse.stride()) if lse is not None else (0, 0)
+    launcher = _merge_splits[(num_rows, hq)]
+    tail = (tmp_o.stride(0), tmp_o.stride(1), tmp_o.stride(2),
+            tmp_lse.stride(0), tmp_lse.stride(1), tmp_lse.stride(2),
+            out.stride(0), out.stride(1), ls[0], ls[1], float(out_scale))
+    cx = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+              HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, num_warps=num_warps)
+
+    def launch(out, lse, sinks):
+        """Relaunch with new out / lse / sinks of the same strides and None-ness."""
+        launcher(tmp_o, tmp_lse, out, lse if lse is not None else tmp_lse, merge_rows, merge_splits_,
+                 sinks if sinks is not None else tmp_lse, *tail, **cx)
+
+    launch(out, lse, sinks)
+    return launch

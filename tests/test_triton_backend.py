@@ -1,0 +1,518 @@
+"""Triton backend against the fp64 golden, through the backend contract (BatchMeta / RunArgs).
+
+CPU cases run through Triton's interpreter on small shapes (fp16 / fp32; the interpreter's bf16 is
+broken); ``@pytest.mark.gpu`` cases run on CUDA (bf16, fp16, fp8 KV) and skip without it.
+Tolerance rule: max error vs the fp64 golden <= 2 x the error of the same dense torch math done in
+the backend dtype + a small atol.  Outputs are poisoned with NaN before every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from attncore.backend import AttnParams, BatchMeta, RunArgs  # noqa: E402
+from attncore.problem import AttentionProblem  # noqa: E402
+from attncore.testing.golden import golden_alibi_slopes, golden_attention, golden_rope  # noqa: E402
+from attncore.backends.triton.backend import TritonBackend  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
+cpu_only = pytest.mark.skipif(not INTERP, reason="needs TRITON_INTERPRET=1 (CPU interpreter)")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA or INTERP, reason="needs a CUDA GPU (and no TRITON_INTERPRET)")
+
+
+# ----------------------------------------------------------------------------- dense dtype math
+def dtype_attention(q, k, v, dt, *, causal=False, mask=None, window_left=-1, sm_scale=None,
+                    logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0, rope_theta=1e4,
+                    sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0):
+    """golden_attention's math done in dtype ``dt`` (the yardstick of the tolerance rule)."""
+    qo, hq, d = q.shape
+    kv, hkv = k.shape[0], k.shape[1]
+    g = hq // hkv
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
+    k_pos = torch.arange(kv, dtype=torch.float64)
+    q, k, v = q.double(), k.double(), v.double()
+    if pos_encoding_mode == "ROPE_LLAMA":
+        q = golden_rope(q, q_pos, rope_theta, rope_scale)
+        k = golden_rope(k, k_pos, rope_theta, rope_scale)
+    q, k, v = q.to(dt), k.to(dt).repeat_interleave(g, 1), v.to(dt).repeat_interleave(g, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
+    if logits_soft_cap:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    if pos_encoding_mode == "ALIBI":
+        bias = (k_pos[None, :] - torch.arange(qo, dtype=torch.float64)[:, None])
+        s = s + (golden_alibi_slopes(hq)[:, None, None] * bias[None]).to(dt)
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if mask is not None:
+        keep &= mask
+    elif causal:
+        keep &= k_pos[None, :] <= q_pos[:, None]
+    if window_left >= 0:
+        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
+    s = s.masked_fill(~keep[None], float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(dt)[:, None, None].expand(hq, qo, 1)], -1)
+    lse = torch.logsumexp(s.float(), -1).to(dt)
+    p = torch.exp(s - lse[..., None])[..., :kv]
+    seen = keep.any(1)
+    p = torch.where(seen[None, :, None], p, torch.zeros_like(p))
+    out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
+    lse = (lse.double() / math.log(2.0)).transpose(0, 1)
+    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
+    return out.double(), lse
+
+
+# ----------------------------------------------------------------------------- case builder
+def _pack_lsb(bits: torch.Tensor) -> torch.Tensor:
+    """bool [n] -> uint8 [ceil(n/8)], LSB-first."""
+    n = bits.numel()
+    pad = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8)
+    pad[:n] = bits.to(torch.uint8)
+    w = (2 ** torch.arange(8, dtype=torch.int32))
+    return (pad.view(-1, 8).to(torch.int32) * w).sum(1).to(torch.uint8)
+
+
+def _strided(shape, dt, device, noncontig, fill=None):
+    """A tensor of ``shape``, optionally a non-contiguous view (padded middle/leading dims)."""
+    if not noncontig:
+        t = torch.empty(shape, dtype=dt, device=device)
+    else:
+        big = [s + (1 if i < len(shape) - 1 else 0) for i, s in enumerate(shape)]
+        big[-1] = shape[-1] + 16
+        t = torch.empty(big, dtype=dt, device=device)[tuple(slice(0, s) for s in shape)]
+    if fill is not None:
+        t.fill_(fill)
+    return t
+
+
+def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv_dtype=None,
+             page_size=None, layout="NHD", causal=False, custom=False, window_left=-1, soft_cap=0.0,
+             pos="NONE", sinks=False, scales=(1.0, 1.0, 1.0, 1.0), return_lse=True, noncontig=False,
+             spec=False, device="cpu", seed=0, backend=None, sm_scale=None, check=True):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    kv_dtype = kv_dtype or dtype
+    fp8 = kv_dtype.itemsize == 1
+    B = len(qo_lens)
+    q_scale, k_scale, v_scale, o_scale = scales
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    decode = op in ("batch_decode", "xqa_decode")
+    qlen = qo_lens[0] if decode else 1
+    qs = [rnd(n, hq, d).to(dtype) for n in qo_lens]
+    ks = [(rnd(n, hkv, d) * (4 if fp8 else 1)).to(kv_dtype) for n in kv_lens]
+    vs = [(rnd(n, hkv, d) * (4 if fp8 else 1)).to(kv_dtype) for n in kv_lens]
+    masks = None
+    if custom:
+        masks = [torch.rand(qo, kv, generator=g) > 0.4 for qo, kv in zip(qo_lens, kv_lens)]
+        if len(masks) and masks[0].numel():
+            masks[0][0, :] = False  # a fully masked row
+    spec_bits = None
+    if spec:
+        w16 = (qlen + 31) // 32 * 2
+        spec_bits = [torch.tril(torch.ones(qlen, qlen, dtype=torch.bool)) & (torch.rand(qlen, qlen, generator=g) > 0.3)
+                     | torch.eye(qlen, dtype=torch.bool) for _ in range(B)]
+        sm16 = torch.zeros(B, qlen, w16 * 2, dtype=torch.uint8)
+        for b in range(B):
+            for i in range(qlen):
+                sm16[b, i, : (qlen + 7) // 8] = _pack_lsb(spec_bits[b][i])
+        spec_mask = sm16.view(torch.uint16).reshape(B, qlen, w16)
+        masks = []
+        for b in range(B):
+            m = torch.ones(qlen, kv_lens[b], dtype=torch.bool)
+            m[:, kv_lens[b] - qlen:] = spec_bits[b]
+            masks.append(m)
+    sinks_t = (rnd(hq) * 2).float() if sinks else None
+
+    # ---- q / out / lse (concatenated rows)
+    nnz = sum(qo_lens)
+    qo_indptr_h = [0]
+    for n in qo_lens:
+        qo_indptr_h.append(qo_indptr_h[-1] + n)
+    q = _strided((nnz, hq, d), dtype, device, noncontig)
+    q.copy_(torch.cat(qs).to(device) if nnz else torch.empty(0, hq, d, dtype=dtype))
+    out_dtype = dtype
+    out = _strided((nnz, hq, d), out_dtype, device, noncontig, fill=float("nan"))
+    lse = torch.full((nnz, hq), float("nan"), device=device) if return_lse else None
+
+    i32 = dict(dtype=torch.int32, device=device)
+    paged = page_size is not None
+    meta_kw = {}
+    if not paged:
+        kv_indptr_h = [0]
+        for n in kv_lens:
+            kv_indptr_h.append(kv_indptr_h[-1] + n)
+        nkv = kv_indptr_h[-1]
+        shape = (nkv, hkv, d) if layout == "NHD" else (hkv, nkv, d)
+        k = _strided(shape, kv_dtype, device, noncontig)
+        v = _strided(shape, kv_dtype, device, noncontig)
+        kc, vc = torch.cat(ks), torch.cat(vs)
+        if layout == "HND":
+            kc, vc = kc.transpose(0, 1), vc.transpose(0, 1)
+        k.copy_(kc.to(device))
+        v.copy_(vc.to(device))
+        meta_kw = dict(kv_indptr=torch.tensor(kv_indptr_h, **i32), kv_indptr_host=kv_indptr_h,
+                       kv_lens=torch.tensor(kv_lens, **i32), kv_lens_host=list(kv_lens))
+    else:
+        npages = [(n + page_size - 1) // page_size for n in kv_lens]
+        total = sum(npages) + 3
+        perm = torch.randperm(total, generator=g).tolist()
+        shape = (total, page_size, hkv, d) if layout == "NHD" else (total, hkv, page_size, d)
+        k = _strided(shape, kv_dtype, device, noncontig)
+        v = _strided(shape, kv_dtype, device, noncontig)
+        nanv = float("nan")
+        k.fill_(nanv)
+        v.fill_(nanv)  # unused slots are NaN: reading one poisons the output
+        indices, indptr_h, last = [], [0], []
+        for b in range(B):
+            pages = perm[indptr_h[-1]: indptr_h[-1] + npages[b]]
+            indices += pages
+            indptr_h.append(indptr_h[-1] + npages[b])
+            last.append(kv_lens[b] - (npages[b] - 1) * page_size if npages[b] else 0)
+            for t in range(kv_lens[b]):
+                pg, sl = pages[t // page_size], t % page_size
+                if layout == "NHD":
+                    k[pg, sl] = ks[b][t].to(device)
+                    v[pg, sl] = vs[b][t].to(device)
+                else:
+                    k[pg, :, sl] = ks[b][t].to(device)
+                    v[pg, :, sl] = vs[b][t].to(device)
+        if op == "xqa_decode":
+            maxp = max(npages + [1])
+            bt = torch.zeros(B, maxp, dtype=torch.int32)
+            for b in range(B):
+                bt[b, : npages[b]] = torch.tensor(indices[indptr_h[b]: indptr_h[b + 1]], dtype=torch.int32)
+            meta_kw = dict(block_tables=bt.to(device), seq_lens=torch.tensor(kv_lens, **i32),
+                           max_seq_len=max(kv_lens))
+        else:
+            meta_kw = dict(kv_indptr=torch.tensor(indptr_h, **i32), kv_indptr_host=indptr_h,
+                           kv_indices=torch.tensor(indices or [0], **i32)[: len(indices)],
+                           kv_last_page_len=torch.tensor(last, **i32),
+                           kv_lens=torch.tensor(kv_lens, **i32), kv_lens_host=list(kv_lens))
+    mask_kw = {}
+    if custom:
+        segs, mind = [], [0]
+        for m in masks:
+            seg = _pack_lsb(m.reshape(-1))
+            segs.append(seg)
+            mind.append(mind[-1] + seg.numel())
+        mask_kw = dict(packed_mask=torch.cat(segs).to(device) if segs else torch.zeros(0, dtype=torch.uint8),
+                       mask_indptr=torch.tensor(mind, **i32), mask_indptr_host=mind)
+    params = AttnParams(sm_scale=sm_scale, causal=causal, logits_soft_cap=soft_cap,
+                        window_left=window_left, pos_encoding_mode=pos)
+    meta = BatchMeta(batch_size=B, qo_indptr=torch.tensor(qo_indptr_h, **i32), qo_indptr_host=qo_indptr_h,
+                     page_size=page_size, params=params, q_len_per_req=qlen if decode else 1,
+                     device=torch.device(device), **meta_kw, **mask_kw)
+    dev_type = torch.device(device).type
+    problem = AttentionProblem(
+        op=op, device_type=dev_type,
+        compute_capability=tuple(torch.cuda.get_device_capability()) if dev_type == "cuda" else None,
+        q_dtype=dtype, kv_dtype=kv_dtype, out_dtype=out_dtype, num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim_qk=d, head_dim_vo=d, page_size=page_size, kv_layout=layout,
+        mask="custom" if custom else ("causal" if causal else "none"), window_left=window_left,
+        soft_cap=soft_cap > 0, pos_encoding=pos, sinks=sinks,
+        fp8_scales=scales != (1.0, 1.0, 1.0, 1.0), return_lse=return_lse,
+        q_len_per_req=qlen if decode else 1, spec_mask=spec)
+    be = backend or TritonBackend()
+    reasons = be.reasons(problem)
+    assert not reasons, [str(r) for r in reasons]
+    plan = be.plan(problem, meta)
+    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse, sinks=sinks_t.to(device) if sinks else None,
+                   q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale,
+                   spec_mask=spec_mask.to(device) if spec else None)
+    be.run(plan, args)
+    # a second run of the same plan (cached launch path) into fresh poisoned buffers: same result
+    out2 = torch.full_like(out, float("nan"))
+    lse2 = torch.full_like(lse, float("nan")) if lse is not None else None
+    be.run(plan, dataclasses.replace(args, out=out2, lse=lse2))
+    assert torch.equal(out2.isnan(), out.isnan()) and torch.equal(out2.nan_to_num(), out.nan_to_num())
+    if lse is not None:
+        assert torch.equal(lse2.nan_to_num(), lse.nan_to_num())
+    if not check:
+        return plan
+    out_c, lse_c = out.cpu(), (lse.cpu() if lse is not None else None)
+    dt_ref = dtype
+    atol = {torch.float16: 2e-3, torch.bfloat16: 4e-3, torch.float32: 2e-5}[dtype]
+    for b in range(B):
+        r0, r1 = qo_indptr_h[b], qo_indptr_h[b + 1]
+        kw = dict(causal=causal or (decode and not spec and qlen > 1),
+                  mask=masks[b] if masks is not None else None, window_left=window_left,
+                  sm_scale=sm_scale, logits_soft_cap=soft_cap, pos_encoding_mode=pos,
+                  sinks=sinks_t, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale)
+        kf, vf = ks[b].double(), vs[b].double()
+        go, gl = golden_attention(qs[b], kf, vf, **kw)
+        ro, rl = dtype_attention(qs[b], kf, vf, dt_ref, **kw)
+        o = out_c[r0:r1].double()
+        assert not torch.isnan(o).any(), f"request {b}: NaN in output (unwritten or masked-row NaN)"
+        err = (o - go).abs().max().item() if o.numel() else 0.0
+        ref_err = (ro - go).abs().max().item() if o.numel() else 0.0
+        assert err <= 2 * ref_err + atol * max(1.0, go.abs().max().item() if o.numel() else 1.0), (
+            f"request {b}: out err {err:.3g} vs dtype-math err {ref_err:.3g}")
+        if lse_c is not None:
+            l = lse_c[r0:r1].double()
+            assert not torch.isnan(l).any(), f"request {b}: NaN in lse"
+            assert torch.equal(torch.isinf(l), torch.isinf(gl)), f"request {b}: -inf pattern of lse"
+            fin = torch.isfinite(gl)
+            if fin.any():
+                lerr = (l[fin] - gl[fin]).abs().max().item()
+                lref = (rl[fin] - gl[fin]).abs().max().item()
+                assert lerr <= 2 * lref + 10 * atol, f"request {b}: lse err {lerr:.3g} vs {lref:.3g}"
+    return plan
+
+
+# ----------------------------------------------------------------------------- contract tests
+def test_capabilities_and_priority():
+    be = TritonBackend()
+    assert be.name == "triton"
+    base = AttentionProblem(op="batch_decode", device_type="cpu", page_size=16)
+    assert be.priority(base) < 0  # auto on CPU keeps the reference backend (priority 0)
+    assert be.priority(base.replace(device_type="cuda", compute_capability=(9, 0),
+                                    q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                                    out_dtype=torch.bfloat16)) == 50
+    if INTERP:
+        assert be.available() == []
+        assert be.supports(base)
+    bad = [
+        base.replace(head_dim_qk=72, head_dim_vo=72),
+        base.replace(head_dim_qk=512, head_dim_vo=512),
+        base.replace(op="pod"),
+        base.replace(q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
+        base.replace(cuda_graph=True),
+        base.replace(head_dim_vo=64),
+        base.replace(op="xqa_decode", out_dtype=torch.float8_e4m3fn),
+        base.replace(device_type="cuda", compute_capability=(7, 5)),
+        base.replace(spec_mask=True),
+    ]
+    for p in bad:
+        rs = be.reasons(p)
+        assert rs and all(str(r) for r in rs), p.describe()
+    cuda_xqa = AttentionProblem(op="xqa_decode", device_type="cuda", compute_capability=(9, 0),
+                                q_dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn,
+                                out_dtype=torch.bfloat16, page_size=16, spec_mask=True, sinks=True,
+                                q_len_per_req=4)
+    assert [r for r in be.reasons(cuda_xqa) if r.axis != "device"] == []
+    # fp8 output and fp32 q: implemented, not yet validated on a GPU -> refused there
+    assert not be.supports(cuda_xqa.replace(out_dtype=torch.float8_e4m3fn))
+    assert not be.supports(cuda_xqa.replace(q_dtype=torch.float32, kv_dtype=torch.float32,
+                                            out_dtype=torch.float32))
+    assert any(r.axis == "kv_dtype" for r in be.reasons(cuda_xqa.replace(compute_capability=(8, 0))))
+
+
+def test_plugin_registers():
+    from attncore.backends.triton import plugin
+
+    bes = plugin.attncore_backends()
+    assert len(bes) == 1 and bes[0].name == "triton"
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_single_prefill(dtype, causal):
+    run_case("single_prefill", qo_lens=[37], kv_lens=[53], dtype=dtype, causal=causal, seed=1)
+
+
+@cpu_only
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_prefill_layout_noncontig(layout):
+    run_case("single_prefill", qo_lens=[20], kv_lens=[20], layout=layout, causal=True, noncontig=True,
+             hq=6, hkv=2, seed=2)
+
+
+@cpu_only
+def test_batch_prefill_ragged_edges():
+    # kv 0, qo > kv (rows that see nothing under causal), 1 token, longer
+    run_case("batch_prefill_ragged", qo_lens=[5, 9, 1, 30, 0], kv_lens=[0, 4, 1, 70, 3], causal=True,
+             hq=8, hkv=2, seed=3)
+
+
+@cpu_only
+@pytest.mark.parametrize("page_size,layout", [(1, "NHD"), (16, "HND"), (5, "NHD")])
+def test_batch_prefill_paged(page_size, layout):
+    # kv 32 with page 16: last page full
+    run_case("batch_prefill_paged", qo_lens=[7, 16, 3], kv_lens=[19, 32, 3], page_size=page_size,
+             layout=layout, causal=True, hq=4, hkv=1, seed=4)
+
+
+@cpu_only
+def test_custom_mask_and_window():
+    run_case("batch_prefill_paged", qo_lens=[9, 12], kv_lens=[21, 40], page_size=4, custom=True,
+             window_left=10, seed=5)
+
+
+@cpu_only
+@pytest.mark.parametrize("window", [0, 7])
+def test_window_causal(window):
+    run_case("batch_prefill_ragged", qo_lens=[40, 6], kv_lens=[70, 6], causal=True, window_left=window,
+             seed=6)
+
+
+@cpu_only
+def test_softcap_alibi_sinks():
+    run_case("batch_prefill_ragged", qo_lens=[10, 17], kv_lens=[30, 17], causal=True, soft_cap=5.0,
+             pos="ALIBI", sinks=True, hq=6, hkv=3, seed=7)
+
+
+@cpu_only
+@pytest.mark.parametrize("d", [32, 48])
+def test_rope(d):
+    run_case("batch_prefill_paged", qo_lens=[6, 11], kv_lens=[25, 11], page_size=8, causal=True,
+             pos="ROPE_LLAMA", d=d, seed=8)
+
+
+@cpu_only
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_kv_scales(kv_dtype):
+    run_case("batch_decode", qo_lens=[1] * 3, kv_lens=[40, 1, 17], page_size=8, kv_dtype=kv_dtype,
+             scales=(1.0, 0.5, 0.25, 2.0), hq=8, hkv=2, seed=9)
+
+
+@cpu_only
+def test_decode_split_kv_gqa():
+    be = TritonBackend(kv_chunk=32)
+    plan = run_case("batch_decode", qo_lens=[1] * 4, kv_lens=[100, 0, 1, 64], page_size=16, hq=12,
+                    hkv=2, sinks=True, backend=be, seed=10)
+    assert plan.max_splits == 4 and plan.num_merge_rows > 0
+
+
+@cpu_only
+def test_split_hints_from_meta():
+    # BatchMeta.fixed_split_size (pages per split) and disable_split_kv are honoured
+    be = TritonBackend()
+    p = run_case("batch_decode", qo_lens=[1] * 2, kv_lens=[70, 20], page_size=4, hq=4, hkv=2,
+                 backend=be, seed=18, check=False)
+    meta = dataclasses.replace(p.meta, fixed_split_size=4)
+    # 4 pages x 4 = 16 keys, rounded up to whole KV tiles (block_n 32 here): 70 keys -> 3 splits
+    assert be.plan(p.problem, meta).max_splits == 3
+    meta = dataclasses.replace(p.meta, disable_split_kv=True)
+    assert be.plan(p.problem, meta).max_splits == 1
+
+
+@cpu_only
+def test_decode_qlen_gt1_split():
+    # q_len_per_req 3: causal within the draft; split partitions on top
+    run_case("batch_decode", qo_lens=[3] * 3, kv_lens=[50, 3, 20], page_size=4, hq=4, hkv=1,
+             backend=TritonBackend(kv_chunk=32), window_left=20, seed=11)
+
+
+@cpu_only
+def test_decode_fully_masked_window0_alibi():
+    run_case("batch_decode", qo_lens=[1] * 2, kv_lens=[33, 7], page_size=1, window_left=0,
+             pos="ALIBI", soft_cap=3.0, seed=12)
+
+
+@cpu_only
+def test_xqa_spec_sinks():
+    be = TritonBackend(kv_chunk=32)
+    run_case("xqa_decode", qo_lens=[4] * 3, kv_lens=[70, 4, 33], page_size=16, hq=8, hkv=2,
+             sinks=True, spec=True, sm_scale=0.3, scales=(1.0, 1.0, 0.7, 1.0), backend=be, seed=13)
+
+
+@cpu_only
+def test_xqa_plain_fp8():
+    run_case("xqa_decode", qo_lens=[1] * 3, kv_lens=[25, 9, 1], page_size=8, hq=4, hkv=4,
+             kv_dtype=torch.float8_e4m3fn, sm_scale=0.2, scales=(1.0, 1.0, 1.3, 1.0), window_left=8,
+             seed=14)
+
+
+@cpu_only
+@pytest.mark.parametrize("causal,window,custom", [(True, 9, False), (False, 20, False), (False, -1, True)])
+def test_small_tiles_three_ranges(causal, window, custom):
+    # block 16 x 16: many KV tiles, so the masked-head / body / masked-tail loops all run
+    be = TritonBackend(config=dict(block_m=16, block_n=16, num_warps=1, num_stages=1,
+                                   prefetch=causal))
+    run_case("batch_prefill_paged", qo_lens=[40, 3, 25], kv_lens=[90, 50, 25], page_size=3,
+             causal=causal, window_left=window, custom=custom, hq=4, hkv=2, backend=be, seed=16)
+
+
+@cpu_only
+def test_large_group():
+    run_case("batch_decode", qo_lens=[2] * 2, kv_lens=[40, 9], page_size=16, hq=48, hkv=1,
+             backend=TritonBackend(config=dict(block_m=16, block_n=16, num_warps=1, num_stages=1,
+                                               prefetch=True)), seed=17)
+
+
+@cpu_only
+def test_head_dim_64_no_lse():
+    run_case("single_prefill", qo_lens=[17], kv_lens=[33], d=64, return_lse=False, causal=True, seed=15)
+
+
+@cpu_only
+def test_run_rejects_other_dtype():
+    plan = run_case("single_prefill", qo_lens=[4], kv_lens=[4], check=False)
+    be = TritonBackend()
+    q = torch.randn(4, 4, 32, dtype=torch.float32)
+    with pytest.raises(TypeError):
+        be.run(plan, RunArgs(q=q, k=q[:, :2], v=q[:, :2], out=torch.empty_like(q)))
+
+
+# ----------------------------------------------------------------------------- GPU
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_single_prefill(dtype, causal, d):
+    run_case("single_prefill", qo_lens=[300], kv_lens=[517], hq=8, hkv=2, d=d, dtype=dtype,
+             causal=causal, device="cuda", seed=d)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("page_size,layout", [(1, "NHD"), (16, "NHD"), (16, "HND")])
+def test_gpu_batch_prefill_paged(dtype, page_size, layout):
+    run_case("batch_prefill_paged", qo_lens=[100, 1, 0, 64, 200], kv_lens=[300, 1, 5, 64, 150],
+             page_size=page_size, layout=layout, causal=True, hq=8, hkv=2, d=128, dtype=dtype,
+             device="cuda", seed=21)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_features(dtype):
+    run_case("batch_prefill_ragged", qo_lens=[70, 130], kv_lens=[200, 130], causal=True, soft_cap=30.0,
+             pos="ALIBI", sinks=True, window_left=64, hq=8, hkv=4, d=128, dtype=dtype, device="cuda",
+             noncontig=True, seed=22)
+    run_case("batch_prefill_paged", qo_lens=[33, 80], kv_lens=[90, 200], custom=True, page_size=16,
+             hq=4, hkv=4, d=64, dtype=dtype, device="cuda", seed=23)
+    run_case("batch_prefill_paged", qo_lens=[33, 80], kv_lens=[90, 200], causal=True, page_size=16,
+             pos="ROPE_LLAMA", hq=8, hkv=2, d=128, dtype=dtype, device="cuda", seed=24)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_decode(dtype, kv_dtype):
+    kv = [1000, 1, 0, 4096, 77]
+    run_case("batch_decode", qo_lens=[1] * 5, kv_lens=kv, page_size=16, hq=32, hkv=8, d=128,
+             dtype=dtype, kv_dtype=kv_dtype, scales=(1.0, 0.5, 0.25, 1.0), device="cuda", seed=25)
+    run_case("batch_decode", qo_lens=[2] * 5, kv_lens=[k + 2 for k in kv], page_size=1, hq=32, hkv=8,
+             d=128, dtype=dtype, kv_dtype=kv_dtype, device="cuda", sinks=True, seed=26)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("qlen", [1, 2, 4])
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn])
+def test_gpu_xqa(qlen, kv_dtype):
+    run_case("xqa_decode", qo_lens=[qlen] * 6, kv_lens=[3000, qlen, 600, 40, 8192, 17], page_size=16,
+             hq=64, hkv=8, d=128, dtype=torch.bfloat16, kv_dtype=kv_dtype, sinks=True, spec=qlen > 1,
+             sm_scale=0.088, scales=(1.0, 1.0, 0.8, 1.0), window_left=1000 if qlen == 2 else -1,
+             device="cuda", seed=27)
