@@ -143,7 +143,7 @@ def cmd_build(a) -> int:
     backend = canonical_name(a.backend)
     if a.list:
         for s in jit.list_specs(backend, a.arch):
-            print(f"{s.uri_for(jit._default_arch(a.arch))}  {s.text()}")
+            print(f"{s.uri_for(jit.default_arch(a.arch))}  {s.text()}")
         return 0
     rs = jit.toolchain_reasons()
     if rs:

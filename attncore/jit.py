@@ -35,7 +35,8 @@ Backends:
 
 CLI (``attncore build``):
 
-* ``list_specs(backend=None, arch=None) -> list[Spec]``
+* ``list_specs(backend=None, arch=None) -> list[Spec]``; ``parse_uri(backend, uri) -> Spec``;
+  ``default_arch(arch=None) -> "90"``
 * ``build(backend, items=None, arch=None, jobs=None, force=False) -> list[BuildResult]``: ``items``
   are Specs or URI strings (``None``: the backend's listed set); builds in parallel.
 
@@ -65,7 +66,7 @@ from .capabilities import Reason
 __all__ = [
     "Spec", "BuildResult", "CheckResult", "CompileError", "cache_root", "cache_dir", "find_nvcc",
     "nvcc_version", "toolchain_reasons", "gpu_reasons", "current_arch", "library_path", "load",
-    "build_spec", "compile_check", "register_specs", "list_specs", "build", "parse_uri",
+    "build_spec", "compile_check", "register_specs", "list_specs", "build", "parse_uri", "default_arch",
 ]
 
 DEFAULT_FLAGS = (
@@ -465,6 +466,11 @@ def _default_arch(arch: Optional[str]) -> str:
         return current_arch()
     except Exception:
         return "90"
+
+
+def default_arch(arch: Optional[str] = None) -> str:
+    """``arch`` normalised (``"sm_90"``/``"sm90"``/``"90"`` -> ``"90"``); None: the current GPU's, else ``"90"``."""
+    return _default_arch(arch)
 
 
 def list_specs(backend: Optional[str] = None, arch: Optional[str] = None) -> List[Spec]:

@@ -1,0 +1,288 @@
+"""cuda_fa2: FA2-style CUDA attention (mma.sync m16n8k16, cp.async pipeline), sm80+.
+
+Serves single/batch prefill (ragged or paged, NHD/HND) and batch decode (GQA rows packed into the
+Q tile, split-KV with a merge kernel when the batch cannot fill the GPU).  Kernels are built on
+first use by :mod:`attncore.jit` (or ahead with ``attncore build cuda_fa2``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+
+from attncore.backend import Backend, BatchMeta
+from attncore.capabilities import Capabilities, Reason
+from attncore.problem import AttentionProblem
+
+_F16 = frozenset({torch.float16, torch.bfloat16})
+_KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
+_OPS = frozenset({"single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode"})
+_FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})
+
+CAPABILITIES = (
+    Capabilities(
+        ops=_OPS,
+        devices=frozenset({"cuda"}),
+        min_compute_capability=(8, 0),
+        q_dtypes=_F16,
+        kv_dtypes=_KV,
+        out_dtypes=None,  # out dtype == q dtype
+        head_dims=frozenset({64, 128, 256}),
+        same_head_dim_vo=True,
+        max_group_size=None,  # any GQA group
+        page_sizes=None,  # any page size
+        layouts=frozenset({"NHD", "HND"}),
+        masks=frozenset({"none", "causal", "custom"}),
+        features=_FEATURES,  # not: cuda_graph, spec_mask (xqa)
+        max_q_len_per_req=None,
+        kv_dtype_must_match_q=True,
+    ),
+)
+
+
+@dataclass
+class Fa2Plan:
+    problem: AttentionProblem
+    meta: BatchMeta
+    lib: Any
+    device: torch.device
+    paged: bool
+    page_size: int
+    nnz_q: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: Optional[torch.Tensor]
+    kv_lens: torch.Tensor
+    mask: Optional[torch.Tensor]
+    mask_indptr: Optional[torch.Tensor]
+    alibi_slopes: Optional[torch.Tensor]
+    work: torch.Tensor
+    num_work: int
+    needs_merge: bool
+    num_splits: torch.Tensor
+    tmp_off: torch.Tensor
+    o_part: Optional[torch.Tensor]
+    lse_part: Optional[torch.Tensor]
+    config: str
+    base: Any = None  # binding.Fa2Params with the plan-constant fields
+    merge_base: Any = None
+    checked_sig: Any = None  # signature of the last run() tensors that passed the checks
+    kv_strides: Any = None
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    n = 2 ** math.floor(math.log2(num_heads))
+    m0 = 2.0 ** (-8.0 / n)
+    s = [m0 ** (i + 1) for i in range(n)]
+    if n < num_heads:
+        m1 = 2.0 ** (-4.0 / n)
+        s += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
+    return torch.tensor(s, dtype=torch.float32)
+
+
+def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
+    if dt == torch.float8_e4m3fn:
+        return "e4m3"
+    if dt == torch.float8_e5m2:
+        return "e5m2"
+    return "same"
+
+
+class CudaFa2Backend(Backend):
+    name = "cuda_fa2"
+    aliases = ("fa2",)
+    description = "FA2-style CUDA kernels (mma.sync, cp.async), JIT-built per specialization, sm80+"
+    capabilities = CAPABILITIES
+
+    # split-KV policy knobs (tests may lower them)
+    min_split_chunk = 256
+    tune = ()  # tile-shape overrides for tuning runs (specs.Fa2Key.tune)
+    force_config = None  # "prefill" / "prefill64" / "decode" for tuning runs; None: chosen per batch
+
+    def available(self) -> List[Reason]:
+        from attncore import jit
+
+        r = list(jit.toolchain_reasons()) + list(jit.gpu_reasons())
+        if not r:
+            cc = torch.cuda.get_device_capability()
+            if cc < (8, 0):
+                r.append(Reason("compute_capability", "sm%d%d" % cc, ">= sm80"))
+        return r
+
+    def extra_reasons(self, problem: AttentionProblem) -> List[Reason]:
+        r = []
+        if problem.op in ("batch_prefill_paged", "batch_decode") and problem.page_size is not None \
+                and problem.page_size < 1:
+            r.append(Reason("page_size", str(problem.page_size), ">= 1"))
+        return r
+
+    def priority(self, problem: AttentionProblem) -> int:
+        # Measured on an H100 (2026-11-22): below Triton for prefill (248 vs 412 TFLOP/s on P1 causal)
+        # and for decode (D1 93% vs 95% of the read ceiling), so auto prefers Triton where both serve.
+        return 40 if problem.device_type == "cuda" else 0
+
+    # ------------------------------------------------------------------------------------ plan
+    def key_for(self, problem: AttentionProblem, config: str, page_size: int = 0):
+        from .specs import Fa2Key
+
+        mask = problem.mask
+        if problem.op == "batch_decode" and mask == "none":
+            mask = "causal"  # decode without a mask is causal (bottom-right) within the request
+        dt = "bf16" if problem.q_dtype == torch.bfloat16 else "fp16"
+        return Fa2Key(config, dt, _kv_name(problem.kv_dtype, problem.q_dtype), problem.head_dim_qk, mask,
+                      softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
+                      rope=problem.pos_encoding == "ROPE_LLAMA",
+                      prefetch=config == "decode" and 0 < page_size <= 4, tune=tuple(self.tune))
+
+    def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
+        from . import binding
+
+        dev = torch.device(meta.device)
+        if dev.type != "cuda":
+            raise ValueError(f"cuda_fa2: device {dev} is not a CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        B = meta.batch_size
+        qo = meta.qo_indptr_host
+        qo_lens = [qo[i + 1] - qo[i] for i in range(B)]
+        G = problem.group_size
+        Hkv = problem.num_kv_heads
+        paged = meta.kv_indices is not None or problem.page_size is not None
+        if paged and meta.kv_indices is None:
+            raise ValueError("cuda_fa2: paged problem without kv_indices (block tables are not served)")
+        kv_lens = meta.kv_lens
+        if meta.kv_lens_host is not None:
+            kv_lens_host = list(meta.kv_lens_host)
+        elif kv_lens is not None:
+            kv_lens_host = meta.host_kv_lens()
+        elif not paged:
+            kvp = meta.kv_indptr_host
+            kv_lens_host = [kvp[i + 1] - kvp[i] for i in range(B)]
+        else:
+            kvp = meta.kv_indptr_host
+            last = meta.kv_last_page_len.to("cpu", torch.int64).tolist()
+            ps = meta.page_size or problem.page_size
+            kv_lens_host = [(kvp[i + 1] - kvp[i] - 1) * ps + last[i] if kvp[i + 1] > kvp[i] else 0 for i in range(B)]
+        if kv_lens is None:
+            kv_lens = torch.tensor(kv_lens_host, dtype=torch.int32, device=dev)
+
+        max_rows = max([n * G for n in qo_lens] or [0])
+        config = "decode" if max_rows <= 16 else "prefill"
+        page_size = int(meta.page_size or problem.page_size or 0) if paged else 0
+        lib = binding.get_library(self.key_for(problem, config, page_size), dev)
+        if config == "prefill" and problem.mask == "causal" and problem.head_dim_qk != 256 and not self.force_config:
+            # Causal prefill with few CTAs (< 6 waves of 128-row tiles): 64-row tiles balance the
+            # triangle better.  Measured on H100: P1 causal 255 vs 234 TFLOP/s, while P3/P4 (>= 2048
+            # CTAs) lose with 64-row tiles (153 vs 199, 166 vs 219).
+            ctas = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv
+            if ctas < 6 * lib.num_sms * lib.ctas_per_sm:
+                config = "prefill64"
+        same_family = (self.force_config == "decode") == (config == "decode")
+        if self.force_config and same_family:
+            config = self.force_config
+        key = self.key_for(problem, config, page_size)
+        if key != lib.key:
+            lib = binding.get_library(key, dev)
+        cta_q, kvt = lib.cta_q, lib.kv_tile
+
+        # ---- work list: (request, first packed row, kv_begin, kv_end, slot); split-KV when short
+        causal = key.mask == "causal"
+        wl = meta.params.window_left if meta.params.window_left is not None else -1
+        tiles = []  # (req, row0, kv extent estimate lo, hi)
+        for i in range(B):
+            rows = qo_lens[i] * G
+            for r0 in range(0, rows, cta_q):
+                tok_lo, tok_hi = r0 // G, (min(r0 + cta_q, rows) - 1) // G
+                delta = kv_lens_host[i] - qo_lens[i]
+                hi = kv_lens_host[i]
+                if causal:
+                    hi = max(0, min(hi, tok_hi + delta + 1))
+                lo = max(0, tok_lo + delta - wl) if wl >= 0 else 0
+                tiles.append((i, r0, min(lo, hi), hi))
+        slots = lib.num_sms * lib.ctas_per_sm
+        base_items = len(tiles) * Hkv
+        num_splits = [1] * B
+        chunk = None
+        if 0 < base_items < slots:
+            # smallest chunk (a multiple of the kv tile) whose work items still fit in one wave
+            ext = [hi - lo for (_, _, lo, hi) in tiles]
+
+            def items(ch):
+                return sum(max(1, -(-e // ch)) for e in ext) * Hkv
+
+            lo_c = max(self.min_split_chunk, kvt)
+            hi_c = max(ext + [lo_c])
+            lo_c = -(-lo_c // kvt) * kvt
+            hi_c = -(-hi_c // kvt) * kvt
+            if items(lo_c) <= slots:
+                chunk = lo_c
+            else:
+                while hi_c - lo_c > kvt:  # items() is non-increasing in the chunk size
+                    mid = (lo_c + hi_c) // 2 // kvt * kvt
+                    if items(mid) <= slots:
+                        hi_c = mid
+                    else:
+                        lo_c = mid
+                chunk = hi_c
+            for (i, _, lo, hi) in tiles:
+                num_splits[i] = max(num_splits[i], -(-(hi - lo) // chunk) if hi > lo else 1)
+        tmp_off = [0] * B
+        tmp_rows = 0
+        for i in range(B):
+            if num_splits[i] > 1:
+                tmp_off[i] = tmp_rows
+                tmp_rows += num_splits[i] * qo_lens[i]
+        BIG = 2 ** 31 - 1
+        work = []
+        for (i, r0, lo, hi) in tiles:
+            if num_splits[i] == 1:
+                work.append((hi - lo, (i, r0, 0, BIG, -1)))
+            else:
+                for s in range(num_splits[i]):
+                    b, e = lo + s * chunk, lo + (s + 1) * chunk
+                    work.append((max(0, min(e, hi) - b), (i, r0, b, e if s < num_splits[i] - 1 else BIG,
+                                                          tmp_off[i] + s * qo_lens[i])))
+        work.sort(key=lambda w: -w[0])  # longest first: better tail on causal and ragged batches
+        work_t = torch.tensor([w[1] for w in work] or [[0, 0, 0, 0, -1]], dtype=torch.int32).to(dev)
+        Hq, D = problem.num_qo_heads, problem.head_dim_vo
+        o_part = lse_part = None
+        if tmp_rows:
+            o_part = torch.empty(tmp_rows, Hq, D, dtype=torch.float32, device=dev)
+            lse_part = torch.empty(tmp_rows, Hq, dtype=torch.float32, device=dev)
+        mask = mask_indptr = None
+        if key.mask == "custom":
+            if meta.packed_mask is None or meta.mask_indptr is None:
+                raise ValueError("cuda_fa2: custom mask problem without packed_mask / mask_indptr")
+            mask = meta.packed_mask.to(dev, torch.uint8).contiguous()
+            mask_indptr = meta.mask_indptr.to(dev, torch.int32).contiguous()
+        kv_indptr = meta.kv_indptr
+        if kv_indptr is None and not paged:  # ragged without offsets: requests back to back
+            acc = [0]
+            for n in kv_lens_host:
+                acc.append(acc[-1] + n)
+            kv_indptr = torch.tensor(acc, dtype=torch.int32)
+        plan = Fa2Plan(
+            problem=problem, meta=meta, lib=lib, device=dev, paged=paged,
+            page_size=int(meta.page_size or problem.page_size or 0) if paged else 0,
+            nnz_q=qo[B] if B else 0,
+            qo_indptr=meta.qo_indptr.to(dev, torch.int32).contiguous(),
+            kv_indptr=kv_indptr.to(dev, torch.int32).contiguous(),
+            kv_indices=meta.kv_indices.to(dev, torch.int32).contiguous() if paged else None,
+            kv_lens=kv_lens.to(dev, torch.int32).contiguous(),
+            mask=mask, mask_indptr=mask_indptr,
+            alibi_slopes=alibi_slopes(Hq).to(dev) if key.alibi else None,
+            work=work_t, num_work=len(work), needs_merge=tmp_rows > 0,
+            num_splits=torch.tensor(num_splits or [1], dtype=torch.int32).to(dev),
+            tmp_off=torch.tensor(tmp_off or [0], dtype=torch.int32).to(dev),
+            o_part=o_part, lse_part=lse_part, config=config,
+        )
+        plan.base, plan.merge_base = binding.base_params(plan)
+        return plan
+
+    def run(self, plan: Fa2Plan, args) -> None:
+        from . import binding
+
+        binding.launch(plan, args)

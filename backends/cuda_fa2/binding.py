@@ -1,0 +1,242 @@
+"""The one binding of cuda_fa2: argument checks, the ctypes params struct, launches.
+
+Mirrors ``csrc/fa2_params.h`` (``fa2_params_size()`` guards the layout).  Launches on
+``torch.cuda.current_stream()`` of the input's device; the library sets that device itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from attncore import jit
+
+from .specs import Fa2Key
+
+LOG2E = 1.4426950408889634
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+_f32 = ctypes.c_float
+
+
+class Fa2Params(ctypes.Structure):
+    _fields_ = [
+        ("q", _p), ("k", _p), ("v", _p), ("o", _p), ("lse", _p), ("o_part", _p), ("lse_part", _p),
+        ("qo_indptr", _p), ("kv_indptr", _p), ("kv_indices", _p), ("kv_lens", _p),
+        ("mask", _p), ("mask_indptr", _p), ("sinks", _p), ("alibi_slopes", _p), ("work", _p),
+        ("q_stride_n", _i64), ("q_stride_h", _i64),
+        ("k_stride_p", _i64), ("k_stride_n", _i64), ("k_stride_h", _i64),
+        ("v_stride_p", _i64), ("v_stride_n", _i64), ("v_stride_h", _i64),
+        ("o_stride_n", _i64), ("o_stride_h", _i64),
+        ("num_qo_heads", _i32), ("num_kv_heads", _i32), ("group", _i32), ("page_size", _i32),
+        ("num_work", _i32), ("window_left", _i32), ("device", _i32), ("causal_override", _i32),
+        ("scale_log2", _f32), ("softcap_pre", _f32), ("softcap_post", _f32), ("out_scale", _f32),
+        ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("pad0", _i32), ("pad1", _i32),
+    ]
+
+
+class Fa2MergeParams(ctypes.Structure):
+    _fields_ = [
+        ("o_part", _p), ("lse_part", _p), ("o", _p), ("lse", _p), ("qo_indptr", _p), ("num_splits", _p),
+        ("tmp_off", _p), ("sinks", _p),
+        ("o_stride_n", _i64), ("o_stride_h", _i64),
+        ("num_qo_heads", _i32), ("batch", _i32), ("nnz_q", _i32), ("device", _i32),
+        ("out_scale", _f32), ("pad0", _i32),
+    ]
+
+
+class Fa2Library:
+    """A loaded specialization: typed entry points and its tile config."""
+
+    def __init__(self, key: Fa2Key, device: torch.device):
+        self.key = key
+        arch = jit.current_arch(device)
+        self.lib = jit.load(key.spec(), arch)
+        lib = self.lib
+        lib.fa2_params_size.restype = ctypes.c_int
+        lib.fa2_merge_params_size.restype = ctypes.c_int
+        lib.fa2_error_string.restype = ctypes.c_char_p
+        lib.fa2_error_string.argtypes = [ctypes.c_int]
+        lib.fa2_info.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.fa2_run.argtypes = [ctypes.POINTER(Fa2Params), ctypes.c_void_p]
+        lib.fa2_merge.argtypes = [ctypes.POINTER(Fa2MergeParams), ctypes.c_void_p]
+        if lib.fa2_params_size() != ctypes.sizeof(Fa2Params) or \
+                lib.fa2_merge_params_size() != ctypes.sizeof(Fa2MergeParams):
+            raise RuntimeError("cuda_fa2: params struct of binding.py and csrc/fa2_params.h differ "
+                               f"({ctypes.sizeof(Fa2Params)} vs {lib.fa2_params_size()})")
+        info = (ctypes.c_int * 8)()
+        self._check(lib.fa2_info(info, device.index if device.index is not None else torch.cuda.current_device()),
+                    "fa2_info")
+        self.cta_q, self.kv_tile, self.threads, self.smem, self.head_dim, self.ctas_per_sm, self.num_sms = \
+            info[0], info[1], info[2], info[3], info[4], max(1, info[5]), max(1, info[6])
+
+    def _check(self, err: int, what: str) -> None:
+        if err != 0:
+            msg = self.lib.fa2_error_string(err).decode()
+            raise RuntimeError(f"cuda_fa2 {self.key.uri}: {what} failed: CUDA error {err} ({msg})")
+
+    def run(self, params: Fa2Params, stream: int) -> None:
+        self._check(self.lib.fa2_run(ctypes.byref(params), ctypes.c_void_p(stream)), "launch")
+
+    def merge(self, params: Fa2MergeParams, stream: int) -> None:
+        self._check(self.lib.fa2_merge(ctypes.byref(params), ctypes.c_void_p(stream)), "merge launch")
+
+
+_LIBS: Dict[Tuple[Fa2Key, int], Fa2Library] = {}
+
+
+def get_library(key: Fa2Key, device: torch.device) -> Fa2Library:
+    device = torch.device(device)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    lib = _LIBS.get((key, idx))
+    if lib is None:
+        lib = _LIBS[(key, idx)] = Fa2Library(key, torch.device("cuda", idx))
+    return lib
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError("cuda_fa2: " + msg)
+
+
+def kv_strides(t: torch.Tensor, paged: bool, layout: str) -> Tuple[int, int, int]:
+    """(page, token, head) strides in elements of a K or V tensor."""
+    if paged:
+        _need(t.dim() == 4, f"paged k/v must be 4-D [pages, ...], got shape {tuple(t.shape)}")
+        if layout == "NHD":
+            return t.stride(0), t.stride(1), t.stride(2)
+        return t.stride(0), t.stride(2), t.stride(1)
+    _need(t.dim() == 3, f"ragged k/v must be 3-D, got shape {tuple(t.shape)}")
+    if layout == "NHD":
+        return 0, t.stride(0), t.stride(1)
+    return 0, t.stride(1), t.stride(0)
+
+
+def check_run_tensors(plan, args) -> None:
+    """Checks that protect memory safety of the launch (the API checks the rest)."""
+    pr = plan.problem
+    q, k, v, out = args.q, args.k, args.v, args.out
+    dev = plan.device
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        _need(t.device == dev, f"{name} is on {t.device}, plan was made for {dev}")
+        _need(t.stride(-1) == 1, f"{name} last dim must be contiguous (stride {t.stride(-1)})")
+        _need(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned")
+    _need(q.dtype == pr.q_dtype, f"q dtype {q.dtype}, plan has {pr.q_dtype}")
+    _need(k.dtype == pr.kv_dtype and v.dtype == pr.kv_dtype, f"k/v dtype {k.dtype}/{v.dtype}, plan has {pr.kv_dtype}")
+    _need(out.dtype == pr.q_dtype, f"out dtype {out.dtype}, expected {pr.q_dtype}")
+    _need(q.dim() == 3 and q.shape[0] == plan.nnz_q and q.shape[1] == pr.num_qo_heads and q.shape[2] == pr.head_dim_qk,
+          f"q shape {tuple(q.shape)}, plan expects [{plan.nnz_q}, {pr.num_qo_heads}, {pr.head_dim_qk}]")
+    _need(tuple(out.shape) == tuple(q.shape), f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+    _need(k.shape[-1] == pr.head_dim_qk and v.shape[-1] == pr.head_dim_vo, "k/v head dim mismatch")
+    for name, t in (("q", q), ("out", out)):
+        _need(t.stride(1) % 8 == 0 and t.stride(0) % 8 == 0, f"{name} strides must be multiples of 8 elements")
+    for name, t in (("k", k), ("v", v)):
+        _need(all((s * t.element_size()) % 16 == 0 or d == 1 for s, d in zip(t.stride()[:-1], t.shape[:-1])),
+              f"{name} strides {t.stride()} must be multiples of 16 bytes")
+    if args.lse is not None:
+        _need(args.lse.dtype == torch.float32 and args.lse.is_contiguous() and
+              tuple(args.lse.shape) == (plan.nnz_q, pr.num_qo_heads) and args.lse.device == dev,
+              f"lse must be contiguous float32 [{plan.nnz_q}, {pr.num_qo_heads}] on {dev}")
+    if args.sinks is not None:
+        _need(args.sinks.dtype == torch.float32 and args.sinks.numel() == pr.num_qo_heads and args.sinks.is_contiguous()
+              and args.sinks.device == dev, f"sinks must be contiguous float32 [{pr.num_qo_heads}] on {dev}")
+    _need(pr.sinks == (args.sinks is not None), "sinks given at run() but not planned (or planned but missing)")
+
+
+def _current_stream(dev: torch.device) -> int:
+    try:
+        return torch._C._cuda_getCurrentRawStream(dev.index)  # ~10x cheaper than current_stream()
+    except Exception:  # pragma: no cover
+        return torch.cuda.current_stream(dev).cuda_stream
+
+
+def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
+    """The plan-constant part of the structs (index tensors, work list, heads); filled once in plan()."""
+    pr, meta, ap = plan.problem, plan.meta, plan.meta.params
+    p = Fa2Params()
+    p.o_part, p.lse_part = _ptr(plan.o_part), _ptr(plan.lse_part)
+    p.qo_indptr, p.kv_indptr = plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr()
+    p.kv_indices = _ptr(plan.kv_indices) if plan.paged else None
+    p.kv_lens = plan.kv_lens.data_ptr()
+    p.mask, p.mask_indptr = _ptr(plan.mask), _ptr(plan.mask_indptr)
+    p.alibi_slopes = _ptr(plan.alibi_slopes)
+    p.work = plan.work.data_ptr()
+    p.num_qo_heads, p.num_kv_heads, p.group = pr.num_qo_heads, pr.num_kv_heads, pr.group_size
+    p.page_size = plan.page_size if plan.paged else 0
+    p.num_work = plan.num_work
+    p.window_left = ap.window_left if ap.window_left is not None and ap.window_left >= 0 else -1
+    p.device = plan.device.index
+    p.rope_rcp_scale = 1.0 / ap.rope_scale
+    p.rope_log2_theta = math.log2(ap.rope_theta)
+    mp = None
+    if plan.needs_merge:
+        mp = Fa2MergeParams()
+        mp.o_part, mp.lse_part = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
+        mp.qo_indptr, mp.num_splits, mp.tmp_off = plan.qo_indptr.data_ptr(), plan.num_splits.data_ptr(), plan.tmp_off.data_ptr()
+        mp.num_qo_heads, mp.batch, mp.nnz_q, mp.device = pr.num_qo_heads, meta.batch_size, plan.nnz_q, plan.device.index
+    return p, mp
+
+
+def _signature(args) -> tuple:
+    q, k, v, out, lse, sinks = args.q, args.k, args.v, args.out, args.lse, args.sinks
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
+            v.dtype, out.shape, out.stride(), out.dtype, out.device,
+            None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device),
+            None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
+
+
+def launch(plan, args) -> None:
+    """Fill the params struct from a plan (see backend.Fa2Plan) and ``RunArgs`` and launch.
+
+    Full argument checks run on the first call and whenever shapes/strides/dtypes/devices change;
+    the plan-constant part of the struct is prebuilt, so a steady-state run() is a few field stores.
+    """
+    sig = _signature(args)
+    if sig != plan.checked_sig:
+        check_run_tensors(plan, args)
+        pr = plan.problem
+        plan.kv_strides = kv_strides(args.k, plan.paged, pr.kv_layout) + kv_strides(args.v, plan.paged, pr.kv_layout)
+        plan.checked_sig = sig
+    if plan.nnz_q == 0:
+        return
+    ap = plan.meta.params
+    q, out = args.q, args.out
+    p = Fa2Params.from_buffer_copy(plan.base)
+    p.q, p.k, p.v, p.o = q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), out.data_ptr()
+    if (p.q | p.k | p.v | p.o) & 15:
+        raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+    if args.lse is not None:
+        p.lse = args.lse.data_ptr()
+    if args.sinks is not None:
+        p.sinks = args.sinks.data_ptr()
+    p.q_stride_n, p.q_stride_h = q.stride(0), q.stride(1)
+    p.k_stride_p, p.k_stride_n, p.k_stride_h, p.v_stride_p, p.v_stride_n, p.v_stride_h = plan.kv_strides
+    p.o_stride_n, p.o_stride_h = out.stride(0), out.stride(1)
+    scale = ap.sm_scale * args.q_scale * args.k_scale
+    cap = ap.logits_soft_cap if ap.logits_soft_cap and ap.logits_soft_cap > 0 else 0.0
+    p.scale_log2 = scale * LOG2E
+    if cap:
+        p.softcap_pre = scale / cap
+        p.softcap_post = cap * LOG2E
+    p.out_scale = args.v_scale / args.o_scale
+    stream = _current_stream(plan.device)
+    plan.lib.run(p, stream)
+    if plan.needs_merge:
+        mp = Fa2MergeParams.from_buffer_copy(plan.merge_base)
+        mp.o = out.data_ptr()
+        if args.lse is not None:
+            mp.lse = args.lse.data_ptr()
+        if args.sinks is not None:
+            mp.sinks = args.sinks.data_ptr()
+        mp.o_stride_n, mp.o_stride_h = out.stride(0), out.stride(1)
+        mp.out_scale = p.out_scale
+        plan.lib.merge(mp, stream)

@@ -1,0 +1,158 @@
+// attncore cuda_fa2: one specialization per build (compile-time -D flags), plain C entry points.
+//
+// Notation: see fa2_attention.cuh.  Specialization defines (set by specs.py):
+//   FA2_DTYPE    0 fp16, 1 bf16 (q and out)       FA2_KV     0 same as q, 1 e4m3, 2 e5m2
+//   FA2_HEAD_DIM 64 / 128 / 256                    FA2_MASK   0 none, 1 causal, 2 custom
+//   FA2_SOFTCAP, FA2_ALIBI, FA2_ROPE   0 / 1       FA2_CONFIG 0 prefill tile (CTA_Q 128; 64 at d256),
+//                                                             1 decode tile (CTA_Q 16, 4 warps on KV),
+//                                                             2 prefill64 tile (CTA_Q 64: causal, qo ~ kv)
+// Entry points (extern "C", return a cudaError_t as int):
+//   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv)
+//   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (nnz_q)
+//   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM (0 without a GPU), 0, 0
+//   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror
+//   fa2_error_string(int)
+#include "fa2_attention.cuh"
+
+#ifndef FA2_DTYPE
+#define FA2_DTYPE 1
+#endif
+#ifndef FA2_KV
+#define FA2_KV 0
+#endif
+#ifndef FA2_HEAD_DIM
+#define FA2_HEAD_DIM 128
+#endif
+#ifndef FA2_MASK
+#define FA2_MASK 1
+#endif
+#ifndef FA2_SOFTCAP
+#define FA2_SOFTCAP 0
+#endif
+#ifndef FA2_ALIBI
+#define FA2_ALIBI 0
+#endif
+#ifndef FA2_ROPE
+#define FA2_ROPE 0
+#endif
+#ifndef FA2_CONFIG
+#define FA2_CONFIG 0
+#endif
+
+// tile-shape overrides (tuning experiments); defaults are the shipped configs
+#ifndef FA2_P_NWQ
+#define FA2_P_NWQ 4
+#endif
+#ifndef FA2_P_NMQ
+#define FA2_P_NMQ (FA2_HEAD_DIM == 256 ? 1 : 2)
+#endif
+#ifndef FA2_P_NNK
+#define FA2_P_NNK (FA2_HEAD_DIM == 256 ? 2 : 4)
+#endif
+#ifndef FA2_P_STAGES
+#define FA2_P_STAGES 2
+#endif
+#ifndef FA2_D_NWKV
+#define FA2_D_NWKV 4
+#endif
+#ifndef FA2_D_NNK
+#define FA2_D_NNK 1
+#endif
+#ifndef FA2_D_STAGES
+#define FA2_D_STAGES (FA2_HEAD_DIM == 256 ? 2 : 3)
+#endif
+#ifndef FA2_D_MINB
+#define FA2_D_MINB 2
+#endif
+#ifndef FA2_D_PF
+#define FA2_D_PF 0  // page-id prefetch measured slower on H100 (D1 2.74 vs 2.86 TB/s), kept as an option
+#endif
+#ifndef FA2_P_MINB
+#define FA2_P_MINB 2
+#endif
+namespace {
+using T = std::conditional<FA2_DTYPE == 1, __nv_bfloat16, __half>::type;
+constexpr int D = FA2_HEAD_DIM;
+static_assert(D == 64 || D == 128 || D == 256, "head dim");
+
+// <D, NWQ, NWKV, NMQ, NNK, STAGES>
+using PrefillCfg = fa2::Config<D, FA2_P_NWQ, 1, FA2_P_NMQ, FA2_P_NNK, FA2_P_STAGES, FA2_P_MINB>;
+using Prefill64Cfg = fa2::Config<D, 4, 1, 1, (D == 256 ? 2 : 4), 2, 2>;
+using DecodeCfg = fa2::Config<D, 1, FA2_D_NWKV, 1, FA2_D_NNK, FA2_D_STAGES, FA2_D_MINB, FA2_D_PF != 0>;
+using Cfg = std::conditional<FA2_CONFIG == 1, DecodeCfg,
+                             std::conditional<FA2_CONFIG == 2, Prefill64Cfg, PrefillCfg>::type>::type;
+using SM = fa2::Smem<Cfg, FA2_KV == 0 ? 2 : 1>;
+
+auto kernel = fa2::fa2_attention_kernel<Cfg, T, FA2_KV, FA2_MASK, FA2_SOFTCAP != 0, FA2_ALIBI != 0, FA2_ROPE != 0>;
+
+int ensure_device(int dev) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e != cudaSuccess) return (int)e;
+  if (cur != dev) e = cudaSetDevice(dev);
+  return (int)e;
+}
+
+int setup(int dev) {
+  static bool done[64] = {false};
+  if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
+  if (!done[dev]) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::bytes);
+    if (e != cudaSuccess) return (int)e;
+    done[dev] = true;
+  }
+  return 0;
+}
+}  // namespace
+
+#define FA2_EXPORT extern "C" __attribute__((visibility("default")))
+
+FA2_EXPORT int fa2_params_size() { return (int)sizeof(Fa2Params); }
+FA2_EXPORT int fa2_merge_params_size() { return (int)sizeof(Fa2MergeParams); }
+FA2_EXPORT const char* fa2_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
+
+FA2_EXPORT int fa2_info(int* out, int dev) {
+  out[0] = Cfg::CTA_Q;
+  out[1] = Cfg::KVT;
+  out[2] = Cfg::NTHREADS;
+  out[3] = (int)SM::bytes;
+  out[4] = D;
+  out[5] = 0;
+  out[6] = 0;
+  out[7] = 0;
+  if (dev >= 0) {
+    int e = ensure_device(dev);
+    if (e) return e;
+    e = setup(dev);
+    if (e) return e;
+    int n = 0;
+    e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::NTHREADS, SM::bytes);
+    if (e) return e;
+    out[5] = n;
+    cudaDeviceProp prop;
+    e = (int)cudaGetDeviceProperties(&prop, dev);
+    if (e) return e;
+    out[6] = prop.multiProcessorCount;
+  }
+  return 0;
+}
+
+FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
+  int e = ensure_device(p->device);
+  if (e) return e;
+  e = setup(p->device);
+  if (e) return e;
+  if (p->num_work <= 0) return 0;
+  dim3 grid(p->num_work, p->num_kv_heads);
+  kernel<<<grid, Cfg::NTHREADS, SM::bytes, stream>>>(*p);
+  return (int)cudaGetLastError();
+}
+
+FA2_EXPORT int fa2_merge(const Fa2MergeParams* p, cudaStream_t stream) {
+  int e = ensure_device(p->device);
+  if (e) return e;
+  if (p->nnz_q <= 0) return 0;
+  dim3 grid(p->nnz_q, p->num_qo_heads);
+  fa2::fa2_merge_kernel<T, D><<<grid, D / 4, 0, stream>>>(*p);
+  return (int)cudaGetLastError();
+}

@@ -1,0 +1,436 @@
+"""cuda_fa2 backend: CPU tests (availability, capabilities, URIs, compile check) and GPU tests
+against the fp64 golden (skipped without CUDA).
+
+GPU tolerance rule: max |out - golden| <= 2 * max |torch math in the backend dtype - golden| + atol,
+outputs poisoned with NaN before every run.  BatchMeta / RunArgs are built here directly (no
+dependency on the public API).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import pytest
+import torch
+
+from attncore import jit
+from attncore.backend import AttnParams, BatchMeta, RunArgs
+from attncore.backends.cuda_fa2 import specs
+from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+from attncore.problem import AttentionProblem
+from attncore.testing.golden import golden_attention
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+# ------------------------------------------------------------------------------------- CPU tests
+
+def _problem(**kw):
+    base = dict(op="batch_prefill_paged", device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=8, head_dim_qk=128,
+                head_dim_vo=128, page_size=16, kv_layout="NHD", mask="causal")
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU path")
+def test_unavailable_without_gpu_has_readable_reason():
+    reasons = CudaFa2Backend().available()
+    assert reasons
+    text = "; ".join(map(str, reasons))
+    assert "cuda" in text.lower()
+
+
+def test_plugin_hook_returns_backend():
+    from attncore.backends.cuda_fa2 import plugin
+
+    (b,) = plugin.attncore_backends()
+    assert b.name == "cuda_fa2" and "fa2" in b.aliases
+
+
+def test_capabilities_claim_and_refuse():
+    b = CudaFa2Backend()
+    assert b.reasons(_problem()) == []
+    assert b.reasons(_problem(op="batch_decode", num_qo_heads=28, num_kv_heads=4, kv_dtype=torch.float8_e4m3fn,
+                              fp8_scales=True, return_lse=True, sinks=True, window_left=64)) == []
+    assert b.reasons(_problem(op="single_prefill", page_size=None, pos_encoding="ALIBI", soft_cap=True,
+                              mask="custom", kv_layout="HND")) == []
+    assert b.priority(_problem()) == 60
+    refused = {
+        "device": _problem(device_type="cpu"),
+        "compute_capability": _problem(compute_capability=(7, 5)),
+        "head_dim": _problem(head_dim_qk=96, head_dim_vo=96),
+        "head_dim_vo": _problem(head_dim_vo=64),
+        "feature:cuda_graph": _problem(cuda_graph=True),
+        "op": _problem(op="xqa_decode"),
+        "kv_dtype": _problem(kv_dtype=torch.float16),  # bf16 q with fp16 kv
+        "q_dtype": _problem(q_dtype=torch.float32, out_dtype=torch.float32, kv_dtype=torch.float32),
+    }
+    for axis, p in refused.items():
+        rs = b.reasons(p)
+        assert any(r.axis == axis for r in rs), (axis, rs)
+
+
+def test_uri_naming_roundtrip():
+    k = specs.Fa2Key("prefill", "bf16", "same", 128, "causal")
+    assert k.uri == "cuda_fa2_prefill_bf16_d128_causal"
+    assert k.spec().uri_for("90") == "cuda_fa2_prefill_bf16_d128_causal_sm90"
+    k2 = specs.Fa2Key("decode", "fp16", "e5m2", 64, "custom", softcap=True, rope=True)
+    assert k2.uri == "cuda_fa2_decode_fp16_kve5m2_d64_custom_softcap_rope"
+    assert specs.parse(k2.uri + "_sm80").defines == k2.spec().defines
+    assert "bf16 d128 causal" in k.spec().description
+    kp = specs.Fa2Key("decode", "bf16", "same", 128, "causal", prefetch=True)
+    assert kp.uri.endswith("_pf") and specs.parse(kp.uri).defines == kp.spec().defines
+    with pytest.raises(ValueError):
+        specs.Fa2Key("prefill", "bf16", "same", 128, "causal", prefetch=True).spec()
+    with pytest.raises(ValueError):
+        specs.parse("cuda_fa2_prefill_fp32_d128_causal")
+
+
+@pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found")
+def test_compile_check_real_sources_sm80_sm90():
+    """Compile a representative subset (every code path) for sm80 and sm90, no GPU needed."""
+    keys = specs.representative_keys()
+    res = jit.compile_check([k.spec() for k in keys], archs=("80", "90"), jobs=max(2, os.cpu_count() or 2))
+    assert len(res) == 2 * len(keys)
+
+
+# --------------------------------------------------------------------------------- GPU helpers
+
+@dataclass
+class Case:
+    lens: Sequence[Tuple[int, int]]  # (qo_len, kv_len) per request
+    hq: int = 8
+    hkv: int = 2
+    d: int = 128
+    dtype: torch.dtype = torch.bfloat16
+    kv_dtype: Optional[torch.dtype] = None
+    layout: str = "NHD"
+    paged: bool = True
+    page_size: int = 16
+    mask: str = "causal"  # none | causal | custom
+    window_left: int = -1
+    soft_cap: float = 0.0
+    pos: str = "NONE"
+    sinks: bool = False
+    lse: bool = True
+    noncontig_q: bool = False
+    op: Optional[str] = None
+    scales: Tuple[float, float, float] = (1.0, 1.0, 1.0)  # q, k, v
+    full_last_page: bool = False
+    mask_rows_off: bool = False  # custom mask with some fully masked rows
+    force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
+
+
+def _pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
+    bits = bits.flatten().to(torch.uint8)
+    pad = (-bits.numel()) % 8
+    if pad:
+        bits = torch.cat([bits, torch.zeros(pad, dtype=torch.uint8)])
+    w = (1 << torch.arange(8, dtype=torch.int64))
+    return (bits.view(-1, 8).to(torch.int64) * w).sum(1).to(torch.uint8)
+
+
+def _lowp_attention(q, k, v, keep, sm_scale, dtype, cap=0.0, sinks=None, slopes=None):
+    """The same math in the backend dtype (torch, on the GPU): the tolerance baseline."""
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, 1)
+    v = v.repeat_interleave(g, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k).to(dtype).float() * sm_scale
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    if slopes is not None:
+        qo, kv = s.shape[1], s.shape[2]
+        bias = torch.arange(kv, device=s.device)[None, :] - torch.arange(qo, device=s.device)[:, None]
+        s = s + slopes.to(s.device)[:, None, None] * bias[None]
+    s = s.masked_fill(~keep[None].to(s.device), float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(s.device)[:, None, None].expand(-1, s.shape[1], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    if sinks is not None:
+        p = p[..., :-1]
+    return torch.einsum("hqk,khd->qhd", p.to(dtype), v).float()
+
+
+def run_case(c: Case, seed: int = 0):
+    torch.manual_seed(seed)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    kv_dtype = c.kv_dtype or c.dtype
+    B = len(c.lens)
+    qo_lens = [a for a, _ in c.lens]
+    kv_lens = [b for _, b in c.lens]
+    nnz_q, nnz_kv = sum(qo_lens), sum(kv_lens)
+    qo_indptr = [0]
+    for n in qo_lens:
+        qo_indptr.append(qo_indptr[-1] + n)
+    if c.noncontig_q:
+        q = torch.randn(nnz_q, c.hq * 2, c.d, device=dev, dtype=c.dtype)[:, ::2]
+    else:
+        q = torch.randn(nnz_q, c.hq, c.d, device=dev, dtype=c.dtype)
+
+    def mk(shape):
+        t = torch.randn(shape, device=dev, dtype=torch.float32)
+        return t.to(kv_dtype)
+
+    per_req_k, per_req_v = [], []
+    if c.paged:
+        ps = c.page_size
+        npages = [-(-n // ps) for n in kv_lens]
+        total = sum(npages) + 3
+        perm = torch.randperm(total).tolist()
+        cache = mk((total, 2, ps, c.hkv, c.d) if c.layout == "NHD" else (total, 2, c.hkv, ps, c.d))
+        k_all, v_all = cache[:, 0], cache[:, 1]
+        kv_indptr, indices, last = [0], [], []
+        for i, n in enumerate(kv_lens):
+            pages = perm[:npages[i]]
+            perm = perm[npages[i]:]
+            indices += pages
+            kv_indptr.append(kv_indptr[-1] + len(pages))
+            last.append(n - (len(pages) - 1) * ps if pages else 0)
+            idx = torch.tensor(pages, dtype=torch.long, device=dev)
+            if c.layout == "NHD":
+                kk, vv = k_all[idx].reshape(-1, c.hkv, c.d), v_all[idx].reshape(-1, c.hkv, c.d)
+            else:
+                kk = k_all[idx].permute(0, 2, 1, 3).reshape(-1, c.hkv, c.d)
+                vv = v_all[idx].permute(0, 2, 1, 3).reshape(-1, c.hkv, c.d)
+            per_req_k.append(kk[:n])
+            per_req_v.append(vv[:n])
+        k_arg, v_arg = k_all, v_all
+        kv_indices = torch.tensor(indices or [0], dtype=torch.int32, device=dev)[:len(indices)]
+        kv_last = torch.tensor(last, dtype=torch.int32, device=dev)
+    else:
+        kv_indptr = [0]
+        for n in kv_lens:
+            kv_indptr.append(kv_indptr[-1] + n)
+        if c.layout == "NHD":
+            k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, c.d))
+            kn, vn = k_arg, v_arg
+        else:
+            k_arg, v_arg = mk((c.hkv, nnz_kv, c.d)), mk((c.hkv, nnz_kv, c.d))
+            kn, vn = k_arg.transpose(0, 1), v_arg.transpose(0, 1)
+        for i in range(B):
+            per_req_k.append(kn[kv_indptr[i]:kv_indptr[i + 1]])
+            per_req_v.append(vn[kv_indptr[i]:kv_indptr[i + 1]])
+        kv_indices = kv_last = None
+
+    masks, packed, mask_indptr = [], [], [0]
+    if c.mask == "custom":
+        for qo, kv in c.lens:
+            mm = torch.rand(qo, kv) > 0.4
+            if c.mask_rows_off and qo > 1:
+                mm[::3] = False
+            masks.append(mm)
+            pk = _pack_bits_little(mm)
+            packed.append(pk)
+            mask_indptr.append(mask_indptr[-1] + pk.numel())
+
+    sm_scale = 1.0 / math.sqrt(c.d)
+    q_scale, k_scale, v_scale = c.scales
+    op = c.op or ("batch_prefill_paged" if c.paged else "batch_prefill_ragged")
+    problem = AttentionProblem(
+        op=op, device_type="cuda", compute_capability=torch.cuda.get_device_capability(dev), q_dtype=c.dtype,
+        kv_dtype=kv_dtype, out_dtype=c.dtype, num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim_qk=c.d,
+        head_dim_vo=c.d, page_size=c.page_size if c.paged else None, kv_layout=c.layout, mask=c.mask,
+        window_left=c.window_left, soft_cap=c.soft_cap > 0, pos_encoding=c.pos, sinks=c.sinks,
+        fp8_scales=c.scales != (1.0, 1.0, 1.0), return_lse=c.lse,
+        q_len_per_req=qo_lens[0] if op == "batch_decode" else 1)
+    backend = CudaFa2Backend()
+    backend.force_config = c.force_config
+    assert backend.reasons(problem) == [], backend.reasons(problem)
+    i32 = dict(dtype=torch.int32, device=dev)
+    meta = BatchMeta(
+        batch_size=B, qo_indptr=torch.tensor(qo_indptr, **i32), qo_indptr_host=qo_indptr,
+        kv_indptr=torch.tensor(kv_indptr, **i32), kv_indptr_host=kv_indptr, kv_indices=kv_indices,
+        kv_last_page_len=kv_last, kv_lens=torch.tensor(kv_lens, **i32), kv_lens_host=list(kv_lens),
+        page_size=c.page_size if c.paged else None,
+        packed_mask=torch.cat(packed).to(dev) if packed else None,
+        mask_indptr=torch.tensor(mask_indptr, **i32) if packed else None,
+        mask_indptr_host=mask_indptr if packed else None,
+        params=AttnParams(sm_scale=sm_scale, causal=c.mask == "causal", logits_soft_cap=c.soft_cap,
+                          window_left=c.window_left, pos_encoding_mode=c.pos),
+        q_len_per_req=problem.q_len_per_req, device=dev)
+    plan = backend.plan(problem, meta)
+    out = torch.full((nnz_q, c.hq, c.d), float("nan"), device=dev, dtype=c.dtype)
+    lse = torch.full((nnz_q, c.hq), float("nan"), device=dev, dtype=torch.float32) if c.lse else None
+    sinks = (torch.randn(c.hq, device=dev) * 2).float() if c.sinks else None
+    backend.run(plan, RunArgs(q=q, k=k_arg, v=v_arg, out=out, lse=lse, sinks=sinks, q_scale=q_scale,
+                              k_scale=k_scale, v_scale=v_scale))
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "unwritten or NaN output"
+    if lse is not None:
+        assert not lse.isnan().any(), "unwritten or NaN lse"
+
+    from attncore.testing.golden import golden_alibi_slopes
+
+    atol = 1e-2 if c.dtype == torch.bfloat16 else 2e-3
+    for i in range(B):
+        s, e = qo_indptr[i], qo_indptr[i + 1]
+        if s == e:
+            continue
+        qi = q[s:e]
+        ki, vi = per_req_k[i], per_req_v[i]
+        mask_i = masks[i] if c.mask == "custom" else None
+        g_out, g_lse = golden_attention(
+            qi, ki.float(), vi.float(), causal=c.mask == "causal" or op == "batch_decode" and c.mask == "none",
+            mask=mask_i, window_left=c.window_left, sm_scale=sm_scale, logits_soft_cap=c.soft_cap,
+            pos_encoding_mode=c.pos, sinks=sinks.cpu() if sinks is not None else None, q_scale=q_scale,
+            k_scale=k_scale, v_scale=v_scale)
+        err = (out[s:e].double().cpu() - g_out).abs().max().item() if g_out.numel() else 0.0
+        if c.pos == "NONE" and c.scales == (1.0, 1.0, 1.0) and ki.shape[0] > 0:
+            qo, kv = e - s, ki.shape[0]
+            kp = torch.arange(kv)[None, :]
+            qp = torch.arange(qo)[:, None] + (kv - qo)
+            keep = torch.ones(qo, kv, dtype=torch.bool)
+            if mask_i is not None:
+                keep &= mask_i
+            elif c.mask == "causal" or op == "batch_decode":
+                keep &= kp <= qp
+            if c.window_left >= 0:
+                keep &= kp >= qp - c.window_left
+            lp = _lowp_attention(qi, ki.float(), vi.float(), keep, sm_scale, c.dtype, c.soft_cap, sinks,
+                                 golden_alibi_slopes(c.hq) if c.pos == "ALIBI" else None)
+            base = (lp.double().cpu() - g_out).abs().max().item()
+        else:
+            base = 0.02  # rope / fp8-scale cases: fixed bf16-scale budget
+        assert err <= 2 * base + atol, f"request {i} {c.lens[i]}: err {err:.4g} > 2*{base:.4g}+{atol}"
+        if lse is not None:
+            gl = g_lse
+            ours = lse[s:e].double().cpu()
+            fin = torch.isfinite(gl)
+            assert torch.equal(fin, torch.isfinite(ours)), f"request {i}: -inf LSE pattern differs"
+            if fin.any():
+                lerr = (ours[fin] - gl[fin]).abs().max().item()
+                assert lerr <= 2e-2, f"request {i}: lse err {lerr}"
+    return plan
+
+
+# ----------------------------------------------------------------------------------- GPU tests
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["causal", "none"])
+def test_single_prefill(dtype, d, mask):
+    run_case(Case([(300, 300)], hq=8, hkv=2, d=d, dtype=dtype, paged=False, mask=mask, op="single_prefill"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_batch_prefill_paged_edges(dtype, layout):
+    # kv_len 0, qo_len > kv_len (fully masked top rows), 1 token, last page full
+    run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129)], hq=12, hkv=4, dtype=dtype,
+                  layout=layout, page_size=16))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("cfg", ["prefill", "prefill64"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_prefill_tile_configs(cfg, dtype):
+    run_case(Case([(37, 200), (5, 0), (70, 40), (129, 129), (300, 300)], hq=12, hkv=4, dtype=dtype,
+                  page_size=16, force_config=cfg))
+    run_case(Case([(64, 1000), (200, 201)], hq=8, hkv=2, dtype=dtype, paged=False, force_config=cfg, d=64))
+    for ps in (1, 3):  # page-table gather with tiny / non-power-of-two pages
+        run_case(Case([(90, 333), (17, 17)], hq=8, hkv=2, dtype=dtype, page_size=ps, force_config=cfg,
+                      layout="HND" if ps == 3 else "NHD"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_batch_prefill_ragged(dtype):
+    run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, dtype=dtype, paged=False, mask="none"))
+    run_case(Case([(100, 300), (60, 20), (64, 64)], hq=8, hkv=1, dtype=dtype, paged=False, layout="HND",
+                  noncontig_q=True))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("group", [1, 3, 4, 7])
+def test_batch_decode(dtype, group):
+    hkv = 2
+    run_case(Case([(1, n) for n in (1, 17, 300, 1000, 16, 0, 2047)], hq=hkv * group, hkv=hkv, dtype=dtype,
+                  page_size=16, mask="none", op="batch_decode"))
+
+
+@gpu
+@needs_cuda
+def test_decode_page1_split_kv_and_q_len_per_req():
+    # one long request: split-KV + merge; page size 1; speculative q_len_per_req 3
+    run_case(Case([(1, 5000)], hq=32, hkv=8, page_size=1, mask="none", op="batch_decode"))
+    run_case(Case([(3, n) for n in (3, 50, 700)], hq=8, hkv=2, page_size=16, mask="none", op="batch_decode"))
+    run_case(Case([(1, 3000), (1, 64)], hq=16, hkv=2, page_size=16, mask="none", op="batch_decode", sinks=True,
+                  window_left=100))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kv", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_fp8_kv(kv):
+    run_case(Case([(1, n) for n in (33, 400, 1500)], hq=8, hkv=2, kv_dtype=kv, mask="none", op="batch_decode",
+                  scales=(1.0, 0.5, 2.0)))
+    run_case(Case([(64, 200), (5, 5)], hq=8, hkv=2, kv_dtype=kv, dtype=torch.float16, mask="causal"))
+
+
+@gpu
+@needs_cuda
+def test_custom_mask_window_softcap_alibi_sinks():
+    run_case(Case([(40, 90), (3, 3), (17, 0), (70, 200)], hq=8, hkv=2, mask="custom", mask_rows_off=True))
+    run_case(Case([(200, 300), (1, 50)], hq=8, hkv=2, window_left=37, soft_cap=30.0, sinks=True))
+    run_case(Case([(130, 130)], hq=12, hkv=4, mask="none", pos="ALIBI", paged=False, d=64))
+
+
+@gpu
+@needs_cuda
+def test_rope():
+    run_case(Case([(64, 100), (1, 33)], hq=8, hkv=2, pos="ROPE_LLAMA", paged=False, d=128))
+    run_case(Case([(1, 500)], hq=8, hkv=2, pos="ROPE_LLAMA", mask="none", op="batch_decode", d=64))
+
+
+@gpu
+@needs_cuda
+def test_split_kv_prefill_small_batch():
+    # few CTAs -> split-KV with merge on the prefill tile, causal and LSE
+    plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False))
+    assert plan.needs_merge
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_second_device():
+    with torch.cuda.device(1):
+        run_case(Case([(33, 70)], hq=8, hkv=2))
+
+
+def gpu_test_uris() -> List[str]:
+    """Specializations the GPU tests use (the GPU script prebuilds them in parallel)."""
+    u = []
+    for dt in ("bf16", "fp16"):
+        for d in (64, 128, 256):
+            for m in ("causal", "none"):
+                u.append(f"cuda_fa2_prefill_{dt}_d{d}_{m}")
+        u += [f"cuda_fa2_decode_{dt}_d128_causal", f"cuda_fa2_prefill_{dt}_d128_causal",
+              f"cuda_fa2_prefill64_{dt}_d128_causal", f"cuda_fa2_prefill64_{dt}_d64_causal"]
+    u += ["cuda_fa2_decode_bf16_kve4m3_d128_causal", "cuda_fa2_decode_bf16_kve5m2_d128_causal",
+          "cuda_fa2_prefill_fp16_kve4m3_d128_causal", "cuda_fa2_prefill_fp16_kve5m2_d128_causal",
+          "cuda_fa2_prefill_bf16_d128_custom", "cuda_fa2_decode_bf16_d128_custom",
+          "cuda_fa2_prefill_bf16_d128_causal_softcap", "cuda_fa2_decode_bf16_d128_causal_softcap",
+          "cuda_fa2_prefill_bf16_d64_none_alibi", "cuda_fa2_prefill_bf16_d128_causal_rope",
+          "cuda_fa2_decode_bf16_d128_causal_pf", "cuda_fa2_prefill64_bf16_d128_causal_rope", "cuda_fa2_prefill64_fp16_kve4m3_d128_causal",
+          "cuda_fa2_prefill64_fp16_kve5m2_d128_causal", "cuda_fa2_prefill64_bf16_d128_causal_softcap",
+          "cuda_fa2_decode_bf16_d128_causal_rope", "cuda_fa2_decode_bf16_d64_causal_rope"]
+    return sorted(set(u))
