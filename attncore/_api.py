@@ -256,8 +256,10 @@ class Planned:
             if self.backend.supports(p):
                 b = self.backend
             elif self.requested != "auto":
-                rs = "; ".join(map(str, self.backend.reasons(p)))
-                raise ValueError(f"backend {self.backend.name!r} (forced at plan) cannot serve this run: {rs}")
+                reasons = self.backend.reasons(p)
+                raise selector.BackendSelectionError(
+                    f"backend {self.backend.name!r} (forced at plan) cannot serve this run: "
+                    + "; ".join(map(str, reasons)), {self.backend.name: reasons})
             else:
                 b = selector.select(p, "auto")
                 log.info("attncore: run-time features of %s need backend %s instead of %s",

@@ -216,11 +216,13 @@ def xqa_batch_decode_with_kv_cache(
                                  num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
                                  kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,
                                  spec_mask=mask is not None)
+    sinks = _api.check_sinks(sinks, hq, device)
+    v_scale, o_scale = _api.scale_value("bmm2_scale", bmm2_scale), _api.scale_value("o_scale", o_scale)
+    # one call plans and runs: select with the run-time features
+    problem = problem.replace(sinks=sinks is not None, fp8_scales=v_scale != 1.0 or o_scale != 1.0)
     planned = _api.Planned(problem, meta, backend)
     if out is None:
         out = torch.empty_like(query)
-    planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=_api.check_sinks(sinks, hq, device),
-                        v_scale=_api.scale_value("bmm2_scale", bmm2_scale),
-                        o_scale=_api.scale_value("o_scale", o_scale), spec_mask=mask,
+    planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,
                         enable_pdl=bool(enable_pdl)))
     return out

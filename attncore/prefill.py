@@ -54,14 +54,18 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
             custom_mask = custom_mask.reshape(-1)
         meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = _api.pack_batch_mask(
             custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
-    problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
-                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind, params=params)
-    planned = _api.Planned(problem, meta, backend)
     sinks = _api.check_sinks(sinks, hq, device)
+    scales = [_api.scale_value(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
+    # plan and run are one call here: the run-time features are known, so select with them
+    problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
+                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind,
+                                 params=params).replace(return_lse=bool(return_lse), sinks=sinks is not None,
+                                                        fp8_scales=any(x != 1.0 for x in scales))
+    planned = _api.Planned(problem, meta, backend)
     out = _api.alloc_out("out", out, (qo_len, hq, d), q.dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
-    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=_api.scale_value("q_scale", q_scale),
-                   k_scale=_api.scale_value("k_scale", k_scale), v_scale=_api.scale_value("v_scale", v_scale))
+    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
+                   v_scale=scales[2])
     return planned, args
 
 
