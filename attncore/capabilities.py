@@ -41,7 +41,8 @@ class Reason:
 
 def _fmt(values) -> str:
     out = []
-    for v in sorted(values, key=str):
+    numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    for v in sorted(values, key=lambda v: (0, v, "") if numeric(v) else (1, 0, str(v))):
         out.append(dtype_name(v) if isinstance(v, torch.dtype) else str(v))
     return "{" + ", ".join(out) + "}"
 

@@ -67,7 +67,7 @@ def test_head_dim_a_forced_backend_cannot_serve():
 
     registry.register_backend(D128())
     try:
-        with pytest.raises(ValueError, match=r"head_dim: got 72, supported \{128, 256, 64\}"):
+        with pytest.raises(ValueError, match=r"head_dim: got 72, supported \{64, 128, 256\}"):
             attncore.single_prefill_with_kv_cache(q, k, k, backend="d128")
     finally:
         registry.unregister_backend("d128")
