@@ -89,3 +89,20 @@ def test_build_lists_specializations_without_a_gpu():
     assert "cuda_fa2_prefill_bf16_d128_causal_sm90" in r.stdout
     r = _run("build", "fa2", "--list", "--arch", "80")
     assert r.returncode == 0 and "_sm80" in r.stdout
+
+
+def test_sdpa_plugin_is_listed_and_explained_when_installed():
+    from importlib import metadata
+
+    try:
+        version = metadata.version("attncore-sdpa")
+    except metadata.PackageNotFoundError:
+        pytest.skip("plugins/attncore-sdpa is not installed (CI installs it)")
+    r = _run("info")
+    assert f"sdpa [plugin attncore-sdpa {version}] available" in r.stdout
+    r = _run("explain", "--op", "single_prefill", "--device", "cpu", "--q-dtype", "float16")
+    assert "sdpa (priority -1)" in r.stdout  # a candidate on CPU, ranked below the reference
+    r = _run("explain", "--op", "batch_decode", "--device", "cpu", "--q-dtype", "float16")
+    assert "refused by sdpa:" in r.stdout and "op: got batch_decode" in r.stdout
+    r = _run("info", env={"ATTNCORE_PLUGINS": ""})  # the allow-list can switch third-party plugins off
+    assert r.returncode == 0 and "sdpa [plugin" not in r.stdout

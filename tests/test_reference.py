@@ -119,3 +119,65 @@ def test_long_prefill_memory_is_bounded():
     hq, kv = 32, 32768
     q_block = max(1, min(kv, core.SCORE_BUDGET // (hq * core.KV_CHUNK)))
     assert q_block * hq * core.KV_CHUNK * 4 <= 64 << 20  # 64 MiB per block, not 128 GiB
+
+
+def _dense_spec_rows(words_row, q_len, kv_len):
+    """Independent decoding of one request's xqa uint16 mask rows: bit j of row i, LSB-first."""
+    keep = torch.zeros(q_len, kv_len, dtype=torch.bool)
+    keep[:, : kv_len - q_len] = True
+    for i in range(q_len):
+        for j in range(q_len):
+            word = int(words_row[i, j // 16]) & 0xFFFF
+            keep[i, kv_len - q_len + j] = bool((word >> (j % 16)) & 1)
+    return keep
+
+
+def test_xqa_spec_mask_fp8_kv_and_fp8_output():
+    b, q_len, hq, hkv, d, page = 2, 3, 4, 2, 32, 8
+    kv_lens = [11, 5]
+    cache = torch.randn(6, 2, page, hkv, d).to(torch.float8_e4m3fn)
+    bt = torch.tensor([[0, 3], [5, 0]], dtype=torch.int32)
+    seq = torch.tensor(kv_lens, dtype=torch.int32)
+    q = torch.randn(b * q_len, hq, d).half()
+    mask = torch.randint(0, 1 << 15, (b, q_len, 2), dtype=torch.int32).to(torch.uint16)
+    out = torch.full((b * q_len, hq, d), float("nan")).to(torch.float8_e4m3fn)
+    attncore.xqa_batch_decode_with_kv_cache(q, cache, torch.zeros(64, dtype=torch.uint8), bt, seq, 11,
+                                            bmm1_scale=0.2, bmm2_scale=0.5, out=out, q_len_per_req=q_len,
+                                            mask=mask, o_scale=0.25, backend="reference")
+    for i in range(b):
+        pages = bt[i, : (kv_lens[i] + page - 1) // page].long()
+        k = cache[pages, 0].float().reshape(-1, hkv, d)[: kv_lens[i]]
+        v = cache[pages, 1].float().reshape(-1, hkv, d)[: kv_lens[i]]
+        keep = _dense_spec_rows(mask[i], q_len, kv_lens[i])
+        g, _ = golden_attention(q[i * q_len:(i + 1) * q_len], k, v, mask=keep, sm_scale=0.2, v_scale=0.5,
+                                o_scale=0.25)
+        got = out[i * q_len:(i + 1) * q_len].float().double()
+        # e4m3 keeps 3 mantissa bits: a relative rounding of 2^-4
+        assert torch.all((got - g).abs() <= g.abs() * 2 ** -4 + 2 ** -9)
+
+
+def test_preallocated_out_and_lse_are_written():
+    q, k, v = _rand(6, 4, 16), _rand(9, 2, 16), _rand(9, 2, 16)
+    out = torch.full((6, 4, 16), float("nan")).half()
+    lse = torch.full((6, 4), float("nan"))
+    res = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True, out=out, lse=lse,
+                                                backend="reference")
+    assert res[0] is out and res[1] is lse
+    _check(out, q, k, v, lse, causal=True)
+
+
+def test_mask_materialization_matches_the_rules():
+    from attncore.mask import build_mask
+
+    qo, kv = 5, 9
+    custom = torch.rand(qo, kv) < 0.5
+    for causal, use_custom, window in [(True, False, -1), (False, False, 2), (True, False, 3), (True, True, 4),
+                                       (False, True, -1)]:
+        m = build_mask(qo, kv, causal=causal, custom=custom if use_custom else None, window_left=window)
+        for i in range(qo):
+            pos = kv - qo + i
+            for j in range(kv):
+                want = bool(custom[i, j]) if use_custom else (j <= pos if causal else True)
+                if window >= 0:
+                    want = want and j >= pos - window
+                assert bool(m[i, j]) == want
