@@ -7,7 +7,6 @@ first use by :mod:`attncore.jit` (or ahead with ``attncore build cuda_fa2``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -15,6 +14,7 @@ import torch
 
 from attncore.backend import Backend, BatchMeta
 from attncore.capabilities import Capabilities, Reason
+from attncore.mask import alibi_slopes
 from attncore.problem import AttentionProblem
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
@@ -71,16 +71,6 @@ class Fa2Plan:
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
     kv_strides: Any = None
-
-
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    n = 2 ** math.floor(math.log2(num_heads))
-    m0 = 2.0 ** (-8.0 / n)
-    s = [m0 ** (i + 1) for i in range(n)]
-    if n < num_heads:
-        m1 = 2.0 ** (-4.0 / n)
-        s += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
-    return torch.tensor(s, dtype=torch.float32)
 
 
 def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
@@ -273,7 +263,7 @@ class CudaFa2Backend(Backend):
             kv_indices=meta.kv_indices.to(dev, torch.int32).contiguous() if paged else None,
             kv_lens=kv_lens.to(dev, torch.int32).contiguous(),
             mask=mask, mask_indptr=mask_indptr,
-            alibi_slopes=alibi_slopes(Hq).to(dev) if key.alibi else None,
+            alibi_slopes=alibi_slopes(Hq, dev) if key.alibi else None,
             work=work_t, num_work=len(work), needs_merge=tmp_rows > 0,
             num_splits=torch.tensor(num_splits or [1], dtype=torch.int32).to(dev),
             tmp_off=torch.tensor(tmp_off or [0], dtype=torch.int32).to(dev),

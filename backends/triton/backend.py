@@ -8,7 +8,6 @@ on the device, decides the KV split and the launch config, and allocates the spl
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -17,6 +16,7 @@ import torch
 
 from attncore.backend import Backend, BatchMeta, RunArgs
 from attncore.capabilities import Capabilities, Reason
+from attncore.mask import alibi_slopes
 from attncore.problem import FP8_DTYPES, AttentionProblem, dtype_name
 
 LOG2E = 1.4426950408889634
@@ -59,17 +59,6 @@ MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC = 0, 1, 2, 3
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-def alibi_slopes(num_heads: int) -> List[float]:
-    """ALiBi slopes per query head (semantics.md)."""
-    n = 2 ** math.floor(math.log2(num_heads))
-    m0 = 2.0 ** (-8.0 / n)
-    s = [m0 ** (i + 1) for i in range(n)]
-    if n < num_heads:
-        m1 = 2.0 ** (-4.0 / n)
-        s += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
-    return s
 
 
 @dataclass
@@ -292,7 +281,7 @@ class TritonBackend(Backend):
             max_splits=max_splits,
         )
         if problem.pos_encoding == "ALIBI":
-            plan.slopes = torch.tensor([s * LOG2E for s in alibi_slopes(problem.num_qo_heads)],
+            plan.slopes = torch.tensor([s * LOG2E for s in alibi_slopes(problem.num_qo_heads).tolist()],
                                        dtype=torch.float32, device=device)
         if merge_rows:
             plan.tmp_o = torch.empty(max_splits, nnz_q, problem.num_qo_heads, problem.head_dim_vo,
