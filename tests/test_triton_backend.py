@@ -22,7 +22,7 @@ triton = pytest.importorskip("triton")
 
 from attncore.backend import AttnParams, BatchMeta, RunArgs  # noqa: E402
 from attncore.problem import AttentionProblem  # noqa: E402
-from attncore.testing.golden import golden_alibi_slopes, golden_attention, golden_rope  # noqa: E402
+from attncore.testing.golden import dtype_attention, golden_attention  # noqa: E402
 from attncore.backends.triton.backend import TritonBackend  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -33,47 +33,6 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA or INTERP, reason="needs a CUDA GPU
 
 
 # ----------------------------------------------------------------------------- dense dtype math
-def dtype_attention(q, k, v, dt, *, causal=False, mask=None, window_left=-1, sm_scale=None,
-                    logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0, rope_theta=1e4,
-                    sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0):
-    """golden_attention's math done in dtype ``dt`` (the yardstick of the tolerance rule)."""
-    qo, hq, d = q.shape
-    kv, hkv = k.shape[0], k.shape[1]
-    g = hq // hkv
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
-    k_pos = torch.arange(kv, dtype=torch.float64)
-    q, k, v = q.double(), k.double(), v.double()
-    if pos_encoding_mode == "ROPE_LLAMA":
-        q = golden_rope(q, q_pos, rope_theta, rope_scale)
-        k = golden_rope(k, k_pos, rope_theta, rope_scale)
-    q, k, v = q.to(dt), k.to(dt).repeat_interleave(g, 1), v.to(dt).repeat_interleave(g, 1)
-    s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
-    if logits_soft_cap:
-        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
-    if pos_encoding_mode == "ALIBI":
-        bias = (k_pos[None, :] - torch.arange(qo, dtype=torch.float64)[:, None])
-        s = s + (golden_alibi_slopes(hq)[:, None, None] * bias[None]).to(dt)
-    keep = torch.ones(qo, kv, dtype=torch.bool)
-    if mask is not None:
-        keep &= mask
-    elif causal:
-        keep &= k_pos[None, :] <= q_pos[:, None]
-    if window_left >= 0:
-        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
-    s = s.masked_fill(~keep[None], float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.to(dt)[:, None, None].expand(hq, qo, 1)], -1)
-    lse = torch.logsumexp(s.float(), -1).to(dt)
-    p = torch.exp(s - lse[..., None])[..., :kv]
-    seen = keep.any(1)
-    p = torch.where(seen[None, :, None], p, torch.zeros_like(p))
-    out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
-    lse = (lse.double() / math.log(2.0)).transpose(0, 1)
-    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
-    return out.double(), lse
-
-
 # ----------------------------------------------------------------------------- case builder
 def _pack_lsb(bits: torch.Tensor) -> torch.Tensor:
     """bool [n] -> uint8 [ceil(n/8)], LSB-first."""
@@ -252,7 +211,7 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
                   sinks=sinks_t, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale)
         kf, vf = ks[b].double(), vs[b].double()
         go, gl = golden_attention(qs[b], kf, vf, **kw)
-        ro, rl = dtype_attention(qs[b], kf, vf, dt_ref, **kw)
+        ro, rl = dtype_attention(qs[b], kf, vf, dtype=dt_ref, softmax_dtype=dt_ref, **kw)
         o = out_c[r0:r1].double()
         assert not torch.isnan(o).any(), f"request {b}: NaN in output (unwritten or masked-row NaN)"
         err = (o - go).abs().max().item() if o.numel() else 0.0

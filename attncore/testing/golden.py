@@ -60,14 +60,18 @@ def golden_attention(
     """Dense fp64 attention of one request.  ``mask``: bool [qo, kv], True = keep (replaces causal).
 
     Returns (out float64 [qo, Hq, Dv], lse float64 [qo, Hq] in base 2).  Rows that see no key
-    give out 0 and lse -inf.  ``compute_dtype`` (e.g. fp16) runs both matmuls in that dtype with
-    the probabilities rounded to it: "the same torch math done in the backend's dtype", whose
-    error sets the tolerance (``tolerance``).
+    give out 0 and lse -inf.  ``compute_dtype`` other than float64 returns ``dtype_attention`` in
+    that dtype instead: "the same torch math done in the backend's dtype", whose error sets the
+    tolerance (``tolerance``).
     """
+    if compute_dtype != torch.float64:
+        return dtype_attention(q, k, v, dtype=compute_dtype, causal=causal, mask=mask, window_left=window_left,
+                               sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                               pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
+                               sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale)
     q = q.detach().to("cpu", torch.float64)
     k = k.detach().to("cpu", torch.float64)
     v = v.detach().to("cpu", torch.float64)
-    lowp = compute_dtype != torch.float64
     qo, hq, d = q.shape
     kv, hkv, dv = v.shape[0], v.shape[1], v.shape[2]
     group = hq // hkv
@@ -80,11 +84,7 @@ def golden_attention(
         k = golden_rope(k, k_pos, rope_theta, rope_scale)
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    if lowp:
-        s = torch.einsum("qhd,khd->hqk", q.to(compute_dtype), k.to(compute_dtype)).to(torch.float64)
-        s = s * (sm_scale * q_scale * k_scale)
-    else:
-        s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
+    s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
     if logits_soft_cap and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     if pos_encoding_mode == "ALIBI":
@@ -108,11 +108,7 @@ def golden_attention(
     seen = keep.any(dim=1)  # [qo]
     p = torch.exp(s - lse_e[..., None])
     p = torch.where(seen[None, :, None], p, torch.zeros_like(p))
-    if lowp:
-        out = torch.einsum("hqk,khd->qhd", p.to(compute_dtype), v.to(compute_dtype)).to(torch.float64)
-        out = (out * (v_scale / o_scale)).to(compute_dtype).to(torch.float64)
-    else:
-        out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
+    out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
     lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous()
     lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
     return out, lse
@@ -142,3 +138,54 @@ def max_error(out: torch.Tensor, golden: torch.Tensor) -> float:
     if torch.isnan(diff).any():
         return float("inf")
     return float(diff.max())
+
+
+def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float32, causal=False, mask=None,
+                    window_left=-1, sm_scale=None, logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0,
+                    rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
+    ``softmax_dtype``), on the CPU: the yardstick of the tolerance rule.  Returns (out float64
+    [qo, Hq, Dv] rounded to ``out_dtype`` (default ``dtype``), lse float64 [qo, Hq] base 2)."""
+    out_dtype = out_dtype or dtype
+    qo, hq, d = q.shape
+    kv, hkv, dv = v.shape
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    qf, kf, vf = q.detach().cpu().double(), k.detach().cpu().double(), v.detach().cpu().double()
+    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
+    k_pos = torch.arange(kv, dtype=torch.float64)
+    if pos_encoding_mode == "ROPE_LLAMA":
+        qf = golden_rope(qf, q_pos, rope_theta, rope_scale)
+        kf = golden_rope(kf, k_pos, rope_theta, rope_scale)
+    g = hq // hkv
+    qd = qf.to(dtype)
+    kd = kf.to(dtype).repeat_interleave(g, dim=1)
+    vd = vf.to(dtype).repeat_interleave(g, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qd, kd)
+    s = s * (sm_scale * q_scale * k_scale)
+    if logits_soft_cap and logits_soft_cap > 0:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    if pos_encoding_mode == "ALIBI":
+        rows = torch.arange(qo, dtype=torch.float64)
+        bias = golden_alibi_slopes(hq)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
+        s = s + bias.to(dtype)
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if mask is not None:
+        keep &= mask.cpu().bool().reshape(qo, kv)
+    elif causal:
+        keep &= k_pos[None, :] <= q_pos[:, None]
+    if window_left is not None and window_left >= 0:
+        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
+    sf = s.to(softmax_dtype).masked_fill(~keep[None], float("-inf"))
+    if sinks is not None:
+        sf = torch.cat([sf, sinks.detach().cpu().to(softmax_dtype)[:, None, None].expand(hq, qo, 1)], dim=-1)
+    lse_e = torch.logsumexp(sf.float(), dim=-1).to(softmax_dtype)
+    p = torch.exp(sf - lse_e[..., None])[..., :kv]
+    seen = keep.any(dim=1)
+    p = torch.where(seen[None, :, None], p, torch.zeros_like(p)).nan_to_num(0.0)
+    o = torch.einsum("hqk,khd->qhd", p.to(dtype), vd)
+    o = (o.float() * (v_scale / o_scale)).to(out_dtype).double()
+    lse = (lse_e.double() / math.log(2.0)).transpose(0, 1)
+    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
+    return o, lse

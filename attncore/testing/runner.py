@@ -27,7 +27,7 @@ import torch
 from ..backend import AttnParams, BatchMeta, RunArgs
 from ..capabilities import Reason
 from ..problem import DECODE_OPS, PAGED_OPS, AttentionProblem
-from .golden import golden_alibi_slopes, golden_attention, golden_rope
+from .golden import dtype_attention, golden_attention
 
 TOL_FACTOR = 2.0
 LN2 = math.log(2.0)
@@ -36,55 +36,6 @@ LN2 = math.log(2.0)
 # ---------------------------------------------------------------------------------------------
 # The "same torch math in the backend's dtype" baseline that sets the error budget.
 # ---------------------------------------------------------------------------------------------
-def dtype_attention(q, k, v, *, dtype, out_dtype, causal=False, mask=None, window_left=-1, sm_scale=None,
-                    logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0, rope_theta=1e4, sinks=None,
-                    q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
-    float32), on the CPU.  Returns (out float64 [qo, Hq, Dv] rounded to ``out_dtype``, lse float64
-    [qo, Hq] base 2)."""
-    qo, hq, d = q.shape
-    kv, hkv, dv = v.shape
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(d)
-    qf, kf, vf = q.detach().cpu().double(), k.detach().cpu().double(), v.detach().cpu().double()
-    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
-    k_pos = torch.arange(kv, dtype=torch.float64)
-    if pos_encoding_mode == "ROPE_LLAMA":
-        qf = golden_rope(qf, q_pos, rope_theta, rope_scale)
-        kf = golden_rope(kf, k_pos, rope_theta, rope_scale)
-    g = hq // hkv
-    qd = qf.to(dtype)
-    kd = kf.to(dtype).repeat_interleave(g, dim=1)
-    vd = vf.to(dtype).repeat_interleave(g, dim=1)
-    s = torch.einsum("qhd,khd->hqk", qd, kd)
-    s = s * (sm_scale * q_scale * k_scale)
-    if logits_soft_cap and logits_soft_cap > 0:
-        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
-    if pos_encoding_mode == "ALIBI":
-        rows = torch.arange(qo, dtype=torch.float64)
-        bias = golden_alibi_slopes(hq)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
-        s = s + bias.to(dtype)
-    keep = torch.ones(qo, kv, dtype=torch.bool)
-    if mask is not None:
-        keep &= mask.cpu().bool().reshape(qo, kv)
-    elif causal:
-        keep &= k_pos[None, :] <= q_pos[:, None]
-    if window_left is not None and window_left >= 0:
-        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
-    sf = s.float().masked_fill(~keep[None], float("-inf"))
-    if sinks is not None:
-        sf = torch.cat([sf, sinks.detach().cpu().float()[:, None, None].expand(hq, qo, 1)], dim=-1)
-    lse_e = torch.logsumexp(sf, dim=-1)
-    p = torch.exp(sf - lse_e[..., None])[..., :kv]
-    seen = keep.any(dim=1)
-    p = torch.where(seen[None, :, None], p, torch.zeros_like(p)).nan_to_num(0.0)
-    o = torch.einsum("hqk,khd->qhd", p.to(dtype), vd)
-    o = (o.float() * (v_scale / o_scale)).to(out_dtype).double()
-    lse = (lse_e.double() / LN2).transpose(0, 1)
-    lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
-    return o, lse
-
-
 # ---------------------------------------------------------------------------------------------
 # Shapes
 # ---------------------------------------------------------------------------------------------
