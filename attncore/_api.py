@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -200,7 +201,7 @@ def pack_batch_mask(custom_mask, packed_custom_mask, qo_lens: List[int], kv_lens
             parts.append(packbits(custom_mask[start:start + s], bitorder="little"))
             start += s
         packed = (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)).to(device)
-    indptr = torch.tensor(offsets, dtype=torch.int32, device=device)
+    indptr = small_index(offsets, device)
     return packed, indptr, offsets
 
 
@@ -209,7 +210,8 @@ def build_problem(op: str, device: torch.device, *, q_dtype, kv_dtype, out_dtype
                   num_kv_heads: int, head_dim: int, head_dim_vo: Optional[int] = None,
                   page_size: Optional[int] = None, kv_layout: str = "NHD", mask: str = "none",
                   params: Optional[AttnParams] = None, q_len_per_req: int = 1, spec_mask: bool = False,
-                  cuda_graph: bool = False) -> AttentionProblem:
+                  cuda_graph: bool = False, return_lse: bool = False, sinks: bool = False,
+                  fp8_scales: bool = False) -> AttentionProblem:
     check_choice("kv_layout", kv_layout, LAYOUTS)
     if q_dtype not in SUPPORTED_Q_DTYPES:
         raise TypeError(f"q_data_type: got {dtype_name(q_dtype)}, expected one of fp16, bf16, fp32")
@@ -223,6 +225,7 @@ def build_problem(op: str, device: torch.device, *, q_dtype, kv_dtype, out_dtype
         head_dim_qk=head_dim, head_dim_vo=head_dim_vo or head_dim, page_size=page_size, kv_layout=kv_layout,
         mask=mask, window_left=p.window_left, soft_cap=p.logits_soft_cap > 0, pos_encoding=p.pos_encoding_mode,
         q_len_per_req=q_len_per_req, spec_mask=spec_mask, cuda_graph=cuda_graph and dev_type == "cuda",
+        return_lse=return_lse, sinks=sinks, fp8_scales=fp8_scales,
     )
 
 
@@ -293,6 +296,31 @@ def reject_extra(name: str, args: tuple) -> None:
 
 
 # ----------------------------------------------------------------------------- batches
+_SMALL: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+def small_index(values: Sequence[int], device) -> torch.Tensor:
+    """A small read-only int32 tensor on ``device``, cached by value.
+
+    The one-call APIs (single prefill, xqa) build index tensors on every call; a plain host-to-device
+    copy of a Python list synchronises the stream, so these are cached (the same shapes repeat
+    across layers) and copied from pinned memory without blocking.  Backends never mutate them.
+    """
+    key = (str(device), tuple(values))
+    t = _SMALL.get(key)
+    if t is None:
+        host = torch.tensor(values, dtype=torch.int32)
+        if torch.device(device).type == "cuda":
+            host = host.pin_memory()
+        t = host.to(device, non_blocking=True)
+        _SMALL[key] = t
+        if len(_SMALL) > 512:
+            _SMALL.popitem(last=False)
+    else:
+        _SMALL.move_to_end(key)
+    return t
+
+
 def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking)
 
@@ -306,7 +334,7 @@ def ragged_meta(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, device, *, par
     return BatchMeta(
         batch_size=b, qo_indptr=to_device_int32(qo_indptr, device), qo_indptr_host=qo_host,
         kv_indptr=to_device_int32(kv_indptr, device), kv_indptr_host=kv_host,
-        kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device), kv_lens_host=kv_lens,
+        kv_lens=small_index(kv_lens, device), kv_lens_host=kv_lens,
         params=params, device=device)
 
 

@@ -208,18 +208,18 @@ def xqa_batch_decode_with_kv_cache(
                           dtype=(query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     qo_host = [i * q_len for i in range(b + 1)]
-    meta = BatchMeta(batch_size=b, qo_indptr=torch.tensor(qo_host, dtype=torch.int32, device=device),
+    meta = BatchMeta(batch_size=b, qo_indptr=_api.small_index(qo_host, device),
                      qo_indptr_host=qo_host, block_tables=block_tables, seq_lens=seq_lens,
                      kv_lens=seq_lens.to(torch.int32), max_seq_len=max_seq_len, page_size=page_size,
                      params=params, q_len_per_req=q_len, device=device, workspace=workspace_buffer)
-    problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
-                                 num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
-                                 kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,
-                                 spec_mask=mask is not None)
     sinks = _api.check_sinks(sinks, hq, device)
     v_scale, o_scale = _api.scale_value("bmm2_scale", bmm2_scale), _api.scale_value("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
-    problem = problem.replace(sinks=sinks is not None, fp8_scales=v_scale != 1.0 or o_scale != 1.0)
+    problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
+                                 num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                                 kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,
+                                 spec_mask=mask is not None, sinks=sinks is not None,
+                                 fp8_scales=v_scale != 1.0 or o_scale != 1.0)
     planned = _api.Planned(problem, meta, backend)
     if out is None:
         out = torch.empty_like(query)

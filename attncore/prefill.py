@@ -45,7 +45,7 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
                               pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
     _api.check_rope_head_dim(params, d)
     qo_host, kv_host = [0, qo_len], [0, kv_len]
-    meta = _api.ragged_meta(torch.tensor(qo_host, dtype=torch.int32), torch.tensor(kv_host, dtype=torch.int32),
+    meta = _api.ragged_meta(_api.small_index(qo_host, device), _api.small_index(kv_host, device),
                             device, params=params, qo_host=qo_host, kv_host=kv_host)
     mask_kind = "custom" if has_mask else ("causal" if causal else "none")
     if has_mask:
@@ -58,9 +58,9 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
     scales = [_api.scale_value(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
     problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
-                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind,
-                                 params=params).replace(return_lse=bool(return_lse), sinks=sinks is not None,
-                                                        fp8_scales=any(x != 1.0 for x in scales))
+                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind, params=params,
+                                 return_lse=bool(return_lse), sinks=sinks is not None,
+                                 fp8_scales=any(x != 1.0 for x in scales))
     planned = _api.Planned(problem, meta, backend)
     out = _api.alloc_out("out", out, (qo_len, hq, d), q.dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None

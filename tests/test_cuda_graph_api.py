@@ -82,3 +82,15 @@ def test_ragged_and_mask_buffers_are_used():
     ref = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8))
     ref.plan(qo, kv, 2, 1, 16, custom_mask=mask)
     assert torch.equal(w.run(q, k, v), ref.run(q, k, v))
+
+
+def test_one_call_apis_reuse_their_small_index_tensors():
+    """single prefill and xqa build index tensors per call: cached, so no host-to-device copy (and
+    stream sync) repeats across layers."""
+    from attncore import _api
+
+    q, k = torch.randn(3, 4, 16).half(), torch.randn(7, 2, 16).half()
+    attncore.single_prefill_with_kv_cache(q, k, k, causal=True)
+    a = _api.small_index([0, 7], "cpu")
+    attncore.single_prefill_with_kv_cache(q, k, k, causal=True)
+    assert _api.small_index([0, 7], "cpu") is a and a.tolist() == [0, 7]
