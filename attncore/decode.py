@@ -120,14 +120,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                 raise ValueError(f"last_page_len: request {i} holds {n} tokens, fewer than q_len_per_req "
                                  f"({q_len_per_req}); the draft tokens must already be in the cache")
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
-        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
-        kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
-        problem = _api.build_problem("batch_decode", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                     out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype),
-                                     num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                     page_size=page_size, kv_layout=self._kv_layout, mask="causal", params=params,
-                                     q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph)
-        self._plan_with(problem, meta)
+        self._plan_with("batch_decode", meta, q_data_type, kv_data_type, o_data_type, num_qo_heads=num_qo_heads,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, mask="causal",
+                        q_len_per_req=q_len_per_req)
 
     def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,

@@ -191,7 +191,13 @@ class _BatchWrapper:
             raise ValueError(f"batch_size: got {batch_size}, but this wrapper uses CUDA graphs with a frozen "
                              f"batch size of {self._fixed_batch_size}")
 
-    def _plan_with(self, problem, meta: BatchMeta) -> None:
+    def _plan_with(self, op: str, meta: BatchMeta, q_data_type, kv_data_type, o_data_type, **problem_kw) -> None:
+        """Build the problem of this plan (dtype names parsed, kv/out default to q) and plan it."""
+        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
+        problem = _api.build_problem(
+            op, self._device, q_dtype=q_dtype, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
+            out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), kv_layout=self._kv_layout,
+            params=meta.params, cuda_graph=self._use_cuda_graph, **problem_kw)
         meta.workspace = self._float_workspace_buffer
         self._planned = _api.Planned(problem, meta, self._requested_backend)
 
@@ -292,14 +298,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                self._device, params=params, non_blocking=non_blocking,
                                buffers=self._graph_buffers if self._use_cuda_graph else None)
         mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
-        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
-        kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
-        problem = _api.build_problem("batch_prefill_paged", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                     out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype),
-                                     num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                     page_size=page_size, kv_layout=self._kv_layout, mask=mask_kind, params=params,
-                                     cuda_graph=self._use_cuda_graph)
-        self._plan_with(problem, meta)
+        self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+                        mask=mask_kind)
 
     def run(self, q: Tensor, paged_kv_cache, *args, k_scale: Optional[float] = None,
             v_scale: Optional[float] = None, return_lse: bool = False, q_scale: Optional[float] = None,
@@ -352,14 +353,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             meta.kv_indptr = _api._into(self._graph_buffers, "kv_indptr", meta.kv_indptr, "kv_indptr_buf")
             meta.kv_lens = _api._into(self._graph_buffers, "kv_lens", meta.kv_lens, "kv_lens")
         mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
-        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
-        kv_dtype = _api.to_dtype(kv_data_type, "kv_data_type", q_dtype)
-        problem = _api.build_problem("batch_prefill_ragged", self._device, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                     out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype),
-                                     num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                     kv_layout=self._kv_layout, mask=mask_kind, params=params,
-                                     cuda_graph=self._use_cuda_graph)
-        self._plan_with(problem, meta)
+        self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, mask=mask_kind)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, *args, return_lse: bool = False,
             q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
