@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import registry
+from .mask import pack_spec_mask
 from .selector import BackendSelectionError
 from .testing.golden import golden_attention, max_error, tolerance
 
@@ -114,19 +115,14 @@ def _paged(ks, vs, page_size, layout, device, gen):
 
 
 def _spec_mask(q_len: int, b: int, gen) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    words = ((q_len + 31) // 32) * 2
+    """A random causal-ish draft mask per request: (xqa uint16 words, the dense bool rows)."""
     dense = []
-    packed = torch.zeros(b, q_len, words, dtype=torch.int32)
-    for i in range(b):
+    for _ in range(b):
         m = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool))
         m &= torch.rand(q_len, q_len, generator=gen) < 0.7
         m |= torch.eye(q_len, dtype=torch.bool)
         dense.append(m)
-        for r in range(q_len):
-            for j in range(q_len):
-                if m[r, j]:
-                    packed[i, r, j // 16] |= 1 << (j % 16)
-    return packed.to(torch.uint16), dense
+    return pack_spec_mask(torch.stack(dense)), dense
 
 
 def run_case(case: CheckCase, backend: str, device: str, dtype: torch.dtype, seed: int = 0) -> CheckResult:

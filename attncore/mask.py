@@ -90,3 +90,13 @@ def spec_mask_rows(mask: torch.Tensor, req: int, q_len: int, kv_len: int) -> tor
     draft = bits.reshape(q_len, -1)[:, :q_len].bool()
     prefix = torch.ones(q_len, max(kv_len - q_len, 0), dtype=torch.bool, device=mask.device)
     return torch.cat([prefix, draft[:, max(q_len - kv_len, 0):]], dim=1)
+
+
+def pack_spec_mask(bits: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``spec_mask_rows`` for the draft part: bool [B, q_len, q_len] (row i may see
+    draft token j) -> xqa's uint16 [B, q_len, ceil(q_len/32)*2] (LSB-first uint32 words as uint16)."""
+    b, ql, _ = bits.shape
+    words = torch.zeros(b, ql, -(-ql // 32) * 2, dtype=torch.int32, device=bits.device)
+    for j in range(ql):
+        words[:, :, j // 16] |= bits[:, :, j].to(torch.int32) << (j % 16)
+    return words.to(torch.uint16)

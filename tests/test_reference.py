@@ -179,3 +179,16 @@ def test_mask_materialization_matches_the_rules():
                 if window >= 0:
                     want = want and j >= pos - window
                 assert bool(m[i, j]) == want
+
+
+def test_spec_mask_packing_round_trips():
+    from attncore.mask import pack_spec_mask, spec_mask_rows
+
+    for q_len in (1, 3, 17, 33):
+        bits = torch.rand(2, q_len, q_len) < 0.5
+        words = pack_spec_mask(bits)
+        assert words.shape == (2, q_len, ((q_len + 31) // 32) * 2) and words.dtype == torch.uint16
+        for i in range(2):
+            rows = spec_mask_rows(words, i, q_len, q_len + 5)
+            assert rows[:, :5].all() and torch.equal(rows[:, 5:], bits[i])
+            assert torch.equal(_dense_spec_rows(words[i], q_len, q_len + 5), rows)

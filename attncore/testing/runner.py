@@ -27,6 +27,8 @@ import torch
 from ..backend import AttnParams, BatchMeta, RunArgs
 from ..capabilities import Reason
 from ..problem import DECODE_OPS, PAGED_OPS, AttentionProblem
+from ..mask import pack_spec_mask
+from ..quantization import packbits
 from .golden import dtype_attention, golden_attention
 
 TOL_FACTOR = 2.0
@@ -104,24 +106,6 @@ class Built:
     bt_width: int = 0
 
 
-def _pack_bits_lsb(bits: torch.Tensor) -> torch.Tensor:
-    """uint8 bytes of a flat bool tensor, LSB-first, padded with zeros to a byte boundary."""
-    n = bits.numel()
-    pad = (-n) % 8
-    b = torch.cat([bits.reshape(-1).to(torch.int32), torch.zeros(pad, dtype=torch.int32)]).reshape(-1, 8)
-    return (b << torch.arange(8, dtype=torch.int32)).sum(dim=1).to(torch.uint8)
-
-
-def _spec_mask_words(bits: torch.Tensor) -> torch.Tensor:
-    """xqa mask: bool [B, q_len, q_len] -> uint16 [B, q_len, ceil(q_len/32)*2] (LSB-first uint32 words)."""
-    b, ql, _ = bits.shape
-    n16 = -(-ql // 32) * 2
-    words = torch.zeros(b, ql, n16, dtype=torch.int32)
-    for j in range(ql):
-        words[:, :, j // 16] |= bits[:, :, j].to(torch.int32) << (j % 16)
-    return words.to(torch.uint16)
-
-
 _WORKSPACES: dict = {}
 
 
@@ -197,7 +181,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             if qo > 1 and kv > 0:
                 m[rng.randrange(qo)] = False  # a fully masked row
             masks[i] = m
-            chunk = _pack_bits_lsb(m)
+            chunk = packbits(m.reshape(-1), bitorder="little")
             chunks.append(chunk)
             mask_indptr_host.append(mask_indptr_host[-1] + chunk.numel())
         packed = torch.cat(chunks).to(dev) if chunks else torch.zeros(0, dtype=torch.uint8, device=dev)
@@ -207,7 +191,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         bits = torch.rand(bsz, ql, ql, generator=mgen) < 0.6
         bits &= torch.ones(ql, ql, dtype=torch.bool).tril()
         bits |= torch.eye(ql, dtype=torch.bool)
-        spec = _spec_mask_words(bits).to(dev)
+        spec = pack_spec_mask(bits).to(dev)
         for i, kv in enumerate(kv_lens):
             prefix = torch.ones(ql, kv - ql, dtype=torch.bool)
             masks[i] = torch.cat([prefix, bits[i]], dim=1)
