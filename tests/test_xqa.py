@@ -26,9 +26,16 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def _backend():
+    """The backend; ``XQA_TEST_TUNE`` (e.g. ``kpw32st2``) runs the GPU tests on a tuning variant."""
+    import re
+
     from attncore.backends.xqa.backend import XqaBackend
 
-    return XqaBackend()
+    b = XqaBackend()
+    tune = os.environ.get("XQA_TEST_TUNE", "")
+    if tune:
+        b.tune = tuple((k, int(v)) for k, v in re.findall(r"(kpw|st|mb|dg|l2)(\d+)", tune))
+    return b
 
 
 def _problem(op="xqa_decode", *, q=torch.bfloat16, kv=None, out=None, hq=32, hkv=8, d=128, ps=16, layout="NHD",
@@ -101,9 +108,13 @@ def test_priority():
 def test_uri_roundtrip_and_splits():
     from attncore.backends.xqa import binding, specs
 
-    for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2)]:
+    tuned = specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("kpw", 32), ("st", 2)))
+    for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2), tuned]:
         s = specs.parse(k.uri + "_sm90")
         assert s.uri == k.uri
+    assert tuned.uri.endswith("_mt1_tkpw32st2") and ("XQA_KPW", "32") in tuned.spec().defines
+    with pytest.raises(ValueError):
+        specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("nope", 1),)).spec()
     with pytest.raises(ValueError):
         specs.parse("xqa_decode_bf16_d96_mt1")
     with pytest.raises(ValueError):

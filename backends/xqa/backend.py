@@ -111,6 +111,7 @@ class XqaBackend(Backend):
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
+    tune: tuple = ()  # kernel tuning options for every key (specs.XqaKey.tune; tuning runs only)
 
     def available(self) -> List[Reason]:
         from attncore import jit
@@ -153,7 +154,7 @@ class XqaBackend(Backend):
         fp8 = problem.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         mt = 1 if (rows <= 16 or d == 256 or (fp8 and not self.mt2_for_fp8)) else 2
         return XqaKey("bf16" if problem.q_dtype == torch.bfloat16 else "fp16", _kv_name(problem.kv_dtype),
-                      "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt)
+                      "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune))
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
         from . import binding

@@ -16,7 +16,6 @@ import torch
 from .specs import XqaKey
 
 LOG2E = 1.4426950408889634
-TILE = 64  # keys per pipeline tile (must match xqa::TILE)
 
 
 class XqaParams(ctypes.Structure):

@@ -2,11 +2,17 @@
 
 URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
-    xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>
+    xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>[_t<option><value>...]
 
 ``mt1`` packs up to 16 rows (GQA heads x draft tokens of one kv head) into one CTA, ``mt2`` up to
 32 (d64/d128 only: d256 with 32 rows would spill).  Everything else (page size, NHD/HND, window,
 sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time parameter.
+
+``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``benchmarks/xqa_tune.py``), each a name
+and a number: ``kpw`` keys per warp per tile (16 or 32), ``st`` cp.async ring depth, ``mb`` CTAs per
+SM the register budget is sized for, ``l2`` the cp.async L2 prefetch hint in bytes (0, 64, 128,
+256), ``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong
+results, timing only).  Without ``_t`` the kernel's defaults apply.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 from attncore import jit
 
@@ -25,6 +31,7 @@ DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 OUTS = {"same": 0, "e4m3": 1}
 HEAD_DIMS = (64, 128, 256)
+TUNE = {"kpw": "XQA_KPW", "st": "XQA_STAGES", "mb": "XQA_MINB", "dg": "XQA_DIAG", "l2": "XQA_L2"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class XqaKey:
     out: str = "same"
     head_dim: int = 128
     mt: int = 1
+    tune: Tuple[Tuple[str, int], ...] = ()  # ((option, value), ...), options in TUNE
 
     @property
     def uri(self) -> str:
@@ -43,6 +51,8 @@ class XqaKey:
         if self.out != "same":
             parts.append("out" + self.out)
         parts += [f"d{self.head_dim}", f"mt{self.mt}"]
+        if self.tune:
+            parts.append("t" + "".join(f"{k}{int(v)}" for k, v in self.tune))
         return "_".join(parts)
 
     def spec(self) -> jit.Spec:
@@ -53,23 +63,28 @@ class XqaKey:
             raise ValueError("xqa: fp8 output needs an fp8 KV cache")
         if self.head_dim == 256 and self.mt != 1:
             raise ValueError("xqa: head_dim 256 uses mt1 only")
+        for k, v in self.tune:
+            if k not in TUNE or int(v) < 0:
+                raise ValueError(f"xqa: unknown tuning option {k}={v} (options: {', '.join(TUNE)})")
         defines = (
             ("XQA_DTYPE", str(DTYPES[self.dtype])), ("XQA_KV", str(KVS[self.kv])), ("XQA_OUT", str(OUTS[self.out])),
             ("XQA_HEAD_DIM", str(self.head_dim)), ("XQA_MT", str(self.mt)),
-        )
+        ) + tuple((TUNE[k], str(int(v))) for k, v in self.tune)
         return jit.Spec("xqa", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
                         description=self.uri.replace("_", " "))
 
 
-_URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])(?:_sm\d+)?$")
+_URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])"
+                     r"(?:_t((?:(?:kpw|st|mb|dg|l2)\d+)+))?(?:_sm\d+)?$")
 
 
 def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not an xqa specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    dt, kv, out, d, mt = m.groups()
-    return XqaKey(dt, kv or "same", out or "same", int(d), int(mt)).spec()
+    dt, kv, out, d, mt, tune = m.groups()
+    opts = tuple((k, int(v)) for k, v in re.findall(r"(kpw|st|mb|dg|l2)(\d+)", tune or ""))
+    return XqaKey(dt, kv or "same", out or "same", int(d), int(mt), opts).spec()
 
 
 def default_keys() -> List[XqaKey]:

@@ -29,10 +29,31 @@
 #ifndef XQA_MT
 #define XQA_MT 1
 #endif
+// Tuning options (specs.XqaKey.tune; 0 = the default derived in the kernel's Config).
+#ifndef XQA_KPW
+#define XQA_KPW 0
+#endif
+#ifndef XQA_STAGES
+#define XQA_STAGES 0
+#endif
+#ifndef XQA_MINB
+#define XQA_MINB 0
+#endif
+#ifndef XQA_DIAG
+#define XQA_DIAG 0
+#endif
+#ifndef XQA_L2
+#define XQA_L2 128
+#endif
 
 namespace {
 using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
-using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT>;
+// Keys per warp per tile (XQA_KPW overrides): 32 for fp8 KV with 16-row CTAs and D <= 128 (128-key,
+// 32 KB stages like the 16-bit kernels: half the barriers and softmax reductions per key; measured
+// on H100 D5 80.9% -> 85.7-86.7% of the read ceiling, benchmarks/xqa.md), else 16 (64-key tiles; 32-row
+// fp8 CTAs would spill, d256 fp8 stages would not fit twice per SM).
+constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128) ? 32 : 16);
+using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, XQA_STAGES, XQA_MINB, XQA_DIAG, XQA_L2>;
 static_assert(XQA_HEAD_DIM == 64 || XQA_HEAD_DIM == 128 || XQA_HEAD_DIM == 256, "head dim");
 static_assert(XQA_MT == 1 || XQA_MT == 2, "MT");
 static_assert(XQA_OUT == 0 || XQA_KV != 0, "fp8 output needs fp8 KV");
@@ -50,7 +71,7 @@ extern "C" const char* xqa_error_string(int e) { return cudaGetErrorString((cuda
 
 extern "C" int xqa_info(int* out) {
   out[0] = Cfg::ROWS;
-  out[1] = xqa::TILE;
+  out[1] = Cfg::TILE;
   out[2] = xqa::NT;
   out[3] = Cfg::SMEM;
   out[4] = Cfg::STAGES;

@@ -6,7 +6,8 @@
 //   row r    -> draft row qi = r / G, query head kvh * G + r % G   (packed into the MMA M dim)
 //   MT       m16 tiles per CTA (1 or 2)    MG = ceil(R / (16 MT))  m-groups (grid.x)
 //   D        head dim (64 / 128 / 256)     PS = 2^page_size_log2   page size
-//   T = 64   keys per pipeline tile        16 keys per warp, NW = 4 warps split the keys
+//   T        keys per pipeline tile        T = NW * KPW: NW = 4 warps split the keys, KPW keys per
+//            (TILE)                        warp (16, or 32 for fp8 KV in 16-row CTAs, D <= 128)
 //   S        splits of one request's kv range across CTAs (grid.y = S * Hkv, grid.z = B)
 //   STAGES   cp.async ring depth           C = D * sizeof(kv) / 16  16-byte chunks per key row
 //   s        base-2 logits: qk * qk_scale_log2 (bmm1 scale * log2 e)
@@ -52,20 +53,30 @@ namespace xqa {
 
 constexpr int NW = 4;         // warps per CTA
 constexpr int NT = NW * 32;   // threads per CTA
-constexpr int TILE = 16 * NW; // keys per pipeline tile
 
-template <int D_, int KV_BYTES_, int MT_>
+// KPW_ keys per warp per tile (16 or 32: TILE = NW * KPW keys); STAGES_ / MINB_ override the ring
+// depth and the CTAs-per-SM register budget (0: derived below); L2PF_ the cp.async L2 prefetch hint
+// in bytes (0 none, 64, 128, 256); DIAG_ (tuning diagnostics only, wrong results): 1 streams the KV
+// without computing, 2 computes on zeroed tiles without loading.
+template <int D_, int KV_BYTES_, int MT_, int KPW_ = 16, int STAGES_ = 0, int MINB_ = 0, int DIAG_ = 0,
+          int L2PF_ = 128>
 struct Config {
   static constexpr int D = D_;
   static constexpr int KVB = KV_BYTES_;                    // bytes per kv element (2 or 1)
   static constexpr int MT = MT_;
+  static constexpr int KPW = KPW_;                         // keys per warp per tile
+  static constexpr int KB = KPW / 16;                      // 16-key blocks per warp per tile
+  static constexpr int TILE = NW * KPW;                    // keys per pipeline tile
+  static constexpr int DIAG = DIAG_;
+  static constexpr int L2PF = L2PF_;
   static constexpr int ROWS = 16 * MT;                     // packed rows per CTA
   static constexpr int RB = D * KVB;                       // bytes per key row in smem
   static constexpr int C = RB / 16;                        // 16-byte chunks per key row
   static constexpr int RPT = TILE * C / NT;                // key rows each thread copies per tile
   static constexpr int STAGE_BYTES = 2 * TILE * RB;        // K + V tile
   static constexpr int STAGES_RAW = 98304 / STAGE_BYTES;
-  static constexpr int STAGES = STAGES_RAW < 2 ? 2 : (STAGES_RAW > 4 ? 4 : STAGES_RAW);
+  static constexpr int STAGES_AUTO = STAGES_RAW < 2 ? 2 : (STAGES_RAW > 4 ? 4 : STAGES_RAW);
+  static constexpr int STAGES = STAGES_ > 0 ? STAGES_ : STAGES_AUTO;
   static constexpr int QRB = D * 2;                        // bytes per Q row (16-bit)
   static constexpr int Q_BYTES = ROWS * QRB;
   static constexpr int RED_PITCH = D + 8;                  // floats per row of the merge buffer
@@ -78,8 +89,12 @@ struct Config {
   static constexpr int SMEM = BIG_OFF + BIG_BYTES;
   // CTAs per SM the register budget is sized for (H100: 228 KB smem per SM); MT2 keeps 2 so its
   // 32-row accumulators do not spill.
-  static constexpr int MIN_BLOCKS = (MT == 1 && SMEM <= 72 * 1024) ? 3 : (SMEM <= 110 * 1024 ? 2 : 1);
+  static constexpr int MIN_BLOCKS_AUTO = (MT == 1 && SMEM <= 72 * 1024) ? 3 : (SMEM <= 110 * 1024 ? 2 : 1);
+  static constexpr int MIN_BLOCKS = MINB_ > 0 ? MINB_ : MIN_BLOCKS_AUTO;
   static_assert(D % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(KPW == 16 || KPW == 32, "keys per warp");
+  static_assert(STAGES >= 2, "ring depth");
+  static_assert(L2PF == 0 || L2PF == 64 || L2PF == 128 || L2PF == 256, "L2 prefetch size");
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");
 };
 
@@ -88,9 +103,18 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// L2PF: the L2 prefetch size hint in bytes (0: none, 64, 128, 256).
+template <int L2PF = 128>
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // n == 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  if constexpr (L2PF == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  else if constexpr (L2PF == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  else if constexpr (L2PF == 64)
+    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -200,7 +224,7 @@ __device__ __forceinline__ int swz(int r, int c) {
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const __grid_constant__ XqaParams p) {
   constexpr int D = Cfg::D, MT = Cfg::MT, ROWS = Cfg::ROWS, RB = Cfg::RB, C = Cfg::C, RPT = Cfg::RPT;
-  constexpr int STAGES = Cfg::STAGES;
+  constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
   constexpr bool FP8 = KVK != 0;
   constexpr int NTILES_D = D / 8;  // n8 tiles of the output
   using CT = typename std::conditional<FP8, __half, QT>::type;  // MMA operand type
@@ -322,6 +346,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 
   int pg[RPT];
   auto fetch_pages = [&](int tile) {
+    if constexpr (DIAG == 2) return;
     const int tok0 = kv_begin + tile * TILE + ld_r0;
     if (one_page) {
       const int v = tok0 < seq_len ? __ldg(pt + (tok0 >> lg)) : 0;
@@ -334,10 +359,14 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   };
   const int64_t k_tok_bytes = p.k_stride_tok * Cfg::KVB, v_tok_bytes = p.v_stride_tok * Cfg::KVB;
   auto issue = [&](int stage, int tile) {
+    if constexpr (DIAG == 2) return;
     const int tok0 = kv_begin + tile * TILE + ld_r0;
     const uint32_t ks = smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
-    if (one_page) {  // RPT consecutive slots of one page: one address, then constant steps
+    if (one_page) {
+      // RPT consecutive slots of one page: one address, then constant steps.  Rows past seq_len
+      // (zero-filled, nothing read) still point inside that page (or page 0 when the whole run is
+      // past the end), so no select is needed.
       const int64_t page = pg[0];
       const int64_t slot = tok0 & ps_mask;
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
@@ -347,8 +376,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         const int r = ld_r0 + k;
         const bool valid = tok0 + k < seq_len;
         const uint32_t off = r * RB + (swz<C>(r, ld_c) << 4);
-        cp_async16(ks + off, valid ? (const void*)(ksrc + k * k_tok_bytes) : p.k, valid);
-        cp_async16(vs + off, valid ? (const void*)(vsrc + k * v_tok_bytes) : p.v, valid);
+        cp_async16<Cfg::L2PF>(ks + off, ksrc + k * k_tok_bytes, valid);
+        cp_async16<Cfg::L2PF>(vs + off, vsrc + k * v_tok_bytes, valid);
       }
       return;
     }
@@ -362,8 +391,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
       const uint8_t* vsrc = vbase + (page * p.v_stride_page + slot * p.v_stride_tok) * Cfg::KVB;
       const uint32_t off = r * RB + (swz<C>(r, ld_c) << 4);
-      cp_async16(ks + off, valid ? (const void*)ksrc : p.k, valid);
-      cp_async16(vs + off, valid ? (const void*)vsrc : p.v, valid);
+      cp_async16<Cfg::L2PF>(ks + off, valid ? (const void*)ksrc : p.k, valid);
+      cp_async16<Cfg::L2PF>(vs + off, valid ? (const void*)vsrc : p.v, valid);
     }
   };
 
@@ -389,6 +418,11 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) { m_run[mt][h] = -INFINITY; l_run[mt][h] = 0.f; }
+  }
+
+  if constexpr (DIAG == 2) {  // diagnostic: compute on zeroed tiles (nothing is loaded)
+    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
   }
 
   // ---- pipeline prologue
@@ -418,55 +452,70 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     const uint32_t vs = ks + TILE * RB;
     const int tile_start = kv_begin + (t_first + it) * TILE;
 
-    // S = Q K^T for this warp's 16 keys
-    float s[MT][2][4];
+    if constexpr (DIAG == 1) continue;  // diagnostic: stream the KV only
+
+    // S = Q K^T for this warp's KPW keys (KB blocks of 16; n8 tile j = keys 8j..8j+7 of the warp)
+    float s[MT][2 * KB][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2 * KB; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
 
     const int lm = lane >> 3;  // which 8x8 matrix this lane addresses
+    const int kw0 = warp * KPW;  // this warp's first key row in the tile
     if constexpr (!FP8) {
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
-        uint32_t kb[4];
-        {
-          const int r = warp * 16 + (lm >> 1) * 8 + (lane & 7);
-          ldsm_x4(kb, ks + r * RB + (swz<C>(r, 2 * kstep + (lm & 1)) << 4));
+        uint32_t kb[KB][4];
+#pragma unroll
+        for (int kb_ = 0; kb_ < KB; ++kb_) {
+          const int r = kw0 + kb_ * 16 + (lm >> 1) * 8 + (lane & 7);
+          ldsm_x4(kb[kb_], ks + r * RB + (swz<C>(r, 2 * kstep + (lm & 1)) << 4));
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t qa[4];
           const int r = mt * 16 + (lm & 1) * 8 + (lane & 7);
           ldsm_x4(qa, q_s + r * Cfg::QRB + (swz<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
-          mma16816<CT>(s[mt][0], qa, kb[0], kb[1]);
-          mma16816<CT>(s[mt][1], qa, kb[2], kb[3]);
+#pragma unroll
+          for (int kb_ = 0; kb_ < KB; ++kb_) {
+            mma16816<CT>(s[mt][2 * kb_], qa, kb[kb_][0], kb[kb_][1]);
+            mma16816<CT>(s[mt][2 * kb_ + 1], qa, kb[kb_][2], kb[kb_][3]);
+          }
         }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
-        uint32_t x[4];
-        {
-          const int r = warp * 16 + (lm & 1) * 8 + (lane & 7);
-          ldsm_x4(x, ks + r * RB + (swz<C>(r, 2 * kk + (lm >> 1)) << 4));
+        uint32_t x[KB][4];
+#pragma unroll
+        for (int kb_ = 0; kb_ < KB; ++kb_) {
+          const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
+          ldsm_x4(x[kb_], ks + r * RB + (swz<C>(r, 2 * kk + (lm >> 1)) << 4));
         }
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int kstep = 2 * kk + hh;
-          const uint32_t b00 = cvt_fp8x2_lo<KVK>(x[2 * hh]);
-          const uint32_t b01 = cvt_fp8x2_hi<KVK>(x[2 * hh]);
-          const uint32_t b10 = cvt_fp8x2_lo<KVK>(x[2 * hh + 1]);
-          const uint32_t b11 = cvt_fp8x2_hi<KVK>(x[2 * hh + 1]);
+          uint32_t bk[KB][4];
+#pragma unroll
+          for (int kb_ = 0; kb_ < KB; ++kb_) {
+            bk[kb_][0] = cvt_fp8x2_lo<KVK>(x[kb_][2 * hh]);
+            bk[kb_][1] = cvt_fp8x2_hi<KVK>(x[kb_][2 * hh]);
+            bk[kb_][2] = cvt_fp8x2_lo<KVK>(x[kb_][2 * hh + 1]);
+            bk[kb_][3] = cvt_fp8x2_hi<KVK>(x[kb_][2 * hh + 1]);
+          }
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             uint32_t qa[4];
             const int r = mt * 16 + (lm & 1) * 8 + (lane & 7);
             ldsm_x4(qa, q_s + r * Cfg::QRB + (swz<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
-            mma16816<CT>(s[mt][0], qa, b00, b01);
-            mma16816<CT>(s[mt][1], qa, b10, b11);
+#pragma unroll
+            for (int kb_ = 0; kb_ < KB; ++kb_) {
+              mma16816<CT>(s[mt][2 * kb_], qa, bk[kb_][0], bk[kb_][1]);
+              mma16816<CT>(s[mt][2 * kb_ + 1], qa, bk[kb_][2], bk[kb_][3]);
+            }
           }
         }
       }
@@ -478,7 +527,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2 * KB; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][j][e] *= qk_scale;
     if (need_mask) {
@@ -490,10 +539,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
           const int pos_q = draft0 + qi;
           const uint16_t* mrow = mask_base ? mask_base + (int64_t)qi * p.mask_words16 : nullptr;
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
+          for (int j = 0; j < 2 * KB; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int tok = tile_start + warp * 16 + 8 * j + 2 * t + e;
+              const int tok = tile_start + kw0 + 8 * j + 2 * t + e;
               bool vis = tok < seq_len;
               if (p.window_left >= 0) vis = vis && tok >= pos_q - p.window_left;
               if (tok >= draft0) {
@@ -509,14 +558,16 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         }
     }
 
-    uint32_t pa[MT][4];
+    uint32_t pa[MT][KB][4];
     float alpha_r[MT][2];
     bool grew = false;  // a row max of this warp moved: O needs rescaling (skipped otherwise)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]), fmaxf(s[mt][1][2 * h], s[mt][1][2 * h + 1]));
+        float mx = fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]);
+#pragma unroll
+        for (int j = 1; j < 2 * KB; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[mt][h], mx);
@@ -527,7 +578,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         m_run[mt][h] = m_new;
         float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2 * KB; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float pv = ex2(s[mt][j][2 * h + e] - m_use);
@@ -536,10 +587,13 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
           }
         l_run[mt][h] = l_run[mt][h] * alpha + sum;
       }
-      pa[mt][0] = pack2<CT>(s[mt][0][0], s[mt][0][1]);
-      pa[mt][1] = pack2<CT>(s[mt][0][2], s[mt][0][3]);
-      pa[mt][2] = pack2<CT>(s[mt][1][0], s[mt][1][1]);
-      pa[mt][3] = pack2<CT>(s[mt][1][2], s[mt][1][3]);
+#pragma unroll
+      for (int kb_ = 0; kb_ < KB; ++kb_) {
+        pa[mt][kb_][0] = pack2<CT>(s[mt][2 * kb_][0], s[mt][2 * kb_][1]);
+        pa[mt][kb_][1] = pack2<CT>(s[mt][2 * kb_][2], s[mt][2 * kb_][3]);
+        pa[mt][kb_][2] = pack2<CT>(s[mt][2 * kb_ + 1][0], s[mt][2 * kb_ + 1][1]);
+        pa[mt][kb_][3] = pack2<CT>(s[mt][2 * kb_ + 1][2], s[mt][2 * kb_ + 1][3]);
+      }
     }
 
     if (__any_sync(0xffffffffu, grew)) {  // rows whose max did not move have alpha == 1
@@ -558,35 +612,41 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     if constexpr (!FP8) {
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
-        uint32_t vb[4];
-        const int r = warp * 16 + (lm & 1) * 8 + (lane & 7);
-        ldsm_x4_t(vb, vs + r * RB + (swz<C>(r, 2 * n2 + (lm >> 1)) << 4));
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<CT>(o[mt][2 * n2], pa[mt], vb[0], vb[1]);
-          mma16816<CT>(o[mt][2 * n2 + 1], pa[mt], vb[2], vb[3]);
+        for (int kb_ = 0; kb_ < KB; ++kb_) {
+          uint32_t vb[4];
+          const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
+          ldsm_x4_t(vb, vs + r * RB + (swz<C>(r, 2 * n2 + (lm >> 1)) << 4));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816<CT>(o[mt][2 * n2], pa[mt][kb_], vb[0], vb[1]);
+            mma16816<CT>(o[mt][2 * n2 + 1], pa[mt][kb_], vb[2], vb[3]);
+          }
         }
       }
     } else {
 #pragma unroll
       for (int cc = 0; cc < D / 32; ++cc) {
-        uint32_t x[4];
-        const int r = warp * 16 + (lm & 1) * 8 + (lane & 7);
-        ldsm_x4_t(x, vs + r * RB + (swz<C>(r, 2 * cc + (lm >> 1)) << 4));
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int ch = 2 * cc + hh;
-          // bytes [V(2t,2g) V(2t,2g+1) V(2t+1,2g) V(2t+1,2g+1)] -> even dims pair, odd dims pair
-          const uint32_t y0 = __byte_perm(x[2 * hh], 0, 0x3120);
-          const uint32_t y1 = __byte_perm(x[2 * hh + 1], 0, 0x3120);
-          const uint32_t e0 = cvt_fp8x2_lo<KVK>(y0);
-          const uint32_t e1 = cvt_fp8x2_lo<KVK>(y1);
-          const uint32_t o0 = cvt_fp8x2_hi<KVK>(y0);
-          const uint32_t o1 = cvt_fp8x2_hi<KVK>(y1);
+        for (int kb_ = 0; kb_ < KB; ++kb_) {
+          uint32_t x[4];
+          const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
+          ldsm_x4_t(x, vs + r * RB + (swz<C>(r, 2 * cc + (lm >> 1)) << 4));
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma16816<CT>(o[mt][2 * ch], pa[mt], e0, e1);
-            mma16816<CT>(o[mt][2 * ch + 1], pa[mt], o0, o1);
+          for (int hh = 0; hh < 2; ++hh) {
+            const int ch = 2 * cc + hh;
+            // bytes [V(2t,2g) V(2t,2g+1) V(2t+1,2g) V(2t+1,2g+1)] -> even dims pair, odd dims pair
+            const uint32_t y0 = __byte_perm(x[2 * hh], 0, 0x3120);
+            const uint32_t y1 = __byte_perm(x[2 * hh + 1], 0, 0x3120);
+            const uint32_t e0 = cvt_fp8x2_lo<KVK>(y0);
+            const uint32_t e1 = cvt_fp8x2_lo<KVK>(y1);
+            const uint32_t o0 = cvt_fp8x2_hi<KVK>(y0);
+            const uint32_t o1 = cvt_fp8x2_hi<KVK>(y1);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma16816<CT>(o[mt][2 * ch], pa[mt][kb_], e0, e1);
+              mma16816<CT>(o[mt][2 * ch + 1], pa[mt][kb_], o0, o1);
+            }
           }
         }
       }
