@@ -19,7 +19,9 @@ API
 ---
 Backends:
 
-* ``Spec(backend, uri, sources, defines=(), include_dirs=(), extra_flags=(), description="")``
+* ``Spec(backend, uri, sources, defines=(), include_dirs=(), extra_flags=(), description="", arch_suffix="")``:
+  ``arch_suffix="a"`` compiles for the arch-specific target (``-gencode arch=compute_90a,code=sm_90a``
+  on sm90), which ``wgmma`` needs; such a library runs only on that exact arch.
 * ``load(spec, arch=None) -> ctypes.CDLL``: build if needed (locked, progress on stderr), load once
   per process.  ``arch`` defaults to the current CUDA device's ``"90"``/``"80"``...
 * ``library_path(spec, arch)``: where the built library lives (exists or not).
@@ -101,6 +103,7 @@ class Spec:
     include_dirs: Tuple[str, ...] = ()
     extra_flags: Tuple[str, ...] = ()
     description: str = ""
+    arch_suffix: str = ""  # "a": build for the arch-specific target (sm_90a: wgmma, setmaxnreg)
 
     def uri_for(self, arch: str) -> str:
         return f"{self.uri}_sm{arch}"
@@ -237,7 +240,7 @@ def _spec_files(spec: Spec) -> List[str]:
 def _flags(spec: Spec, arch: Optional[str]) -> List[str]:
     flags = list(DEFAULT_FLAGS)
     if arch is not None:
-        flags += _gencode(arch)
+        flags += _gencode(arch + spec.arch_suffix)
     flags += [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in spec.defines]
     flags += [f"-I{d}" for d in spec.include_dirs]
     flags += list(spec.extra_flags)

@@ -93,6 +93,16 @@ def test_uri_naming_roundtrip():
         specs.Fa2Key("prefill", "bf16", "same", 128, "causal", prefetch=True).spec()
     with pytest.raises(ValueError):
         specs.parse("cuda_fa2_prefill_fp32_d128_causal")
+    k90 = specs.Fa2Key("prefill90", "fp16", "same", 64, "none")
+    assert k90.uri == "cuda_fa2_prefill90_fp16_d64_none" and k90.spec().arch_suffix == "a"
+    assert specs.parse(k90.uri + "_sm90").defines == k90.spec().defines
+    kpi = specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True)
+    assert kpi.uri == "cuda_fa2_prefill90_bf16_d128_causal_pipe" and specs.parse(kpi.uri).defines == kpi.spec().defines
+    with pytest.raises(ValueError):
+        specs.Fa2Key("prefill", "bf16", "same", 128, "causal", pipe=True).spec()
+    for bad in (dict(mask="custom"), dict(head_dim=256), dict(kv="e4m3"), dict(softcap=True)):
+        with pytest.raises(ValueError):
+            specs.Fa2Key(**{**dict(config="prefill90", dtype="bf16", head_dim=128, mask="causal"), **bad}).spec()
 
 
 @pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found")
@@ -101,6 +111,35 @@ def test_compile_check_real_sources_sm80_sm90():
     keys = specs.representative_keys()
     res = jit.compile_check([k.spec() for k in keys], archs=("80", "90"), jobs=max(2, os.cpu_count() or 2))
     assert len(res) == 2 * len(keys)
+
+
+@pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found")
+def test_compile_check_sm90a_prefill_and_selftest():
+    """The Hopper kernel and its wgmma selftest build for sm_90a (-gencode arch=compute_90a,code=sm_90a)."""
+    sp = [specs.Fa2Key("prefill90", "bf16", "same", 128, "causal").spec(),
+          specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True).spec(), specs.selftest_spec()]
+    res = jit.compile_check(sp, archs=("90",), jobs=2, ptxas_verbose=True)
+    assert all("compute_90a,code=sm_90a" in " ".join(jit._flags(s, "90")) for s in sp)
+    for r in res[:2]:  # no local memory, no wgmma serialization (ptxas C7514 / C7515)
+        assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log, r.log
+
+
+def test_sm90_selection_reasons():
+    b = CudaFa2Backend()
+    def mk(wl):
+        return BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, 8]), qo_indptr_host=[0, 8], kv_lens_host=[8],
+                         params=AttnParams(sm_scale=0.1, causal=True, window_left=wl))
+
+    meta = mk(16)
+    import unittest.mock as um
+
+    with um.patch("torch.cuda.get_device_capability", return_value=(9, 0)):
+        assert b.sm90_reasons(_problem(), mk(-1), "cuda:0") == []
+        why = b.sm90_reasons(_problem(mask="custom", head_dim_qk=256, head_dim_vo=256, soft_cap=True), meta, "cuda:0")
+        assert any("mask" in w for w in why) and any("head dim" in w for w in why)
+        assert any("soft cap" in w for w in why) and any("window" in w for w in why)
+    with um.patch("torch.cuda.get_device_capability", return_value=(8, 0)):
+        assert any("9.0" in w for w in b.sm90_reasons(_problem(), mk(-1), "cuda:0"))
 
 
 # --------------------------------------------------------------------------------- GPU helpers
@@ -128,6 +167,7 @@ class Case:
     full_last_page: bool = False
     mask_rows_off: bool = False  # custom mask with some fully masked rows
     force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
+    sm90_pipe: Optional[bool] = None  # prefill90: pipelined loop forced on / off (None: plan's rule)
 
 
 def _pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
@@ -245,6 +285,7 @@ def run_case(c: Case, seed: int = 0):
         q_len_per_req=qo_lens[0] if op == "batch_decode" else 1)
     backend = CudaFa2Backend()
     backend.force_config = c.force_config
+    backend.sm90_pipe = c.sm90_pipe
     assert backend.reasons(problem) == [], backend.reasons(problem)
     i32 = dict(dtype=torch.int32, device=dev)
     meta = BatchMeta(
@@ -352,6 +393,25 @@ def test_prefill_tile_configs(cfg, dtype):
 
 @gpu
 @needs_cuda
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("pipe", [False, True], ids=["loop", "pipe"])
+def test_prefill90(dtype, pipe):
+    """The Hopper wgmma kernel: paged (pages 16 / 1 / 3, NHD / HND), ragged, GQA, LSE, sinks, split-KV."""
+    kw = dict(dtype=dtype, force_config="prefill90", sm90_pipe=pipe)
+    run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
+                  page_size=16, **kw))
+    run_case(Case([(64, 1000), (200, 201)], hq=8, hkv=2, paged=False, d=64, **kw))
+    run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, paged=False, mask="none", **kw))
+    run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
+    for ps in (1, 3):
+        run_case(Case([(90, 333), (17, 17)], hq=8, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
+    plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
+    assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.pipe == pipe
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_batch_prefill_ragged(dtype):
     run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, dtype=dtype, paged=False, mask="none"))
@@ -436,4 +496,6 @@ def gpu_test_uris() -> List[str]:
           "cuda_fa2_decode_bf16_d128_causal_pf", "cuda_fa2_prefill64_bf16_d128_causal_rope", "cuda_fa2_prefill64_fp16_kve4m3_d128_causal",
           "cuda_fa2_prefill64_fp16_kve5m2_d128_causal", "cuda_fa2_prefill64_bf16_d128_causal_softcap",
           "cuda_fa2_decode_bf16_d128_causal_rope", "cuda_fa2_decode_bf16_d64_causal_rope"]
+    if HAS_CUDA and torch.cuda.get_device_capability() == (9, 0):
+        u += [k.uri for k in specs.sm90_keys()]
     return sorted(set(u))

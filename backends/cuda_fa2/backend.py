@@ -71,6 +71,7 @@ class Fa2Plan:
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
     kv_strides: Any = None
+    sm90_reasons: Any = None  # why the Hopper kernel (prefill90) was not used, [] when it was
 
 
 def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
@@ -90,7 +91,13 @@ class CudaFa2Backend(Backend):
     # split-KV policy knobs (tests may lower them)
     min_split_chunk = 256
     tune = ()  # tile-shape overrides for tuning runs (specs.Fa2Key.tune)
-    force_config = None  # "prefill" / "prefill64" / "decode" for tuning runs; None: chosen per batch
+    force_config = None  # "prefill" / "prefill64" / "prefill90" / "decode" for tuning runs; None: chosen per batch
+    # The Hopper prefill kernel (prefill90, sm_90a wgmma) for the prefill problems it serves;
+    # ATTNCORE_FA2_SM90=0 turns it off (then every prefill takes the FA2 kernel).
+    sm90 = True
+    # prefill90 main loop: False = plain 2-stage loop (default), True = the pipelined 3-stage loop
+    # (`_pipe`; measured within noise of the plain loop on H100, 2026-11-22: 373 vs 384 TFLOP/s on P1 causal).
+    sm90_pipe = False
 
     def available(self) -> List[Reason]:
         from attncore import jit
@@ -110,12 +117,13 @@ class CudaFa2Backend(Backend):
         return r
 
     def priority(self, problem: AttentionProblem) -> int:
-        # Measured on an H100 (2026-11-22): below Triton for prefill (248 vs 412 TFLOP/s on P1 causal)
-        # and for decode (D1 93% vs 95% of the read ceiling), so auto prefers Triton where both serve.
+        # Measured on an H100 (2026-11-22): below Triton for prefill (FA2 kernel 248, Hopper prefill90
+        # kernel 384 vs Triton 412 TFLOP/s on P1 causal) and for decode (D1 93% vs 95% of the read
+        # ceiling), so auto prefers Triton where both serve.
         return 40 if problem.device_type == "cuda" else 0
 
     # ------------------------------------------------------------------------------------ plan
-    def key_for(self, problem: AttentionProblem, config: str, page_size: int = 0):
+    def key_for(self, problem: AttentionProblem, config: str, page_size: int = 0, paged: bool = False):
         from .specs import Fa2Key
 
         mask = problem.mask
@@ -125,7 +133,35 @@ class CudaFa2Backend(Backend):
         return Fa2Key(config, dt, _kv_name(problem.kv_dtype, problem.q_dtype), problem.head_dim_qk, mask,
                       softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
                       rope=problem.pos_encoding == "ROPE_LLAMA",
-                      prefetch=config == "decode" and 0 < page_size <= 4, tune=tuple(self.tune))
+                      prefetch=config == "decode" and 0 < page_size <= 4,
+                      pipe=config == "prefill90" and bool(self.sm90_pipe),
+                      tune=tuple(self.tune))
+
+    def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
+        """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""
+        import os
+
+        from .specs import SM90_HEAD_DIMS
+
+        r = []
+        if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
+            r.append("turned off")
+        if torch.cuda.get_device_capability(dev) != (9, 0):
+            r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % torch.cuda.get_device_capability(dev))
+        if problem.kv_dtype != problem.q_dtype:
+            r.append(f"kv dtype {problem.kv_dtype} (16-bit KV only)")
+        if problem.mask not in ("none", "causal"):
+            r.append(f"mask {problem.mask}")
+        if problem.head_dim_qk not in SM90_HEAD_DIMS:
+            r.append(f"head dim {problem.head_dim_qk} (64, 128)")
+        if problem.soft_cap:
+            r.append("soft cap")
+        if problem.pos_encoding != "NONE":
+            r.append(f"pos encoding {problem.pos_encoding}")
+        wl = meta.params.window_left
+        if wl is not None and wl >= 0:
+            r.append("sliding window")
+        return r
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
         from . import binding
@@ -162,7 +198,12 @@ class CudaFa2Backend(Backend):
         max_rows = max([n * G for n in qo_lens] or [0])
         config = "decode" if max_rows <= 16 else "prefill"
         page_size = int(meta.page_size or problem.page_size or 0) if paged else 0
-        lib = binding.get_library(self.key_for(problem, config, page_size), dev)
+        sm90_why = ["decode tile"] if config == "decode" else self.sm90_reasons(problem, meta, dev)
+        if self.force_config and self.force_config != "prefill90":
+            sm90_why = sm90_why + [f"force_config {self.force_config}"]
+        if not sm90_why:
+            config = "prefill90"
+        lib = binding.get_library(self.key_for(problem, config, page_size, paged), dev)
         if config == "prefill" and problem.mask == "causal" and problem.head_dim_qk != 256 and not self.force_config:
             # Causal prefill with few CTAs (< 6 waves of 128-row tiles): 64-row tiles balance the
             # triangle better.  Measured on H100: P1 causal 255 vs 234 TFLOP/s, while P3/P4 (>= 2048
@@ -173,7 +214,7 @@ class CudaFa2Backend(Backend):
         same_family = (self.force_config == "decode") == (config == "decode")
         if self.force_config and same_family:
             config = self.force_config
-        key = self.key_for(problem, config, page_size)
+        key = self.key_for(problem, config, page_size, paged)
         if key != lib.key:
             lib = binding.get_library(key, dev)
         cta_q, kvt = lib.cta_q, lib.kv_tile
@@ -267,7 +308,7 @@ class CudaFa2Backend(Backend):
             work=work_t, num_work=len(work), needs_merge=tmp_rows > 0,
             num_splits=torch.tensor(num_splits or [1], dtype=torch.int32).to(dev),
             tmp_off=torch.tensor(tmp_off or [0], dtype=torch.int32).to(dev),
-            o_part=o_part, lse_part=lse_part, config=config,
+            o_part=o_part, lse_part=lse_part, config=config, sm90_reasons=sm90_why,
         )
         plan.base, plan.merge_base = binding.base_params(plan)
         return plan

@@ -36,7 +36,7 @@ class Fa2Params(ctypes.Structure):
         ("num_qo_heads", _i32), ("num_kv_heads", _i32), ("group", _i32), ("page_size", _i32),
         ("num_work", _i32), ("window_left", _i32), ("device", _i32), ("causal_override", _i32),
         ("scale_log2", _f32), ("softcap_pre", _f32), ("softcap_post", _f32), ("out_scale", _f32),
-        ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("pad0", _i32), ("pad1", _i32),
+        ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
     ]
 
 
@@ -172,6 +172,8 @@ def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     p.work = plan.work.data_ptr()
     p.num_qo_heads, p.num_kv_heads, p.group = pr.num_qo_heads, pr.num_kv_heads, pr.group_size
     p.page_size = plan.page_size if plan.paged else 0
+    ps = p.page_size
+    p.page_shift = ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
     p.num_work = plan.num_work
     p.window_left = ap.window_left if ap.window_left is not None and ap.window_left >= 0 else -1
     p.device = plan.device.index
@@ -205,6 +207,7 @@ def launch(plan, args) -> None:
         check_run_tensors(plan, args)
         pr = plan.problem
         plan.kv_strides = kv_strides(args.k, plan.paged, pr.kv_layout) + kv_strides(args.v, plan.paged, pr.kv_layout)
+        plan.base.kv_same_strides = int(plan.kv_strides[:3] == plan.kv_strides[3:])
         plan.checked_sig = sig
     if plan.nnz_q == 0:
         return

@@ -2,13 +2,19 @@
 
 URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
-    cuda_fa2_<prefill|prefill64|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
-             [_softcap][_alibi][_rope][_pf]
+    cuda_fa2_<prefill|prefill64|prefill90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
+             [_softcap][_alibi][_rope][_pf][_pipe]
 
 ``prefill`` is the 128-row (64 for d256) Q tile with 4 warps along Q; ``prefill64`` the 64-row tile
 (one m16 tile per warp), chosen for causal problems whose diagonal dominates (qo_len ~ kv_len);
 ``decode`` is the 16-row Q tile with 4 warps along KV (GQA rows packed), used when a request has
 at most 16 packed rows.
+``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles),
+built for sm_90a only; it serves 16-bit KV, d64/d128, masks none/causal and no soft cap / ALiBi /
+RoPE (plan() checks the rest: no window).
+``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
+cores while the softmax runs); measured within noise of the plain loop, so an option
+(``CudaFa2Backend.sm90_pipe``), not the default.
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time
@@ -30,7 +36,8 @@ SOURCE = str(CSRC / "fa2_attention.cu")
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 MASKS = {"none": 0, "causal": 1, "custom": 2}
-CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2}
+CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2, "prefill90": 3}
+SM90_HEAD_DIMS = (64, 128)
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -45,6 +52,7 @@ class Fa2Key:
     alibi: bool = False
     rope: bool = False
     prefetch: bool = False  # decode: page ids fetched a tile ahead into registers (small pages)
+    pipe: bool = False  # prefill90: software-pipelined main loop
     tune: Tuple[Tuple[str, str], ...] = ()  # tile-shape overrides (tuning experiments only)
 
     @property
@@ -58,6 +66,8 @@ class Fa2Key:
                 parts.append(f)
         if self.prefetch:
             parts.append("pf")
+        if self.pipe:
+            parts.append("pipe")
         if self.tune:
             parts.append("t" + "".join(f"{k.lower().replace('fa2_', '')}{v}" for k, v in self.tune))
         return "_".join(parts)
@@ -70,27 +80,34 @@ class Fa2Key:
             raise ValueError("cuda_fa2: alibi and rope are exclusive")
         if self.prefetch and self.config != "decode":
             raise ValueError("cuda_fa2: page-id prefetch (_pf) is a decode-tile option")
+        if self.pipe and self.config != "prefill90":
+            raise ValueError("cuda_fa2: the pipelined loop (_pipe) is a prefill90 option")
+        if self.config == "prefill90" and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
+                                           or self.rope or self.head_dim not in SM90_HEAD_DIMS):
+            raise ValueError(f"cuda_fa2: prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features: {self}")
         defines = (
             ("FA2_CONFIG", str(CONFIGS[self.config])), ("FA2_DTYPE", str(DTYPES[self.dtype])),
             ("FA2_KV", str(KVS[self.kv])), ("FA2_HEAD_DIM", str(self.head_dim)),
             ("FA2_MASK", str(MASKS[self.mask])), ("FA2_SOFTCAP", str(int(self.softcap))),
             ("FA2_ALIBI", str(int(self.alibi))), ("FA2_ROPE", str(int(self.rope))),
-        ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + tuple(self.tune)
+        ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
+            + tuple(self.tune)
         return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
-                        description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"))
+                        description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"),
+                        arch_suffix="a" if self.config == "prefill90" else "")
 
 
 _URI_RE = re.compile(
-    r"^cuda_fa2_(prefill64|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
-    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)(?:_sm\d+)?$")
+    r"^cuda_fa2_(prefill64|prefill90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
+    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)(?:_sm\d+)?$")
 
 
 def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not a cuda_fa2 specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    cfg, dt, kv, d, mask, sc, al, ro, pf = m.groups()
-    return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf)).spec()
+    cfg, dt, kv, d, mask, sc, al, ro, pf, pi = m.groups()
+    return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf), bool(pi)).spec()
 
 
 def common_keys() -> List[Fa2Key]:
@@ -106,8 +123,20 @@ def common_keys() -> List[Fa2Key]:
     return keys
 
 
+def sm90_keys() -> List[Fa2Key]:
+    """The Hopper (sm_90a) prefill specializations: both dtypes, d64/d128, masks none/causal."""
+    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
+            for m in ("none", "causal") for pi in (False, True)]
+
+
+def selftest_spec() -> jit.Spec:
+    """The wgmma primitive checks (csrc/fa2_sm90_selftest.cu), sm_90a only."""
+    return jit.Spec("cuda_fa2", "cuda_fa2_sm90_selftest", (str(CSRC / "fa2_sm90_selftest.cu"),),
+                    include_dirs=(str(CSRC),), description="cuda_fa2 sm90 selftest", arch_suffix="a")
+
+
 def list_specs(arch: str = "90") -> List[jit.Spec]:
-    return [k.spec() for k in common_keys()]
+    return [k.spec() for k in common_keys() + (sm90_keys() if str(arch) == "90" else [])]
 
 
 def representative_keys() -> List[Fa2Key]:

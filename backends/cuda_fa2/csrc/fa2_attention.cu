@@ -6,6 +6,9 @@
 //   FA2_SOFTCAP, FA2_ALIBI, FA2_ROPE   0 / 1       FA2_CONFIG 0 prefill tile (CTA_Q 128; 64 at d256),
 //                                                             1 decode tile (CTA_Q 16, 4 warps on KV),
 //                                                             2 prefill64 tile (CTA_Q 64: causal, qo ~ kv)
+//                                                             3 prefill90: the sm_90a wgmma kernel
+//                                                               (fa2_sm90.cuh; 16-bit KV, d64/d128,
+//                                                               mask none/causal, no features)
 // Entry points (extern "C", return a cudaError_t as int):
 //   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (nnz_q)
@@ -13,6 +16,9 @@
 //   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror
 //   fa2_error_string(int)
 #include "fa2_attention.cuh"
+#if defined(FA2_CONFIG) && FA2_CONFIG == 3
+#include "fa2_sm90.cuh"
+#endif
 
 #ifndef FA2_DTYPE
 #define FA2_DTYPE 1
@@ -75,6 +81,25 @@ using T = std::conditional<FA2_DTYPE == 1, __nv_bfloat16, __half>::type;
 constexpr int D = FA2_HEAD_DIM;
 static_assert(D == 64 || D == 128 || D == 256, "head dim");
 
+#if FA2_CONFIG == 3
+#ifndef FA2_H_KVT
+#define FA2_H_KVT 128
+#endif
+#ifndef FA2_H_NWG
+#define FA2_H_NWG 2
+#endif
+#ifndef FA2_H_PIPE
+#define FA2_H_PIPE 0
+#endif
+#ifndef FA2_H_STAGES
+#define FA2_H_STAGES (FA2_H_PIPE ? 3 : 2)
+#endif
+static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && D != 256,
+              "prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features");
+using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0>;
+auto kernel = fa2::sm90::fa2_sm90_kernel<Cfg90, T, FA2_MASK>;
+constexpr int kCtaQ = Cfg90::CTA_Q, kKvt = Cfg90::KVT, kThreads = Cfg90::NTHREADS, kSmem = Cfg90::smem_bytes;
+#else
 // <D, NWQ, NWKV, NMQ, NNK, STAGES>
 using PrefillCfg = fa2::Config<D, FA2_P_NWQ, 1, FA2_P_NMQ, FA2_P_NNK, FA2_P_STAGES, FA2_P_MINB>;
 using Prefill64Cfg = fa2::Config<D, 4, 1, 1, (D == 256 ? 2 : 4), 2, 2>;
@@ -84,6 +109,8 @@ using Cfg = std::conditional<FA2_CONFIG == 1, DecodeCfg,
 using SM = fa2::Smem<Cfg, FA2_KV == 0 ? 2 : 1>;
 
 auto kernel = fa2::fa2_attention_kernel<Cfg, T, FA2_KV, FA2_MASK, FA2_SOFTCAP != 0, FA2_ALIBI != 0, FA2_ROPE != 0>;
+constexpr int kCtaQ = Cfg::CTA_Q, kKvt = Cfg::KVT, kThreads = Cfg::NTHREADS, kSmem = (int)SM::bytes;
+#endif
 
 int ensure_device(int dev) {
   int cur = -1;
@@ -97,7 +124,7 @@ int setup(int dev) {
   static bool done[64] = {false};
   if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
   if (!done[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::bytes);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return (int)e;
     done[dev] = true;
   }
@@ -112,10 +139,10 @@ FA2_EXPORT int fa2_merge_params_size() { return (int)sizeof(Fa2MergeParams); }
 FA2_EXPORT const char* fa2_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 
 FA2_EXPORT int fa2_info(int* out, int dev) {
-  out[0] = Cfg::CTA_Q;
-  out[1] = Cfg::KVT;
-  out[2] = Cfg::NTHREADS;
-  out[3] = (int)SM::bytes;
+  out[0] = kCtaQ;
+  out[1] = kKvt;
+  out[2] = kThreads;
+  out[3] = kSmem;
   out[4] = D;
   out[5] = 0;
   out[6] = 0;
@@ -126,7 +153,7 @@ FA2_EXPORT int fa2_info(int* out, int dev) {
     e = setup(dev);
     if (e) return e;
     int n = 0;
-    e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::NTHREADS, SM::bytes);
+    e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmem);
     if (e) return e;
     out[5] = n;
     cudaDeviceProp prop;
@@ -144,7 +171,7 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   if (e) return e;
   if (p->num_work <= 0) return 0;
   dim3 grid(p->num_work, p->num_kv_heads);
-  kernel<<<grid, Cfg::NTHREADS, SM::bytes, stream>>>(*p);
+  kernel<<<grid, kThreads, kSmem, stream>>>(*p);
   return (int)cudaGetLastError();
 }
 

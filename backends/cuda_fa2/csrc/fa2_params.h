@@ -47,7 +47,8 @@ struct Fa2Params {
   float out_scale;          // v_scale / o_scale
   float rope_rcp_scale;     // 1 / rope_scale
   float rope_log2_theta;    // log2(rope_theta)
-  int32_t pad0, pad1;
+  int32_t page_shift;       // log2(page_size) when it is a power of two, else -1 (prefill90 only)
+  int32_t kv_same_strides;  // 1: K and V share page/token/head strides (prefill90: one offset per row)
 };
 
 struct Fa2MergeParams {

@@ -1,0 +1,403 @@
+// attncore cuda_fa2: Hopper (sm_90a) prefill kernel, "prefill90".
+//
+// Notation as in fa2_attention.cuh (packed rows r = tok * G + g, logits in base 2, LSE base 2).
+//   NWG      consumer warpgroups per CTA; each owns 64 packed rows     CTA_Q = 64 * NWG
+//   KVT      keys per K/V tile (the N of S = Q K^T)                    STAGES  K/V smem ring depth
+//
+// Per CTA: one work item (request, packed-row tile, kv range) of one kv head (blockIdx.y), the same
+// work list and params struct as the FA2 kernel.
+//   Q tile and K/V tiles -> smem with cp.async (page-table gather in the copy, page ids loaded one
+//   tile ahead into registers, zero-fill past the end), in the 128-byte swizzled layout wgmma reads:
+//   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
+//   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
+//   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps).
+//   Online softmax in registers (exp2, scale folded), mask only on tiles that cross the causal
+//   diagonal or the kv end.  P is converted to 16-bit in the register-A layout.
+//   O += P V: wgmma m64n{D}k16, A = P from registers, B = V from smem, MN-major (transpose bit).
+//   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
+// Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
+// RoPE, fp8 KV, head dims other than 64 / 128.
+#pragma once
+#include "fa2_attention.cuh"
+#include "fa2_sm90_wgmma.h"
+
+#ifndef FA2_SM90_VSWAP
+#define FA2_SM90_VSWAP 0  // 1: swap LBO / SBO of the MN-major V descriptor (selftest fallback)
+#endif
+
+namespace fa2 {
+namespace sm90 {
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// generic-proxy smem writes (cp.async, st.shared) made visible to the async proxy (wgmma)
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// keep the compiler from moving accumulator accesses across the async mma
+template <int N> __device__ __forceinline__ void reg_fence(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// byte offset of 16-byte chunk c of row r in a 128B-swizzled [ROWS][cols] 16-bit tile
+template <int ROWS> __device__ __forceinline__ uint32_t sw128(int r, int c) {
+  return (uint32_t)((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+// smem matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+// K-major operand (rows = M or N, contiguous along K): k-step kk (16 elements) of a [ROWS][K] tile
+template <int ROWS> __device__ __forceinline__ uint64_t desc_k(uint32_t base, int kk) {
+  return make_desc(base + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024);
+}
+// MN-major B operand of a [KROWS][N] tile (contiguous along N): k-step kk covers rows 16kk..16kk+15.
+// LBO: next 64-column block (KROWS * 128 bytes); SBO: next 8 rows (1024 bytes).
+template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk, bool swap = FA2_SM90_VSWAP) {
+  const uint32_t lbo = KROWS * 128, sbo = 1024;
+  return swap ? make_desc(base + kk * 2048, sbo, lbo) : make_desc(base + kk * 2048, lbo, sbo);
+}
+
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_>
+struct Cfg90 {
+  static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
+  static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
+  static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * NWG;
+  static constexpr int q_bytes = CTA_Q * D * 2;
+  static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
+  static constexpr int stage_bytes = 2 * tile_bytes;
+  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + 1024;  // + alignment slack
+};
+
+template <typename Cfg, typename T, int MASK>
+__global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = Cfg::NTHREADS;
+  constexpr int CPR = D / 8;          // 16-byte chunks per row
+  constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
+  constexpr int NO = D / 2;           // O accumulators per thread
+  static_assert(NT % CPR == 0 && KVT % (NT / CPR) == 0, "tile copy shape");
+  constexpr int RSTEP = NT / CPR;     // rows between a thread's successive chunks
+  constexpr int LROWS = KVT / RSTEP;  // chunks per thread per K (or V) tile
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  uint8_t* smem = smem_raw + pad;
+  const uint32_t sQa = raw + pad;                      // smem addresses
+  const uint32_t sKVa = sQa + Cfg::q_bytes;
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
+  const int kvh = blockIdx.y;
+  const int G = p.group;
+
+  const int* wi = p.work + 5 * blockIdx.x;
+  const int req = wi[0], row0 = wi[1], kv_begin = wi[2], kv_end_item = wi[3], slot = wi[4];
+  const int qo_start = p.qo_indptr[req];
+  const int qo_len = p.qo_indptr[req + 1] - qo_start;
+  const int kv_len = p.kv_lens[req];
+  const int delta = kv_len - qo_len;
+  const int rows_here = min(CTA_Q, qo_len * G - row0);
+  const int tok_lo = row0 / G, tok_hi = (row0 + rows_here - 1) / G;
+  const int kv_lo = kv_begin;
+  int kv_hi = min(kv_end_item, kv_len);
+  if (MASK == kMaskCausal) kv_hi = min(kv_hi, tok_hi + delta + 1);
+  const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KVT - 1) / KVT : 0;
+
+  const T* qg = reinterpret_cast<const T*>(p.q);
+  const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
+  const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
+  const int page_size = p.page_size;
+  const int kv_base = p.kv_indptr[req];
+
+  // ---- Q tile -> smem (zero rows past the request)
+  for (int idx = tid; idx < CTA_Q * CPR; idx += NT) {
+    const int r = idx / CPR, c = idx % CPR;
+    const bool ok = r < rows_here;
+    const T* src = qg;
+    if (ok) {
+      const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
+      src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
+    }
+    cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
+  }
+  cp_async_commit();
+
+  // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
+  const int r0 = tid / CPR, cc = tid % CPR;
+  int pg[LROWS];  // page ids of the next tile to copy (paged)
+#pragma unroll
+  for (int it = 0; it < LROWS; ++it) pg[it] = 0;
+  const int page_shift = p.page_shift;  // >= 0: power-of-two pages, shifts instead of divisions
+  auto fetch_pages = [&](int tile) {
+    if (page_size > 0) {
+      const int t0 = kv_lo + tile * KVT + r0;
+#pragma unroll
+      for (int it = 0; it < LROWS; ++it) {
+        const int t = t0 + it * RSTEP;
+        const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
+        pg[it] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
+      }
+    }
+  };
+  auto load_tile = [&](int tile, int stage) {
+    const int t0 = kv_lo + tile * KVT;
+    uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+    uint8_t* dv = dk + Cfg::tile_bytes;
+    if (page_size == 0) {
+      const int64_t tok0 = (int64_t)(kv_base + t0 + r0);
+      const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + (int64_t)kvh * p.k_stride_h + cc * 8;
+      const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + (int64_t)kvh * p.v_stride_h + cc * 8;
+#pragma unroll
+      for (int it = 0; it < LROWS; ++it) {
+        const int r = r0 + it * RSTEP;
+        const bool ok = t0 + r < kv_hi;
+        const uint32_t so = sw128<KVT>(r, cc);
+        cp_async16(dk + so, ok ? pk + (int64_t)it * RSTEP * p.k_stride_n : pk, ok);
+        cp_async16(dv + so, ok ? pv + (int64_t)it * RSTEP * p.v_stride_n : pv, ok);
+      }
+      return;
+    }
+    // paged: one offset per row when K and V share strides (the usual [pages, 2, ...] cache)
+    const int64_t kh = (int64_t)kvh * p.k_stride_h + cc * 8, vh = (int64_t)kvh * p.v_stride_h + cc * 8;
+    const bool same = p.kv_same_strides != 0;
+#pragma unroll
+    for (int it = 0; it < LROWS; ++it) {
+      const int r = r0 + it * RSTEP;
+      const int t = t0 + r;
+      const bool ok = t < kv_hi;
+      const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+      const int64_t ko = (int64_t)pg[it] * p.k_stride_p + (int64_t)sl * p.k_stride_n;
+      const int64_t vo = same ? ko : (int64_t)pg[it] * p.v_stride_p + (int64_t)sl * p.v_stride_n;
+      const uint32_t so = sw128<KVT>(r, cc);
+      cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
+      cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
+    }
+  };
+
+  // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
+  int row_tok[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wg * 64 + wq * 16 + (lane >> 2) + h2 * 8) / G;
+
+  float o[NO], s[NS];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NS; ++i) s[i] = 0.f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  const float sc = p.scale_log2;
+
+  const uint32_t qbase = sQa + wg * 64 * 128;  // this warpgroup's 64 rows in each column block
+  // S = Q K^T for the K tile in `stage` (issued, not waited)
+  auto issue_s = [&](int stage) {
+    const uint32_t kbase = sKVa + stage * Cfg::stage_bytes;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Q column blocks are CTA_Q rows tall; this warpgroup's rows start 64 * wg rows in
+      const uint64_t da = make_desc(qbase + (kk >> 2) * (CTA_Q * 128) + (kk & 3) * 32, 16, 1024);
+      mma_ss<T, KVT>(s, da, desc_k<KVT>(kbase, kk), kk > 0);
+    }
+  };
+  // O += P V for the V tile in `stage` (issued, not waited)
+  uint32_t a[KVT / 16][4];
+  auto issue_pv = [&](int stage) {
+    const uint32_t vbase = sKVa + stage * Cfg::stage_bytes + Cfg::tile_bytes;
+#pragma unroll
+    for (int kk = 0; kk < KVT / 16; ++kk) mma_rs_t<T, D>(o, a[kk], desc_mn<KVT>(vbase, kk));
+  };
+  // mask + online softmax of tile `tile` in s (in place: s becomes exp2(s * sc - m), fp32)
+  float alpha[2];
+  bool moved = false;
+  auto softmax = [&](int tile) {
+    const int t0 = kv_lo + tile * KVT;
+    const int tile_end = t0 + KVT;
+    bool need_mask = tile_end > kv_hi;
+    if (MASK == kMaskCausal) need_mask |= (tile_end - 1 > tok_lo + delta);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < KVT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kv = t0 + j * 8 + 2 * (lane & 3) + (e & 1);
+          bool keep = kv < kv_hi;
+          if (MASK == kMaskCausal) keep &= kv <= row_tok[e >> 1] + delta;
+          if (!keep) s[j * 4 + e] = kNegInf;
+        }
+    }
+    moved = false;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < KVT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float mnew = fmaxf(m[h2], mx * sc);
+      const float mu = mnew == kNegInf ? 0.f : mnew;
+      alpha[h2] = ex2(m[h2] - mu);
+      moved |= mnew != m[h2];
+      m[h2] = mnew;
+      float rs = 0.f;
+#pragma unroll
+      for (int j = 0; j < KVT / 8; ++j) {
+        const float p0 = ex2(fmaf(s[j * 4 + 2 * h2], sc, -mu)), p1 = ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -mu));
+        s[j * 4 + 2 * h2] = p0;
+        s[j * 4 + 2 * h2 + 1] = p1;
+        rs += p0 + p1;
+      }
+      l[h2] = l[h2] * alpha[h2] + rs;
+    }
+  };
+  // O *= alpha (only when some row max of the warp moved), then P (s) -> 16-bit register-A fragments
+  auto rescale_pack = [&]() {
+    if (__any_sync(0xffffffff, moved)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j * 4 + 0] *= alpha[0];
+        o[j * 4 + 1] *= alpha[0];
+        o[j * 4 + 2] *= alpha[1];
+        o[j * 4 + 3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KVT / 16; ++kk) {
+      a[kk][0] = Pack2<T>::from_float(s[8 * kk + 0], s[8 * kk + 1]);
+      a[kk][1] = Pack2<T>::from_float(s[8 * kk + 2], s[8 * kk + 3]);
+      a[kk][2] = Pack2<T>::from_float(s[8 * kk + 4], s[8 * kk + 5]);
+      a[kk][3] = Pack2<T>::from_float(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  if (n_tiles > 0) {
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < n_tiles) {
+        fetch_pages(st);
+        load_tile(st, st);
+      }
+      cp_async_commit();
+    }
+    fetch_pages(STAGES - 1);
+
+    if constexpr (Cfg::PIPE) {
+      // Software pipeline (STAGES >= 3): S of tile j+1 runs on the tensor cores while ... O += P_j V_j
+      // runs while the softmax of tile j+1 runs on the FP units.  Tile j+2 is copied meanwhile.
+      static_assert(STAGES == 3, "the pipelined loop keeps tiles j (V), j+1 (K) and j+2 (copy) resident");
+      cp_async_wait<STAGES - 2>();
+      fence_async_smem();
+      __syncthreads();
+      reg_fence<NS>(s);
+      wg_fence();
+      issue_s(0);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence<NS>(s);
+      softmax(0);
+      rescale_pack();
+      // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
+      for (int tile = 0; tile < n_tiles - 1; ++tile) {
+        cp_async_wait<0>();  // tile + 1 landed (the only group in flight)
+        fence_async_smem();
+        __syncthreads();     // and every warp is done with tile - 1: its stage takes tile + 2
+        if (tile + 2 < n_tiles) {
+          load_tile(tile + 2, (tile + 2) % STAGES);
+          fetch_pages(tile + 3);
+        }
+        cp_async_commit();
+        reg_fence<NS>(s);
+        reg_fence<NO>(o);
+        wg_fence();
+        issue_s((tile + 1) % STAGES);
+        wg_commit();
+        wg_fence();
+        issue_pv(tile % STAGES);
+        wg_commit();
+        wg_wait<1>();
+        reg_fence<NS>(s);
+        softmax(tile + 1);
+        wg_wait<0>();
+        reg_fence<NO>(o);
+        rescale_pack();
+      }
+      reg_fence<NO>(o);
+      wg_fence();
+      issue_pv((n_tiles - 1) % STAGES);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence<NO>(o);
+    } else {
+      for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();
+        fence_async_smem();
+        __syncthreads();
+        {
+          const int nt = tile + STAGES - 1;
+          if (nt < n_tiles) {
+            load_tile(nt, nt % STAGES);
+            fetch_pages(nt + 1);
+          }
+          cp_async_commit();
+        }
+        reg_fence<NS>(s);
+        wg_fence();
+        issue_s(tile % STAGES);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence<NS>(s);
+        softmax(tile);
+        rescale_pack();
+        reg_fence<NO>(o);
+        wg_fence();
+        issue_pv(tile % STAGES);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence<NO>(o);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue from registers
+  const bool final_out = slot < 0;
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float L = l[h2];
+    L += __shfl_xor_sync(0xffffffff, L, 1);
+    L += __shfl_xor_sync(0xffffffff, L, 2);
+    const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
+    if (lr >= rows_here) continue;
+    const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
+    const float Mu = m[h2] == kNegInf ? 0.f : m[h2];
+    float lse_v = kNegInf, scale = 0.f;
+    if (L > 0.f) {
+      if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
+      lse_v = Mu + log2f(L);
+      scale = (final_out ? p.out_scale : 1.f) / L;
+    }
+    if (final_out) {
+      T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h +
+               2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + j * 8) =
+            Pack2<T>::from_float(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
+      if ((lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
+    } else {
+      float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
+      if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok) * p.num_qo_heads + h] = lse_v;
+    }
+  }
+#else
+  __trap();  // built for another target than sm_90a
+#endif
+}
+
+}  // namespace sm90
+}  // namespace fa2
