@@ -193,7 +193,8 @@ def _time_backend(name, problem, meta, args, be, flops, nbytes, check):
     RESULTS["workloads"][name] = r
     print(f"{name:28s} {ms:8.3f} ms  " + (f"{r['TFLOPs']:6.0f} TFLOP/s " if flops else "") +
           (f"{r['TBps']:5.2f} TB/s " if nbytes else "") + f"first {t_first:5.2f}s err {err}"
-          f" cfg {plan.stats['config']} splits {plan.stats['max_splits']}", flush=True)
+          f" cfg {plan.stats.get('dense') or plan.stats['config']} splits {plan.stats['max_splits']}"
+          + (f" dense_failed {plan.stats['dense_failed']}" if plan.stats.get("dense_failed") else ""), flush=True)
     return r
 
 
@@ -224,18 +225,30 @@ def sdpa(name, qo, kv, hq, hkv, d, causal, flops):
     return res
 
 
-def sweep(name, problem, meta, args, rows):
-    cands = tcfg.candidates(problem, rows, interpret=False, cc=torch.cuda.get_device_capability())
+def sweep(name, problem, meta, args, rows, check=None, flops=None):
+    """Time every candidate config of the problem; each is checked first (output poisoned)."""
+    cands = [dict(config=c.as_dict()) for c in
+             tcfg.candidates(problem, rows, interpret=False, cc=torch.cuda.get_device_capability())]
+    if problem.page_size is None:  # the Hopper dense kernel's configs too
+        cands = [dict(dense=c.as_dict()) for c in tcfg.dense_candidates(
+            problem, problem.mask == "causal", sweep=True)] + cands
     out = []
-    for c in cands:
-        be = TritonBackend(config=c.as_dict())
+    for kw in cands:  # {"config": generic-kernel config} or {"dense": dense-kernel config}
+        be = TritonBackend(**kw)
         try:
             plan = be.plan(problem, meta)
+            args.out.fill_(float("nan"))
             be.run(plan, args)
+            err = check() if check else None
             ms = bench(lambda: be.run(plan, args), warmup=10, rep=50)
-            out.append(dict(config=c.as_dict(), ms=ms))
+            out.append(dict(config=kw, ms=ms, rel_err=err, stats=plan.stats,
+                            TFLOPs=flops / ms / 1e9 if flops else None))
+            if plan.stats.get("dense_failed"):
+                print(f"    {name} dense failed: {plan.stats['dense_failed']}", flush=True)
+            print(f"    {name} {kw} {ms:.3f} ms" + (f" {flops / ms / 1e9:.0f} TFLOP/s" if flops else "")
+                  + f" err {err}", flush=True)
         except Exception as e:
-            out.append(dict(config=c.as_dict(), error=f"{type(e).__name__}: {str(e)[:160]}"))
+            out.append(dict(config=kw, error=f"{type(e).__name__}: {str(e)[:160]}"))
     RESULTS["sweep"][name] = out
     ok = [o for o in out if "ms" in o]
     if ok:
@@ -311,8 +324,8 @@ def main():
             return ((ob - o).norm() / o.norm()).item()
         time_backend(name, pr, me, ar, flops=fl, check=chk)
         sdpa(name, qo, kv, hq, hkv, d, causal, fl)
-        if a.sweep and name in ("P2_d256_causal",):
-            sweep(name, pr, me, ar, qo * hq // hkv)
+        if a.sweep:
+            sweep(name, pr, me, ar, qo * hq // hkv, check=chk, flops=fl)
         del pr, me, ar
         torch.cuda.empty_cache()
     for name, B, qo, kv, page in (("P3_p16", 8, 2048, 2048, 16), ("P3_p1", 8, 2048, 2048, 1),
@@ -320,10 +333,11 @@ def main():
         if not want(name.split("_")[0]):
             continue
         pr, me, ar, ref = paged_setup("batch_prefill_paged", B, qo, kv, 32, 8, 128, page, causal=True)
-        time_backend(name, pr, me, ar, flops=prefill_flops(qo, kv, 32, 128, True, B),
-                     check=lambda: check_paged(ar, ref, True))
-        if a.sweep and name in ("P4",):
-            sweep(name, pr, me, ar, qo * 4)
+        fl = prefill_flops(qo, kv, 32, 128, True, B)
+        chk = lambda: check_paged(ar, ref, True)  # noqa: E731
+        time_backend(name, pr, me, ar, flops=fl, check=chk)
+        if a.sweep:
+            sweep(name, pr, me, ar, qo * 4, check=chk, flops=fl)
         del pr, me, ar, ref
         torch.cuda.empty_cache()
 
@@ -338,8 +352,10 @@ def main():
                        kv_lens_host=[qo] * B, params=AttnParams(sm_scale=1 / math.sqrt(128), causal=True), device=DEV)
         pr = AttentionProblem(op="batch_prefill_ragged", device_type="cuda", compute_capability=CC, q_dtype=BF16,
                               kv_dtype=BF16, out_dtype=BF16, num_qo_heads=32, num_kv_heads=8, mask="causal")
-        time_backend("P3_ragged", pr, me, RunArgs(q=q, k=k, v=v, out=torch.empty_like(q)),
-                     flops=prefill_flops(qo, qo, 32, 128, True, B))
+        ar = RunArgs(q=q, k=k, v=v, out=torch.empty_like(q))
+        time_backend("P3_ragged", pr, me, ar, flops=prefill_flops(qo, qo, 32, 128, True, B))
+        if a.sweep:
+            sweep("P3_ragged", pr, me, ar, qo * 4, flops=prefill_flops(qo, qo, 32, 128, True, B))
         del q, k, v
         torch.cuda.empty_cache()
 

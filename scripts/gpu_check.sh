@@ -7,10 +7,14 @@ export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
 python3 -m attncore.cli info > "$OUT/info.txt" 2>&1; head -3 "$OUT/info.txt"
-python3 -m attncore.cli bench --workload P1 --workload D1 --workload D5 --workload X1-q1 \
-  --backend auto --backend triton --backend cuda_fa2 --backend xqa --backend sdpa \
+python3 -m attncore.cli bench --workload P1 --workload P3 --workload P4 --workload D1 --workload D5 \
+  --workload X1-q1 --backend auto --backend triton --backend cuda_fa2 --backend xqa --backend sdpa \
   --json "$OUT/bench.json" > "$OUT/bench.txt" 2> "$OUT/bench.log"
-python3 -m pytest -q -x tests/test_cuda_graph_api.py tests/test_xqa.py -k "graph" 2>&1 | tail -3 | tee "$OUT/tests.txt"
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py -k "gpu_dense" \
+  > "$OUT/tests.txt" 2>&1
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graph_api.py tests/test_xqa.py -k "graph" \
+  >> "$OUT/tests.txt" 2>&1
+grep -a "passed\|failed" "$OUT/tests.txt"
 timeout 240 python3 -m attncore.cli check --quick --json "$OUT/check.json" > "$OUT/check.txt" 2> "$OUT/check.log"
-echo "check rc=$?"; tail -4 "$OUT/check.txt"
+echo "check rc=$?"; tail -2 "$OUT/check.txt"
 cat "$OUT/bench.txt"

@@ -291,6 +291,20 @@ def test_single_prefill_layout_noncontig(layout):
 
 
 @cpu_only
+@pytest.mark.parametrize("causal,layout,one_loop,branch", [
+    (True, "NHD", False, False), (False, "HND", False, False), (True, "HND", True, False),
+    (False, "NHD", True, False), (True, "NHD", True, True), (False, "HND", True, True)])
+def test_dense_kernel_interpreted(causal, layout, one_loop, branch):
+    # the Hopper dense kernel's logic (descriptors, tails, qo > kv, empty KV, sinks, LSE), forced
+    # with small tiles and no warp specialization so that the interpreter runs it
+    be = TritonBackend(dense=dict(block_m=16, block_n=16, num_warps=4, num_stages=1, warp_specialize=False,
+                                  one_loop=one_loop, branch=branch))
+    plan = run_case("batch_prefill_ragged", qo_lens=[40, 5, 0, 33, 16], kv_lens=[30, 70, 7, 33, 0],
+                    causal=causal, layout=layout, sinks=True, hq=4, hkv=2, d=64, backend=be, seed=33)
+    assert plan.dense and "dense_failed" not in plan.stats, plan.stats
+
+
+@cpu_only
 def test_batch_prefill_ragged_edges():
     # kv 0, qo > kv (rows that see nothing under causal), 1 token, longer
     run_case("batch_prefill_ragged", qo_lens=[5, 9, 1, 30, 0], kv_lens=[0, 4, 1, 70, 3], causal=True,
@@ -429,6 +443,38 @@ GPU_DTYPES = [torch.bfloat16, torch.float16]
 def test_gpu_single_prefill(dtype, causal, d):
     run_case("single_prefill", qo_lens=[300], kv_lens=[517], hq=8, hkv=2, d=d, dtype=dtype,
              causal=causal, device="cuda", seed=d)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("causal,layout,noncontig", [(True, "NHD", False), (False, "HND", True),
+                                                     (True, "HND", True), (False, "NHD", False)])
+def test_gpu_dense_prefill(dtype, causal, layout, noncontig):
+    # the Hopper dense kernel (TMA + warp specialization): ragged tails, qo > kv under causal,
+    # an empty KV, GQA, sinks and LSE; elsewhere the same case runs the generic kernel
+    d = 128 if causal else 64
+    be = TritonBackend(kv_chunk=0)  # no split-KV: this small batch would be split (generic kernel)
+    plan = run_case("batch_prefill_ragged", qo_lens=[200, 5, 0, 129, 64], kv_lens=[150, 300, 7, 129, 0],
+                    causal=causal, layout=layout, noncontig=noncontig, sinks=True, hq=8, hkv=2, d=d,
+                    dtype=dtype, device="cuda", seed=31, backend=be)
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert plan.dense and "dense_skipped" not in plan.stats, plan.stats
+    else:
+        assert not plan.dense
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_dense_configs(causal):
+    # every default dense config, each forced: exact where it compiles
+    from attncore.backends.triton import config as tcfg
+    p = AttentionProblem(op="batch_prefill_ragged", mask="causal" if causal else "none")
+    for c in tcfg.dense_candidates(p, causal):
+        be = TritonBackend(dense=c.as_dict(), kv_chunk=0)
+        run_case("batch_prefill_ragged", qo_lens=[300, 70], kv_lens=[517, 70], causal=causal, hq=8, hkv=2,
+                 d=128, dtype=torch.bfloat16, device="cuda", seed=32, backend=be)
 
 
 @gpu

@@ -84,6 +84,8 @@ class TritonPlan:
     num_merge_rows: int = 0
     stats: dict = field(default_factory=dict)
     launch_cache: dict = field(default_factory=dict)  # run() key -> prepared launchers
+    dense: list = field(default_factory=list)  # Hopper dense-prefill configs to try, in order
+    dense_work: dict = field(default_factory=dict)  # block_m -> (work [n, 2] int32, n)
 
 
 class TritonBackend(Backend):
@@ -96,15 +98,20 @@ class TritonBackend(Backend):
     kv_chunk : int, optional
         Force split-KV with partitions of this many keys (rounded up to block_n) for requests
         longer than it (tests); 0 disables splitting.  Default: decided per plan from the SM count.
+    dense : bool or dict, default True
+        Use the Hopper dense-prefill kernel (TMA + warp specialization, kernels/dense.py) where it
+        applies; a dict forces one of its configs (tuning).  False: always the generic kernel.
     """
 
     name = "triton"
     description = "Triton kernels: GQA-packed paged/ragged attention, split-KV decode, fp8 KV"
     capabilities = CAPABILITIES
 
-    def __init__(self, *, config: Optional[dict] = None, kv_chunk: Optional[int] = None):
+    def __init__(self, *, config: Optional[dict] = None, kv_chunk: Optional[int] = None,
+                 dense: Any = True):
         self._config = config
         self._kv_chunk = kv_chunk
+        self._dense = dense
 
     # ------------------------------------------------------------------ availability
     def available(self) -> List[Reason]:
@@ -293,7 +300,39 @@ class TritonBackend(Backend):
             plan.num_merge_rows = len(merge_rows)
         plan.stats = dict(items=len(items), tiles=tiles, chunk=chunk, max_splits=max_splits,
                           config=cfg.as_dict())
+        forced = isinstance(self._dense, dict)  # a forced config also runs where auto would not
+        if (self._dense and self._config is None and not merge_rows
+                and (forced or (not interp and cc is not None and cc[0] == 9 and rows_max > 64))
+                and self._dense_serves(problem, mask_mode)):
+            self._plan_dense(plan, qo_lens, kv_host, causal)
         return plan
+
+    @staticmethod
+    def _dense_serves(p: AttentionProblem, mask_mode: int) -> bool:
+        """The dense kernel serves plain prefill over ragged KV (see kernels/dense.py); auto uses
+        it on Hopper for prefill-shaped batches (more than 64 packed rows in some request)."""
+        return (p.op in ("single_prefill", "batch_prefill_ragged") and p.page_size is None
+                and mask_mode in (MASK_NONE, MASK_CAUSAL)
+                and p.q_dtype in (_F16, _BF16) and p.kv_dtype == p.q_dtype and p.out_dtype == p.q_dtype
+                and p.head_dim_qk == p.head_dim_vo and p.head_dim_qk in (64, 128)
+                and p.pos_encoding == "NONE" and not p.soft_cap and p.window_left < 0)
+
+    def _plan_dense(self, plan: TritonPlan, qo_lens, kv_host, causal: bool) -> None:
+        from . import config as _cfg
+
+        cands = ([_cfg.DenseConfig(**self._dense)] if isinstance(self._dense, dict)
+                 else _cfg.dense_candidates(plan.problem, causal))
+        for bm in sorted({c.block_m for c in cands}):
+            items = []
+            for i, (qo, kv) in enumerate(zip(qo_lens, kv_host)):
+                for m0 in range(0, qo, bm):
+                    cost = max(0, min(kv, m0 + bm + kv - qo)) if causal else kv
+                    items.append((cost, i, m0))
+            items.sort(key=lambda t: -t[0])  # heaviest first
+            flat = [x for t in items for x in t[1:]] or [0, 0]
+            plan.dense_work[bm] = (torch.tensor(flat, dtype=torch.int32).to(plan.device), len(items))
+        plan.dense = cands
+        plan.stats["dense"] = cands[0].as_dict()
 
     # ------------------------------------------------------------------ run
     def run(self, plan: TritonPlan, args: RunArgs) -> None:
@@ -381,6 +420,10 @@ class TritonBackend(Backend):
         p, prm, c = plan.problem, plan.meta.params, plan.cfg
         q, k, v, out = args.q, args.k, args.v, args.out
         split = plan.num_merge_rows > 0
+        if plan.dense:
+            fwd = TritonBackend._launch_dense(plan, args, ks, vs, sm * LOG2E, out_scale)
+            if fwd is not None:
+                return fwd, (lambda *a: None)
         fwd = attention_fwd(
             q, k, v, out, args.lse, plan.tmp_o, plan.tmp_lse, plan.work, plan.num_items,
             plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_lens, mask_bytes, mask_indptr,
@@ -400,6 +443,36 @@ class TritonBackend(Backend):
                          args.sinks, num_rows=plan.num_merge_rows, head_dim=p.head_dim_vo,
                          out_scale=out_scale, max_splits=plan.max_splits)
         return fwd, merge
+
+    @staticmethod
+    def _launch_dense(plan, args, ks, vs, qk_scale, out_scale):
+        """Launch the dense kernel with the first config that compiles; None: not applicable to
+        these tensors (alignment, scale sign) or no config compiled -> the generic kernel."""
+        from .kernels.dense import dense_fwd, tma_ready
+
+        q, k, v, out = args.q, args.k, args.v, args.out
+        if qk_scale <= 0 or not tma_ready(q, k, v, out):
+            plan.stats["dense_skipped"] = "unaligned tensors or sm_scale <= 0"
+            return None
+        while plan.dense:
+            c = plan.dense[0]
+            work, n = plan.dense_work[c.block_m]
+            try:
+                fwd = dense_fwd(q, k, v, out, args.lse, args.sinks, work, n, plan.qo_indptr,
+                                plan.kv_indptr, group_size=plan.problem.group_size,
+                                head_dim=plan.problem.head_dim_qk, kv_strides=ks[1:], v_strides=vs[1:],
+                                causal=plan.mask_mode == MASK_CAUSAL, qk_scale=qk_scale,
+                                out_scale=out_scale, block_m=c.block_m, block_n=c.block_n,
+                                num_warps=c.num_warps, num_stages=c.num_stages,
+                                warp_specialize=c.warp_specialize, one_loop=c.one_loop,
+                                branch=c.branch)
+            except Exception as e:  # a config Triton cannot compile here: try the next one
+                plan.stats.setdefault("dense_failed", []).append(f"{c.as_dict()}: {type(e).__name__}: {str(e)[:200]}")
+                plan.dense = plan.dense[1:]
+                continue
+            plan.stats["dense"] = c.as_dict()
+            return fwd
+        return None
 
     @staticmethod
     def _check(plan: TritonPlan, args: RunArgs) -> None:

@@ -90,6 +90,40 @@ def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tupl
     return out
 
 
+@dataclass(frozen=True)
+class DenseConfig:
+    """Launch config of the Hopper dense-prefill kernel (kernels/dense.py)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    warp_specialize: bool
+    one_loop: bool = False  # every KV tile through one loop (vs unmasked + masked loops)
+    branch: bool = False  # one_loop: mask only the tiles that need it (a scalar branch per tile)
+
+    def as_dict(self) -> dict:
+        return dict(block_m=self.block_m, block_n=self.block_n, num_warps=self.num_warps,
+                    num_stages=self.num_stages, warp_specialize=self.warp_specialize,
+                    one_loop=self.one_loop, branch=self.branch)
+
+
+def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[DenseConfig]:
+    """Configs of the dense kernel, best measured first (H100, triton 3.6, 2026-11-22,
+    benchmarks/triton.md: P1 causal 424 TFLOP/s with 64x64 tiles, one loop that masks only the
+    diagonal tiles; non-causal 499-508 with two loops).  run() falls back down the list, then to
+    the generic kernel, if a config fails to compile.  Warp-specialized configs are not defaults:
+    with Triton 3.6 they crash the compiler when another loop follows, and the one-loop form gave
+    LSEs that differed in the last bits between two identical runs (a race); ``sweep`` adds them
+    for measurement only."""
+    if causal:
+        out = [DenseConfig(64, 64, 4, 3, False, True, True), DenseConfig(64, 64, 4, 3, False)]
+        extra = [DenseConfig(128, 64, 4, 2, True, True, True)]
+    else:
+        out = [DenseConfig(64, 64, 4, 3, False), DenseConfig(64, 64, 4, 3, False, True, True)]
+        extra = [DenseConfig(128, 64, 4, 2, True, True, True)]
+    return out + extra if sweep else out
+
+
 def pick(problem, rows_per_req: int, device: torch.device, *, interpret: bool,
          cc: Optional[Tuple[int, int]] = None) -> LaunchConfig:
     key = config_key(problem, rows_per_req, device)
