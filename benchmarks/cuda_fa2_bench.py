@@ -23,6 +23,9 @@ DEV = torch.device("cuda", 0)
 BF16 = torch.bfloat16
 
 
+SEQ_PAGES = False
+
+
 def bench(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
@@ -64,7 +67,8 @@ def make(op, lens, hq, hkv, d, causal, paged, page_size=16, dtype=BF16, kv_dtype
         cache = torch.randn(total, 2, page_size, hkv, d, device=DEV, dtype=torch.float32 if kv_dtype.itemsize == 1 else dtype)
         cache = cache.to(kv_dtype)
         k, v = cache[:, 0], cache[:, 1]
-        perm = torch.randperm(total, device=DEV).to(torch.int32)
+        # SEQ_PAGES (diagnostic): pages in order instead of a random permutation
+        perm = (torch.arange(total, device=DEV) if SEQ_PAGES else torch.randperm(total, device=DEV)).to(torch.int32)
         kv_indptr = [0]
         for n in npages:
             kv_indptr.append(kv_indptr[-1] + n)

@@ -41,19 +41,38 @@ def main():
                                   ("P2 d64 causal", [(4096, 4096)], 64, True)):
         res["checks"][name] = r = check_vs_sdpa(lens, 32, 8, d, causal)
         print("check vs SDPA fp32", name, r, flush=True)
+    CudaFa2Backend.sm90_ws = False  # the non-specialized kernel on the same outputs
+    for name, lens, d, causal in (("P1 causal nows", [(4096, 4096)], 128, True),):
+        res["checks"][name] = r = check_vs_sdpa(lens, 32, 8, d, causal)
+        print("check vs SDPA fp32", name, r, flush=True)
+    CudaFa2Backend.sm90_ws = True
     P = res["prefill"]
-    for pipe in (False, True):  # both prefill90 loops (plain = the default)
-        CudaFa2Backend.sm90_pipe = pipe
-        sd = not pipe
+    # prefill90 variants: warp-specialized plain loop (default), the non-specialized loops, pipelined + ws
+    names = os.environ.get("FA2_SM90_BENCH_VARIANTS", "ws,loop,pipe,pipe_ws").split(",")
+    for vi, var in enumerate(names):
+        pipe, ws = "pipe" in var, "ws" in var
+        CudaFa2Backend.sm90_pipe, CudaFa2Backend.sm90_ws = pipe, ws
+        sd = vi == 0
         P.append(cb.prefill_case("P1 causal", [(4096, 4096)], 32, 8, 128, True, False, sdpa=sd))
         P.append(cb.prefill_case("P1 non-causal", [(4096, 4096)], 32, 8, 128, False, False, sdpa=sd))
         P.append(cb.prefill_case("P2 d64 causal", [(4096, 4096)], 32, 8, 64, True, False, sdpa=sd))
         P.append(cb.prefill_case("P3 page16", [(2048, 2048)] * 8, 32, 8, 128, True, True, 16))
         P.append(cb.prefill_case("P3 page1", [(2048, 2048)] * 8, 32, 8, 128, True, True, 1))
+        P.append(cb.prefill_case("P3 ragged", [(2048, 2048)] * 8, 32, 8, 128, True, False))  # P3 shape, no pages
         P.append(cb.prefill_case("P4 append", [(512, 4096)] * 16, 32, 8, 128, True, True, 16))
-        for r in P[-6:]:
-            r["pipe"] = pipe
+        for r in P[-7:]:
+            r["pipe"], r["ws"], r["variant"] = pipe, ws, var
             print(r, flush=True)
+        if vi == 0:  # diagnostic: the same paged problems with the pages in order (no random placement)
+            cb.SEQ_PAGES = True
+            P.append(cb.prefill_case("P3 page16 seq", [(2048, 2048)] * 8, 32, 8, 128, True, True, 16))
+            P.append(cb.prefill_case("P3 page1 seq", [(2048, 2048)] * 8, 32, 8, 128, True, True, 1))
+            P.append(cb.prefill_case("P4 seq", [(512, 4096)] * 16, 32, 8, 128, True, True, 16))
+            cb.SEQ_PAGES = False
+            for r in P[-3:]:
+                r["pipe"], r["ws"], r["variant"] = pipe, ws, var
+                print(r, flush=True)
+    CudaFa2Backend.sm90_ws = True
     CudaFa2Backend.sm90_pipe = False
     CudaFa2Backend.sm90 = False  # the FA2 kernel on the same day, same process
     F = res["fa2"]
@@ -70,7 +89,7 @@ def main():
         for b in ("cudnn", "flash"):
             if f"sdpa_{b}_ms" in r:
                 extra += f" | {b} {r[f'sdpa_{b}_ms']:.3f} ms {r[f'sdpa_{b}_TFLOPs']:.0f}"
-        print(f"{r['name']:16s} {'pipe' if r['pipe'] else 'loop'} {r['ms']:.3f} ms {r['TFLOPs']:6.0f} TFLOP/s [{r['config']}, {r['work_items']} items"
+        print(f"{r['name']:16s} {r['variant']:8s} {r['ms']:.3f} ms {r['TFLOPs']:6.0f} TFLOP/s [{r['config']}, {r['work_items']} items"
               f"{', split' if r['split'] else ''}]{extra}")
     for r in F:
         print(f"FA2 {r['name']:12s} {r['ms']:.3f} ms {r['TFLOPs']:6.0f} TFLOP/s [{r['config']}]")

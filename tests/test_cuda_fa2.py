@@ -100,6 +100,11 @@ def test_uri_naming_roundtrip():
     assert kpi.uri == "cuda_fa2_prefill90_bf16_d128_causal_pipe" and specs.parse(kpi.uri).defines == kpi.spec().defines
     with pytest.raises(ValueError):
         specs.Fa2Key("prefill", "bf16", "same", 128, "causal", pipe=True).spec()
+    kws = specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True, ws=True)
+    assert kws.uri == "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws" and specs.parse(kws.uri).defines == kws.spec().defines
+    assert ("FA2_H_WS", "1") in kws.spec().defines
+    with pytest.raises(ValueError):
+        specs.Fa2Key("prefill", "bf16", "same", 128, "causal", ws=True).spec()
     for bad in (dict(mask="custom"), dict(head_dim=256), dict(kv="e4m3"), dict(softcap=True)):
         with pytest.raises(ValueError):
             specs.Fa2Key(**{**dict(config="prefill90", dtype="bf16", head_dim=128, mask="causal"), **bad}).spec()
@@ -117,11 +122,13 @@ def test_compile_check_real_sources_sm80_sm90():
 def test_compile_check_sm90a_prefill_and_selftest():
     """The Hopper kernel and its wgmma selftest build for sm_90a (-gencode arch=compute_90a,code=sm_90a)."""
     sp = [specs.Fa2Key("prefill90", "bf16", "same", 128, "causal").spec(),
-          specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True).spec(), specs.selftest_spec()]
+          specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True).spec(),
+          specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", ws=True).spec(),
+          specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True).spec(), specs.selftest_spec()]
     res = jit.compile_check(sp, archs=("90",), jobs=2, ptxas_verbose=True)
     assert all("compute_90a,code=sm_90a" in " ".join(jit._flags(s, "90")) for s in sp)
-    for r in res[:2]:  # no local memory, no wgmma serialization (ptxas C7514 / C7515)
-        assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log, r.log
+    for r in res[:4]:  # no local memory, no wgmma serialization (ptxas C7514 / C7515)
+        assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log and "C7508" not in r.log, r.log
 
 
 def test_sm90_selection_reasons():
@@ -168,6 +175,7 @@ class Case:
     mask_rows_off: bool = False  # custom mask with some fully masked rows
     force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
     sm90_pipe: Optional[bool] = None  # prefill90: pipelined loop forced on / off (None: plan's rule)
+    sm90_ws: Optional[bool] = None  # prefill90: warp-specialized variant on / off (None: the default)
 
 
 def _pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
@@ -286,6 +294,8 @@ def run_case(c: Case, seed: int = 0):
     backend = CudaFa2Backend()
     backend.force_config = c.force_config
     backend.sm90_pipe = c.sm90_pipe
+    if c.sm90_ws is not None:
+        backend.sm90_ws = c.sm90_ws
     assert backend.reasons(problem) == [], backend.reasons(problem)
     i32 = dict(dtype=torch.int32, device=dev)
     meta = BatchMeta(
@@ -395,10 +405,11 @@ def test_prefill_tile_configs(cfg, dtype):
 @needs_cuda
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("ws", [False, True], ids=["nows", "ws"])
 @pytest.mark.parametrize("pipe", [False, True], ids=["loop", "pipe"])
-def test_prefill90(dtype, pipe):
+def test_prefill90(dtype, pipe, ws):
     """The Hopper wgmma kernel: paged (pages 16 / 1 / 3, NHD / HND), ragged, GQA, LSE, sinks, split-KV."""
-    kw = dict(dtype=dtype, force_config="prefill90", sm90_pipe=pipe)
+    kw = dict(dtype=dtype, force_config="prefill90", sm90_pipe=pipe, sm90_ws=ws)
     run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
                   page_size=16, **kw))
     run_case(Case([(64, 1000), (200, 201)], hq=8, hkv=2, paged=False, d=64, **kw))
@@ -408,6 +419,7 @@ def test_prefill90(dtype, pipe):
         run_case(Case([(90, 333), (17, 17)], hq=8, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.pipe == pipe
+    assert plan.lib.key.ws == ws
 
 
 @gpu

@@ -98,6 +98,10 @@ class CudaFa2Backend(Backend):
     # prefill90 main loop: False = plain 2-stage loop (default), True = the pipelined 3-stage loop
     # (`_pipe`; measured within noise of the plain loop on H100, 2026-11-22: 373 vs 384 TFLOP/s on P1 causal).
     sm90_pipe = False
+    # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
+    # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
+    # P4 328 vs 316 for the non-specialized plain loop, same run.
+    sm90_ws = True
 
     def available(self) -> List[Reason]:
         from attncore import jit
@@ -135,6 +139,7 @@ class CudaFa2Backend(Backend):
                       rope=problem.pos_encoding == "ROPE_LLAMA",
                       prefetch=config == "decode" and 0 < page_size <= 4,
                       pipe=config == "prefill90" and bool(self.sm90_pipe),
+                      ws=config == "prefill90" and bool(self.sm90_ws),
                       tune=tuple(self.tune))
 
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:

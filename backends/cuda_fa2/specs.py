@@ -3,7 +3,7 @@
 URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
     cuda_fa2_<prefill|prefill64|prefill90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
-             [_softcap][_alibi][_rope][_pf][_pipe]
+             [_softcap][_alibi][_rope][_pf][_pipe][_ws]
 
 ``prefill`` is the 128-row (64 for d256) Q tile with 4 warps along Q; ``prefill64`` the 64-row tile
 (one m16 tile per warp), chosen for causal problems whose diagonal dominates (qo_len ~ kv_len);
@@ -15,6 +15,9 @@ RoPE (plan() checks the rest: no window).
 ``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
 cores while the softmax runs); measured within noise of the plain loop, so an option
 (``CudaFa2Backend.sm90_pipe``), not the default.
+``_ws`` (prefill90 only): warp-specialized: a producer warpgroup (48 registers via ``setmaxnreg``) issues
+every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers, and the two
+consumer warpgroups (232 registers) only compute (``CudaFa2Backend.sm90_ws``).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time
@@ -53,6 +56,7 @@ class Fa2Key:
     rope: bool = False
     prefetch: bool = False  # decode: page ids fetched a tile ahead into registers (small pages)
     pipe: bool = False  # prefill90: software-pipelined main loop
+    ws: bool = False  # prefill90: warp-specialized (producer warpgroup)
     tune: Tuple[Tuple[str, str], ...] = ()  # tile-shape overrides (tuning experiments only)
 
     @property
@@ -68,6 +72,8 @@ class Fa2Key:
             parts.append("pf")
         if self.pipe:
             parts.append("pipe")
+        if self.ws:
+            parts.append("ws")
         if self.tune:
             parts.append("t" + "".join(f"{k.lower().replace('fa2_', '')}{v}" for k, v in self.tune))
         return "_".join(parts)
@@ -82,6 +88,8 @@ class Fa2Key:
             raise ValueError("cuda_fa2: page-id prefetch (_pf) is a decode-tile option")
         if self.pipe and self.config != "prefill90":
             raise ValueError("cuda_fa2: the pipelined loop (_pipe) is a prefill90 option")
+        if self.ws and self.config != "prefill90":
+            raise ValueError("cuda_fa2: warp specialization (_ws) is a prefill90 option")
         if self.config == "prefill90" and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
                                            or self.rope or self.head_dim not in SM90_HEAD_DIMS):
             raise ValueError(f"cuda_fa2: prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features: {self}")
@@ -91,6 +99,7 @@ class Fa2Key:
             ("FA2_MASK", str(MASKS[self.mask])), ("FA2_SOFTCAP", str(int(self.softcap))),
             ("FA2_ALIBI", str(int(self.alibi))), ("FA2_ROPE", str(int(self.rope))),
         ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
+            + ((("FA2_H_WS", "1"),) if self.ws else ()) \
             + tuple(self.tune)
         return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
                         description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"),
@@ -99,15 +108,16 @@ class Fa2Key:
 
 _URI_RE = re.compile(
     r"^cuda_fa2_(prefill64|prefill90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
-    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)(?:_sm\d+)?$")
+    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)((?:_ws)?)(?:_sm\d+)?$")
 
 
 def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not a cuda_fa2 specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    cfg, dt, kv, d, mask, sc, al, ro, pf, pi = m.groups()
-    return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf), bool(pi)).spec()
+    cfg, dt, kv, d, mask, sc, al, ro, pf, pi, ws = m.groups()
+    return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf), bool(pi),
+                  bool(ws)).spec()
 
 
 def common_keys() -> List[Fa2Key]:
@@ -125,8 +135,8 @@ def common_keys() -> List[Fa2Key]:
 
 def sm90_keys() -> List[Fa2Key]:
     """The Hopper (sm_90a) prefill specializations: both dtypes, d64/d128, masks none/causal."""
-    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
-            for m in ("none", "causal") for pi in (False, True)]
+    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
+            for m in ("none", "causal") for pi in (False, True) for ws in (False, True)]
 
 
 def selftest_spec() -> jit.Spec:

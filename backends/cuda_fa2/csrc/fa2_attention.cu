@@ -91,12 +91,18 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #ifndef FA2_H_PIPE
 #define FA2_H_PIPE 0
 #endif
+#ifndef FA2_H_WS
+#define FA2_H_WS 0  // 1: warp-specialized (a producer warpgroup does every copy, 3-stage mbarrier ring)
+#endif
+#ifndef FA2_H_PREG
+#define FA2_H_PREG 48  // WS: producer registers (setmaxnreg); the consumers get the rest
+#endif
 #ifndef FA2_H_STAGES
-#define FA2_H_STAGES (FA2_H_PIPE ? 3 : 2)
+#define FA2_H_STAGES ((FA2_H_PIPE || FA2_H_WS) ? 3 : 2)
 #endif
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && D != 256,
               "prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features");
-using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0>;
+using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG>;
 auto kernel = fa2::sm90::fa2_sm90_kernel<Cfg90, T, FA2_MASK>;
 constexpr int kCtaQ = Cfg90::CTA_Q, kKvt = Cfg90::KVT, kThreads = Cfg90::NTHREADS, kSmem = Cfg90::smem_bytes;
 #else

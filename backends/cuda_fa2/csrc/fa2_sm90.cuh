@@ -61,21 +61,60 @@ template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, 
   return swap ? make_desc(base + kk * 2048, sbo, lbo) : make_desc(base + kk * 2048, lbo, sbo);
 }
 
-template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_>
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 48>
 struct Cfg90 {
   static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
-  static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * NWG;
+  // WS: warp-specialized, one producer warpgroup (warpgroup 0, PREG registers) issues every copy
+  // (Q, K/V page gather) and hands stages over with mbarriers; the NWG consumer warpgroups only compute.
+  static constexpr bool WS = WS_;
+  static constexpr int PREG = PREG_;
+  static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
+  // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
+  // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
+  static constexpr int LAUNCH_REG = (65536 / NTHREADS) / 8 * 8;
+  static constexpr int CREG_ = ((LAUNCH_REG * NTHREADS - 128 * PREG) / (128 * NWG)) / 8 * 8;
+  static constexpr int CREG = CREG_ > 240 ? 240 : CREG_;
+  static_assert(!WS || 128 * PREG + 128 * NWG * CREG <= LAUNCH_REG * NTHREADS, "setmaxnreg pool");
   static constexpr int q_bytes = CTA_Q * D * 2;
   static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
   static constexpr int stage_bytes = 2 * tile_bytes;
-  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + 1024;  // + alignment slack
+  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers, page-id table [2][KVT]
+  static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
+  static constexpr int tab_off = bar_off + 16 * STAGES;
+  static constexpr int ws_bytes = WS ? 16 * STAGES + 8 * KVT : 0;
+  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
 };
+
+// mbarrier helpers (CTA scope)
+__device__ __forceinline__ void mbar_init(uint32_t a, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 template <typename Cfg, typename T, int MASK>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = Cfg::NTHREADS;
+  constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
   constexpr int NO = D / 2;           // O accumulators per thread
@@ -90,7 +129,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   const uint32_t sQa = raw + pad;                      // smem addresses
   const uint32_t sKVa = sQa + Cfg::q_bytes;
 
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
+  const int tid = threadIdx.x, lane = tid & 31, wq = (tid >> 5) & 3;
+  const int wg = (tid >> 7) - (Cfg::WS ? 1 : 0);  // consumer warpgroup (-1: the WS producer)
   const int kvh = blockIdx.y;
   const int G = p.group;
 
@@ -112,71 +152,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
   const int page_size = p.page_size;
   const int kv_base = p.kv_indptr[req];
-
-  // ---- Q tile -> smem (zero rows past the request)
-  for (int idx = tid; idx < CTA_Q * CPR; idx += NT) {
-    const int r = idx / CPR, c = idx % CPR;
-    const bool ok = r < rows_here;
-    const T* src = qg;
-    if (ok) {
-      const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
-      src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
-    }
-    cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
-  }
-  cp_async_commit();
-
-  // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
-  const int r0 = tid / CPR, cc = tid % CPR;
-  int pg[LROWS];  // page ids of the next tile to copy (paged)
-#pragma unroll
-  for (int it = 0; it < LROWS; ++it) pg[it] = 0;
-  const int page_shift = p.page_shift;  // >= 0: power-of-two pages, shifts instead of divisions
-  auto fetch_pages = [&](int tile) {
-    if (page_size > 0) {
-      const int t0 = kv_lo + tile * KVT + r0;
-#pragma unroll
-      for (int it = 0; it < LROWS; ++it) {
-        const int t = t0 + it * RSTEP;
-        const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
-        pg[it] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
-      }
-    }
-  };
-  auto load_tile = [&](int tile, int stage) {
-    const int t0 = kv_lo + tile * KVT;
-    uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-    uint8_t* dv = dk + Cfg::tile_bytes;
-    if (page_size == 0) {
-      const int64_t tok0 = (int64_t)(kv_base + t0 + r0);
-      const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + (int64_t)kvh * p.k_stride_h + cc * 8;
-      const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + (int64_t)kvh * p.v_stride_h + cc * 8;
-#pragma unroll
-      for (int it = 0; it < LROWS; ++it) {
-        const int r = r0 + it * RSTEP;
-        const bool ok = t0 + r < kv_hi;
-        const uint32_t so = sw128<KVT>(r, cc);
-        cp_async16(dk + so, ok ? pk + (int64_t)it * RSTEP * p.k_stride_n : pk, ok);
-        cp_async16(dv + so, ok ? pv + (int64_t)it * RSTEP * p.v_stride_n : pv, ok);
-      }
-      return;
-    }
-    // paged: one offset per row when K and V share strides (the usual [pages, 2, ...] cache)
-    const int64_t kh = (int64_t)kvh * p.k_stride_h + cc * 8, vh = (int64_t)kvh * p.v_stride_h + cc * 8;
-    const bool same = p.kv_same_strides != 0;
-#pragma unroll
-    for (int it = 0; it < LROWS; ++it) {
-      const int r = r0 + it * RSTEP;
-      const int t = t0 + r;
-      const bool ok = t < kv_hi;
-      const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
-      const int64_t ko = (int64_t)pg[it] * p.k_stride_p + (int64_t)sl * p.k_stride_n;
-      const int64_t vo = same ? ko : (int64_t)pg[it] * p.v_stride_p + (int64_t)sl * p.v_stride_n;
-      const uint32_t so = sw128<KVT>(r, cc);
-      cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
-      cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
-    }
-  };
 
   // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
   int row_tok[2];
@@ -272,127 +247,354 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     }
   };
 
-  if (n_tiles > 0) {
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < n_tiles) {
-        fetch_pages(st);
-        load_tile(st, st);
+  // ---- epilogue from registers
+  auto epilogue = [&]() {
+    const bool final_out = slot < 0;
+  #pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      float L = l[h2];
+      L += __shfl_xor_sync(0xffffffff, L, 1);
+      L += __shfl_xor_sync(0xffffffff, L, 2);
+      const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
+      if (lr >= rows_here) continue;
+      const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
+      const float Mu = m[h2] == kNegInf ? 0.f : m[h2];
+      float lse_v = kNegInf, scale = 0.f;
+      if (L > 0.f) {
+        if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
+        lse_v = Mu + log2f(L);
+        scale = (final_out ? p.out_scale : 1.f) / L;
       }
-      cp_async_commit();
+      if (final_out) {
+        T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h +
+                 2 * (lane & 3);
+  #pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<uint32_t*>(dst + j * 8) =
+              Pack2<T>::from_float(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
+        if ((lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
+      } else {
+        float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
+  #pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
+        if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok) * p.num_qo_heads + h] = lse_v;
+      }
     }
-    fetch_pages(STAGES - 1);
+  };
 
-    if constexpr (Cfg::PIPE) {
-      // Software pipeline (STAGES >= 3): S of tile j+1 runs on the tensor cores while ... O += P_j V_j
-      // runs while the softmax of tile j+1 runs on the FP units.  Tile j+2 is copied meanwhile.
-      static_assert(STAGES == 3, "the pipelined loop keeps tiles j (V), j+1 (K) and j+2 (copy) resident");
-      cp_async_wait<STAGES - 2>();
+  if constexpr (Cfg::WS) {
+    // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
+    static_assert(KVT == 128, "WS: one producer thread per K/V row fills the page-id table");
+    constexpr int PT = 128;                // producer threads
+    constexpr int PRSTEP = PT / CPR;       // rows between a producer thread's chunks
+    constexpr int PLROWS = KVT / PRSTEP;   // chunks per producer thread per K (or V) tile
+    const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
+    int* pgtab = reinterpret_cast<int*>(smem + Cfg::tab_off);  // [2][KVT] page ids, tile parity
+    const int page_shift = p.page_shift;
+    if (tid == 0) {
+#pragma unroll
+      for (int st = 0; st < STAGES; ++st) {
+        mbar_init(bar_full + 8 * st, PT);
+        mbar_init(bar_empty + 8 * st, 128 * Cfg::NWG);
+      }
+    }
+    __syncthreads();
+    if (wg < 0) {
+      // ---------------- producer
+      setmaxnreg_dec<Cfg::PREG>();
+      if (n_tiles == 0) return;
+      const int pr0 = tid / CPR, pcc = tid % CPR;
+      // Q tile (joins the first K/V group)
+      for (int idx = tid; idx < CTA_Q * CPR; idx += PT) {
+        const int r = idx / CPR, c = idx % CPR;
+        const bool ok = r < rows_here;
+        const T* src = qg;
+        if (ok) {
+          const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
+          src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
+        }
+        cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
+      }
+      // page id of row `tid` of tile `tile` -> table[tile & 1]
+      auto fill_tab = [&](int tile) {
+        if (page_size > 0 && tile < n_tiles) {
+          const int t = kv_lo + tile * KVT + tid;
+          const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
+          pgtab[(tile & 1) * KVT + tid] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
+        }
+      };
+      const int64_t kh = (int64_t)kvh * p.k_stride_h + pcc * 8, vh = (int64_t)kvh * p.v_stride_h + pcc * 8;
+      const bool same = p.kv_same_strides != 0;
+      auto issue_tile = [&](int tile, int stage) {
+        const int t0 = kv_lo + tile * KVT;
+        uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+        uint8_t* dv = dk + Cfg::tile_bytes;
+        if (page_size == 0) {
+          const int64_t tok0 = (int64_t)(kv_base + t0 + pr0);
+          const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + kh;
+          const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + vh;
+#pragma unroll
+          for (int it = 0; it < PLROWS; ++it) {
+            const int r = pr0 + it * PRSTEP;
+            const bool ok = t0 + r < kv_hi;
+            const uint32_t so = sw128<KVT>(r, pcc);
+            cp_async16(dk + so, ok ? pk + (int64_t)it * PRSTEP * p.k_stride_n : pk, ok);
+            cp_async16(dv + so, ok ? pv + (int64_t)it * PRSTEP * p.v_stride_n : pv, ok);
+          }
+          return;
+        }
+        const int* tab = pgtab + (tile & 1) * KVT;
+#pragma unroll
+        for (int it = 0; it < PLROWS; ++it) {
+          const int r = pr0 + it * PRSTEP;
+          const int t = t0 + r;
+          const bool ok = t < kv_hi;
+          const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+          const int pgv = tab[r];
+          const int64_t ko = (int64_t)pgv * p.k_stride_p + (int64_t)sl * p.k_stride_n;
+          const int64_t vo = same ? ko : (int64_t)pgv * p.v_stride_p + (int64_t)sl * p.v_stride_n;
+          const uint32_t so = sw128<KVT>(r, pcc);
+          cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
+          cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
+        }
+      };
+      fill_tab(0);
+      named_bar_sync(1, PT);
+      for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile % STAGES;
+        if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
+        issue_tile(tile, stage);
+        cp_async_commit();
+        fill_tab(tile + 1);
+        if (tile > 0) {
+          cp_async_wait<1>();  // tile - 1 (and Q) landed
+          fence_async_smem();
+          mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
+        }
+        named_bar_sync(1, PT);  // table[(tile + 1) & 1] complete; table[tile & 1] read by all
+      }
+      cp_async_wait<0>();
       fence_async_smem();
-      __syncthreads();
-      reg_fence<NS>(s);
-      wg_fence();
-      issue_s(0);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence<NS>(s);
-      softmax(0);
-      rescale_pack();
-      // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
-      for (int tile = 0; tile < n_tiles - 1; ++tile) {
-        cp_async_wait<0>();  // tile + 1 landed (the only group in flight)
-        fence_async_smem();
-        __syncthreads();     // and every warp is done with tile - 1: its stage takes tile + 2
-        if (tile + 2 < n_tiles) {
-          load_tile(tile + 2, (tile + 2) % STAGES);
-          fetch_pages(tile + 3);
+      mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
+    } else {
+      // ---------------- consumers
+      setmaxnreg_inc<Cfg::CREG>();
+      if (n_tiles > 0) {
+        if constexpr (Cfg::PIPE) {
+          mbar_wait(bar_full, 0);
+          reg_fence<NS>(s);
+          wg_fence();
+          issue_s(0);
+          wg_commit();
+          wg_wait<0>();
+          reg_fence<NS>(s);
+          softmax(0);
+          rescale_pack();
+          for (int tile = 0; tile < n_tiles - 1; ++tile) {
+            const int nx = tile + 1;
+            mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
+            reg_fence<NS>(s);
+            reg_fence<NO>(o);
+            wg_fence();
+            issue_s(nx % STAGES);
+            wg_commit();
+            wg_fence();
+            issue_pv(tile % STAGES);
+            wg_commit();
+            wg_wait<1>();
+            reg_fence<NS>(s);
+            softmax(nx);
+            wg_wait<0>();
+            reg_fence<NO>(o);
+            mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
+            rescale_pack();
+          }
+          reg_fence<NO>(o);
+          wg_fence();
+          issue_pv((n_tiles - 1) % STAGES);
+          wg_commit();
+          wg_wait<0>();
+          reg_fence<NO>(o);
+        } else {
+          for (int tile = 0; tile < n_tiles; ++tile) {
+            const int stage = tile % STAGES;
+            mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
+            reg_fence<NS>(s);
+            wg_fence();
+            issue_s(stage);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence<NS>(s);
+            softmax(tile);
+            rescale_pack();
+            reg_fence<NO>(o);
+            wg_fence();
+            issue_pv(stage);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence<NO>(o);
+            mbar_arrive(bar_empty + 8 * stage);
+          }
+        }
+      }
+      epilogue();
+    }
+  } else {
+    // ---- Q tile -> smem (zero rows past the request)
+    for (int idx = tid; idx < CTA_Q * CPR; idx += NT) {
+      const int r = idx / CPR, c = idx % CPR;
+      const bool ok = r < rows_here;
+      const T* src = qg;
+      if (ok) {
+        const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
+        src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
+      }
+      cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
+    }
+    cp_async_commit();
+
+    // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
+    const int r0 = tid / CPR, cc = tid % CPR;
+    int pg[LROWS];  // page ids of the next tile to copy (paged)
+  #pragma unroll
+    for (int it = 0; it < LROWS; ++it) pg[it] = 0;
+    const int page_shift = p.page_shift;  // >= 0: power-of-two pages, shifts instead of divisions
+    auto fetch_pages = [&](int tile) {
+      if (page_size > 0) {
+        const int t0 = kv_lo + tile * KVT + r0;
+  #pragma unroll
+        for (int it = 0; it < LROWS; ++it) {
+          const int t = t0 + it * RSTEP;
+          const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
+          pg[it] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
+        }
+      }
+    };
+    auto load_tile = [&](int tile, int stage) {
+      const int t0 = kv_lo + tile * KVT;
+      uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+      uint8_t* dv = dk + Cfg::tile_bytes;
+      if (page_size == 0) {
+        const int64_t tok0 = (int64_t)(kv_base + t0 + r0);
+        const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + (int64_t)kvh * p.k_stride_h + cc * 8;
+        const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + (int64_t)kvh * p.v_stride_h + cc * 8;
+  #pragma unroll
+        for (int it = 0; it < LROWS; ++it) {
+          const int r = r0 + it * RSTEP;
+          const bool ok = t0 + r < kv_hi;
+          const uint32_t so = sw128<KVT>(r, cc);
+          cp_async16(dk + so, ok ? pk + (int64_t)it * RSTEP * p.k_stride_n : pk, ok);
+          cp_async16(dv + so, ok ? pv + (int64_t)it * RSTEP * p.v_stride_n : pv, ok);
+        }
+        return;
+      }
+      // paged: one offset per row when K and V share strides (the usual [pages, 2, ...] cache)
+      const int64_t kh = (int64_t)kvh * p.k_stride_h + cc * 8, vh = (int64_t)kvh * p.v_stride_h + cc * 8;
+      const bool same = p.kv_same_strides != 0;
+  #pragma unroll
+      for (int it = 0; it < LROWS; ++it) {
+        const int r = r0 + it * RSTEP;
+        const int t = t0 + r;
+        const bool ok = t < kv_hi;
+        const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+        const int64_t ko = (int64_t)pg[it] * p.k_stride_p + (int64_t)sl * p.k_stride_n;
+        const int64_t vo = same ? ko : (int64_t)pg[it] * p.v_stride_p + (int64_t)sl * p.v_stride_n;
+        const uint32_t so = sw128<KVT>(r, cc);
+        cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
+        cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
+      }
+    };
+
+    if (n_tiles > 0) {
+  #pragma unroll
+      for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < n_tiles) {
+          fetch_pages(st);
+          load_tile(st, st);
         }
         cp_async_commit();
-        reg_fence<NS>(s);
-        reg_fence<NO>(o);
-        wg_fence();
-        issue_s((tile + 1) % STAGES);
-        wg_commit();
-        wg_fence();
-        issue_pv(tile % STAGES);
-        wg_commit();
-        wg_wait<1>();
-        reg_fence<NS>(s);
-        softmax(tile + 1);
-        wg_wait<0>();
-        reg_fence<NO>(o);
-        rescale_pack();
       }
-      reg_fence<NO>(o);
-      wg_fence();
-      issue_pv((n_tiles - 1) % STAGES);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence<NO>(o);
-    } else {
-      for (int tile = 0; tile < n_tiles; ++tile) {
+      fetch_pages(STAGES - 1);
+
+      if constexpr (Cfg::PIPE) {
+        // Software pipeline (STAGES >= 3): S of tile j+1 runs on the tensor cores while ... O += P_j V_j
+        // runs while the softmax of tile j+1 runs on the FP units.  Tile j+2 is copied meanwhile.
+        static_assert(STAGES == 3, "the pipelined loop keeps tiles j (V), j+1 (K) and j+2 (copy) resident");
         cp_async_wait<STAGES - 2>();
         fence_async_smem();
         __syncthreads();
-        {
-          const int nt = tile + STAGES - 1;
-          if (nt < n_tiles) {
-            load_tile(nt, nt % STAGES);
-            fetch_pages(nt + 1);
+        reg_fence<NS>(s);
+        wg_fence();
+        issue_s(0);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence<NS>(s);
+        softmax(0);
+        rescale_pack();
+        // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
+        for (int tile = 0; tile < n_tiles - 1; ++tile) {
+          cp_async_wait<0>();  // tile + 1 landed (the only group in flight)
+          fence_async_smem();
+          __syncthreads();     // and every warp is done with tile - 1: its stage takes tile + 2
+          if (tile + 2 < n_tiles) {
+            load_tile(tile + 2, (tile + 2) % STAGES);
+            fetch_pages(tile + 3);
           }
           cp_async_commit();
+          reg_fence<NS>(s);
+          reg_fence<NO>(o);
+          wg_fence();
+          issue_s((tile + 1) % STAGES);
+          wg_commit();
+          wg_fence();
+          issue_pv(tile % STAGES);
+          wg_commit();
+          wg_wait<1>();
+          reg_fence<NS>(s);
+          softmax(tile + 1);
+          wg_wait<0>();
+          reg_fence<NO>(o);
+          rescale_pack();
         }
-        reg_fence<NS>(s);
-        wg_fence();
-        issue_s(tile % STAGES);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence<NS>(s);
-        softmax(tile);
-        rescale_pack();
         reg_fence<NO>(o);
         wg_fence();
-        issue_pv(tile % STAGES);
+        issue_pv((n_tiles - 1) % STAGES);
         wg_commit();
         wg_wait<0>();
         reg_fence<NO>(o);
+      } else {
+        for (int tile = 0; tile < n_tiles; ++tile) {
+          cp_async_wait<STAGES - 2>();
+          fence_async_smem();
+          __syncthreads();
+          {
+            const int nt = tile + STAGES - 1;
+            if (nt < n_tiles) {
+              load_tile(nt, nt % STAGES);
+              fetch_pages(nt + 1);
+            }
+            cp_async_commit();
+          }
+          reg_fence<NS>(s);
+          wg_fence();
+          issue_s(tile % STAGES);
+          wg_commit();
+          wg_wait<0>();
+          reg_fence<NS>(s);
+          softmax(tile);
+          rescale_pack();
+          reg_fence<NO>(o);
+          wg_fence();
+          issue_pv(tile % STAGES);
+          wg_commit();
+          wg_wait<0>();
+          reg_fence<NO>(o);
+        }
       }
     }
-  }
-  cp_async_wait<0>();
-
-  // ---- epilogue from registers
-  const bool final_out = slot < 0;
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    float L = l[h2];
-    L += __shfl_xor_sync(0xffffffff, L, 1);
-    L += __shfl_xor_sync(0xffffffff, L, 2);
-    const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
-    if (lr >= rows_here) continue;
-    const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
-    const float Mu = m[h2] == kNegInf ? 0.f : m[h2];
-    float lse_v = kNegInf, scale = 0.f;
-    if (L > 0.f) {
-      if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
-      lse_v = Mu + log2f(L);
-      scale = (final_out ? p.out_scale : 1.f) / L;
-    }
-    if (final_out) {
-      T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h +
-               2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + j * 8) =
-            Pack2<T>::from_float(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
-      if ((lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
-    } else {
-      float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
-      if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok) * p.num_qo_heads + h] = lse_v;
-    }
+    cp_async_wait<0>();
+    epilogue();
   }
 #else
   __trap();  // built for another target than sm_90a
