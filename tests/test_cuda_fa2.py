@@ -131,6 +131,21 @@ def test_compile_check_sm90a_prefill_and_selftest():
         assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log and "C7508" not in r.log, r.log
 
 
+def test_priority_ranks_prefill90_above_triton_for_dense_prefill_only():
+    from attncore.backends.triton.backend import TritonBackend
+
+    b, t = CudaFa2Backend(), TritonBackend()
+    dense = _problem(op="single_prefill", page_size=None)
+    assert b.priority(dense) > t.priority(dense)  # prefill90 measured faster on P1
+    assert b.priority(_problem(op="batch_prefill_ragged", page_size=None)) > t.priority(dense)
+    for p in (_problem(),  # paged: Triton measured faster (P3, P4)
+              _problem(op="single_prefill", page_size=None, compute_capability=(8, 0)),
+              _problem(op="single_prefill", page_size=None, soft_cap=True),
+              _problem(op="single_prefill", page_size=None, window_left=32),
+              _problem(op="batch_decode")):
+        assert b.priority(p) < t.priority(p), p.describe()
+
+
 def test_sm90_selection_reasons():
     b = CudaFa2Backend()
     def mk(wl):

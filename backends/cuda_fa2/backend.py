@@ -121,10 +121,39 @@ class CudaFa2Backend(Backend):
         return r
 
     def priority(self, problem: AttentionProblem) -> int:
-        # Measured on an H100 (2026-11-22): below Triton for prefill (FA2 kernel 248, Hopper prefill90
-        # kernel 384 vs Triton 412 TFLOP/s on P1 causal) and for decode (D1 93% vs 95% of the read
-        # ceiling), so auto prefers Triton where both serve.
-        return 40 if problem.device_type == "cuda" else 0
+        # Measured on an H100 in one run (2026-11-22, BENCHMARKS.md section 1): the Hopper prefill90
+        # kernel beats Triton on dense prefill over ragged KV (P1 causal 447 vs 423 TFLOP/s,
+        # non-causal 498 vs 482) but not on paged KV (P3 268 vs 305, P4 324 vs 347), and decode
+        # is below Triton (D1 94% vs 95%): auto ranks it above Triton (50) only for the former.
+        if problem.device_type != "cuda":
+            return 0
+        if (problem.op in ("single_prefill", "batch_prefill_ragged") and problem.compute_capability is not None
+                and tuple(problem.compute_capability) == (9, 0) and not self._problem_sm90_reasons(problem)):
+            return 52
+        return 40
+
+    def _problem_sm90_reasons(self, problem: AttentionProblem) -> List[str]:
+        """The problem-level reasons why prefill90 cannot serve (device and batch checks aside)."""
+        import os
+
+        from .specs import SM90_HEAD_DIMS
+
+        r = []
+        if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
+            r.append("turned off")
+        if problem.kv_dtype != problem.q_dtype:
+            r.append(f"kv dtype {problem.kv_dtype} (16-bit KV only)")
+        if problem.mask not in ("none", "causal"):
+            r.append(f"mask {problem.mask}")
+        if problem.head_dim_qk not in SM90_HEAD_DIMS:
+            r.append(f"head dim {problem.head_dim_qk} (64, 128)")
+        if problem.soft_cap:
+            r.append("soft cap")
+        if problem.pos_encoding != "NONE":
+            r.append(f"pos encoding {problem.pos_encoding}")
+        if problem.window_left >= 0:
+            r.append("sliding window")
+        return r
 
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, config: str, page_size: int = 0, paged: bool = False):
@@ -144,27 +173,11 @@ class CudaFa2Backend(Backend):
 
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
         """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""
-        import os
-
-        from .specs import SM90_HEAD_DIMS
-
-        r = []
-        if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
-            r.append("turned off")
+        r = self._problem_sm90_reasons(problem)
         if torch.cuda.get_device_capability(dev) != (9, 0):
             r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % torch.cuda.get_device_capability(dev))
-        if problem.kv_dtype != problem.q_dtype:
-            r.append(f"kv dtype {problem.kv_dtype} (16-bit KV only)")
-        if problem.mask not in ("none", "causal"):
-            r.append(f"mask {problem.mask}")
-        if problem.head_dim_qk not in SM90_HEAD_DIMS:
-            r.append(f"head dim {problem.head_dim_qk} (64, 128)")
-        if problem.soft_cap:
-            r.append("soft cap")
-        if problem.pos_encoding != "NONE":
-            r.append(f"pos encoding {problem.pos_encoding}")
         wl = meta.params.window_left
-        if wl is not None and wl >= 0:
+        if wl is not None and wl >= 0 and "sliding window" not in r:
             r.append("sliding window")
         return r
 
