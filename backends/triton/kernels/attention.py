@@ -53,6 +53,16 @@ def _kv_rows(KvIndices, page_base, tok, kv_len, stride_kp, stride_ks, stride_vp,
 
 
 @triton.jit
+def with_sink(lse, seen, l_safe, sink_logit):
+    """Fold a natural-log sink logit into each row's softmax denominator: returns the output scale
+    (1 / denominator, 0 for a row that saw no key) and the base-2 LSE including the sink."""
+    sink = sink_logit * 1.4426950408889634
+    m2 = tl.maximum(lse, sink)
+    l2 = tl.exp2(lse - m2) + tl.exp2(sink - m2)
+    scale = tl.where(seen, tl.exp2(lse - m2) / l2 / l_safe, 0.0)
+    return scale, tl.where(seen, m2 + tl.log2(l2), float("-inf"))
+
+@triton.jit
 def _kv_step(
     acc, l_i, m_i, q, q2, start_n, k_row, v_row,
     Kh, Vh, kv_len,
@@ -336,11 +346,7 @@ def _attn_fwd(
         tl.store(TmpLse + u_row, lse, mask=row_ok)
     else:
         if HAS_SINKS:
-            sink = tl.load(Sinks + head) * 1.4426950408889634
-            m2 = tl.maximum(lse, sink)
-            l2 = tl.exp2(lse - m2) + tl.exp2(sink - m2)
-            scale = tl.where(seen, tl.exp2(lse - m2) / l2 / l_safe, 0.0)
-            lse = tl.where(seen, m2 + tl.log2(l2), float("-inf"))
+            scale, lse = with_sink(lse, seen, l_safe, tl.load(Sinks + head))
         else:
             scale = 1.0 / l_safe
         o = acc * (scale * out_scale)[:, None]

@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .attention import with_sink
+
 
 @triton.jit
 def _mask(qk, start_n, m0, kv_len, off, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -119,11 +121,7 @@ def _dense_fwd(
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
     if HAS_SINKS:
-        sink = tl.load(Sinks + h) * 1.4426950408889634
-        m2 = tl.maximum(lse, sink)
-        l2 = tl.exp2(lse - m2) + tl.exp2(sink - m2)
-        scale = tl.where(seen, tl.exp2(lse - m2) / l2 / l_safe, 0.0)
-        lse = tl.where(seen, m2 + tl.log2(l2), float("-inf"))
+        scale, lse = with_sink(lse, seen, l_safe, tl.load(Sinks + h))
     else:
         scale = 1.0 / l_safe
     o = acc * (scale * out_scale)[:, None]
