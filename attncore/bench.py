@@ -111,8 +111,10 @@ def _bytes(w: Workload) -> float:
     return w.batch * w.kv * w.hkv * w.d * 2 * kv_el + 2 * w.batch * w.q_len * w.hq * w.d * 2
 
 
-def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: int):
-    """Plan the workload and return a list of run closures (one per input copy)."""
+def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: int,
+           page_order: str = "shuffled"):
+    """Plan the workload and return a list of run closures (one per input copy).  Paged caches
+    get a shuffled page table (a fragmented cache, the default) or pages in order."""
     import attncore as ac
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
@@ -136,7 +138,8 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     indptr = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages
     last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
     total = w.batch * pages
-    indices = torch.randperm(total, device=device).to(torch.int32)
+    indices = (torch.randperm(total, device=device) if page_order == "shuffled"
+               else torch.arange(total, device=device)).to(torch.int32)
     caches = [torch.randn(total, 2, w.page, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
               for _ in range(copies)]
     rows = w.batch * (w.q_len if w.op in ("decode", "xqa") else w.qo)
@@ -182,7 +185,10 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
 
 def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequence[str]] = None,
-              device: Optional[str] = None, progress: Callable[[str], None] = print) -> Dict:
+              device: Optional[str] = None, progress: Callable[[str], None] = print,
+              page_order: str = "shuffled") -> Dict:
+    if page_order not in ("shuffled", "sequential"):
+        raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
@@ -204,7 +210,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
         for name, _ in entries:
             row = {"workload": w.id, "backend": name}
             try:
-                runs, chosen = _setup(w, name, device, dtype, copies)
+                runs, chosen = _setup(w, name, device, dtype, copies, page_order)
                 i = [0]
 
                 def step():
@@ -233,7 +239,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
             progress(_fmt_row(row))
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dtype": str(dtype),
-            "ceilings": ceil, "results": rows}
+            "page_order": page_order, "ceilings": ceil, "results": rows}
     return info
 
 
@@ -260,7 +266,8 @@ def _fmt_row(row: Dict) -> str:
 
 
 def format_table(info: Dict) -> str:
-    lines = [f"device: {info['device']}  date: {info['date']}  dtype: {info['dtype']}"]
+    lines = [f"device: {info['device']}  date: {info['date']}  dtype: {info['dtype']}  "
+             f"pages: {info.get('page_order', 'shuffled')}"]
     c = info.get("ceilings") or {}
     if c:
         lines.append("ceilings: read %.2f TB/s  copy %.2f TB/s  bf16 matmul %.0f TFLOP/s" % (

@@ -127,7 +127,7 @@ def cmd_check(a) -> int:
 def cmd_bench(a) -> int:
     from .bench import format_table, run_bench
 
-    info = run_bench(a.backend or None, ids=a.workload or None, device=a.device,
+    info = run_bench(a.backend or None, ids=a.workload or None, device=a.device, page_order=a.page_order,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(info))
     if a.json:
@@ -200,6 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
     b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
     b.add_argument("--workload", action="append", help="workload id, e.g. D1, P1 (repeatable)")
+    b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
+                   help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
     b.add_argument("--device", choices=["cpu", "cuda"])
     b.add_argument("--json", metavar="FILE")
 

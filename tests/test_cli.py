@@ -78,6 +78,17 @@ def test_bench_on_cpu_says_so(tmp_path):
     assert all("time_ms" in x for x in data["results"])
 
 
+def test_bench_sequential_pages(tmp_path):
+    j = tmp_path / "bench.json"
+    r = _run("bench", "--workload", "D1", "--page-order", "sequential", "--json", str(j), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "pages: sequential" in r.stdout
+    assert json.loads(j.read_text())["page_order"] == "sequential"
+    from attncore.bench import run_bench
+    with pytest.raises(ValueError, match="page_order"):
+        run_bench(ids=["D1"], device="cpu", page_order="random")
+
+
 def test_unknown_backend_is_a_clear_error():
     r = _run("check", "--backend", "nosuch")
     assert r.returncode != 0 and "'nosuch' is not a known backend" in r.stderr
