@@ -57,6 +57,15 @@ CAPABILITIES = (
 MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC = 0, 1, 2, 3
 
 
+def _work_table(items: list, width: int, device) -> tuple:
+    """Work items (cost, field, ...) sorted heaviest first, for tail balance, and uploaded as an
+    int32 [n, width] table without the cost; returns (table, n).  An empty list uploads one
+    zero row so that the kernel always gets a valid pointer."""
+    items.sort(key=lambda t: -t[0])
+    flat = [x for t in items for x in t[1:]] or [0] * width
+    return torch.tensor(flat, dtype=torch.int32).to(device), len(items)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
@@ -278,12 +287,10 @@ class TritonBackend(Backend):
                     for s in range(ns):
                         lo, hi = s * chunk, min(kv, (s + 1) * chunk)
                         items.append((hi - lo, i, r0, lo, hi, s))
-        items.sort(key=lambda t: -t[0])  # heaviest first: better tail balance
-        flat = [x for t in items for x in t[1:]]
-        work = torch.tensor(flat or [0] * 5, dtype=torch.int32).to(device)
+        work, num_items = _work_table(items, 5, device)
         plan = TritonPlan(
             problem=problem, meta=meta, device=device, nnz_q=nnz_q, mask_mode=mask_mode, cfg=cfg,
-            work=work, num_items=len(items), qo_indptr=meta.qo_indptr.to(torch.int32).contiguous(),
+            work=work, num_items=num_items, qo_indptr=meta.qo_indptr.to(torch.int32).contiguous(),
             kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens, slopes=None,
             max_splits=max_splits,
         )
@@ -298,7 +305,7 @@ class TritonBackend(Backend):
             plan.merge_rows = torch.tensor(merge_rows, dtype=torch.int32).to(device)
             plan.merge_splits = torch.tensor(merge_splits, dtype=torch.int32).to(device)
             plan.num_merge_rows = len(merge_rows)
-        plan.stats = dict(items=len(items), tiles=tiles, chunk=chunk, max_splits=max_splits,
+        plan.stats = dict(items=num_items, tiles=tiles, chunk=chunk, max_splits=max_splits,
                           config=cfg.as_dict())
         forced = isinstance(self._dense, dict)  # a forced config also runs where auto would not
         if (self._dense and self._config is None and not merge_rows
@@ -328,9 +335,7 @@ class TritonBackend(Backend):
                 for m0 in range(0, qo, bm):
                     cost = max(0, min(kv, m0 + bm + kv - qo)) if causal else kv
                     items.append((cost, i, m0))
-            items.sort(key=lambda t: -t[0])  # heaviest first
-            flat = [x for t in items for x in t[1:]] or [0, 0]
-            plan.dense_work[bm] = (torch.tensor(flat, dtype=torch.int32).to(plan.device), len(items))
+            plan.dense_work[bm] = _work_table(items, 2, plan.device)
         plan.dense = cands
         plan.stats["dense"] = cands[0].as_dict()
 
