@@ -24,6 +24,21 @@ def test_triton_passes_on_cpu_through_the_interpreter():
     assert " passed" in r.stdout
 
 
+def _counts(stdout):
+    last = stdout.strip().splitlines()[-1]
+    return {w: int(n) for n, w in (part.split()[:2] for part in last.split(" in ")[0].split(", "))}
+
+
+def test_shards_partition_the_suite():
+    whole = _counts(_conformance("reference", "--attncore-device", "cpu").stdout)
+    parts = [_counts(_conformance("reference", "--attncore-device", "cpu", "--attncore-shard", f"{i}/3").stdout)
+             for i in range(3)]
+    assert sum(p.get("passed", 0) for p in parts) == whole["passed"]
+    assert all(p["passed"] > 0 for p in parts)
+    r = _conformance("reference", "--attncore-shard", "3/3")
+    assert r.returncode != 0 and "expected I/N with 0 <= I < N" in r.stderr
+
+
 @pytest.mark.parametrize("name", ["cuda_fa2", "xqa"])
 def test_cuda_backends_skip_cleanly_without_a_gpu(name):
     if torch.cuda.is_available():

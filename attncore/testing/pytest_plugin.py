@@ -13,6 +13,8 @@ given::
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 FAMILY_OF_TEST = {
@@ -36,11 +38,38 @@ def pytest_addoption(parser):
                     help="seed of case sampling and inputs (default 0)")
     group.addoption("--attncore-device", action="store", default=None, choices=("cpu", "cuda"),
                     help="device to test on (default: cuda when available and claimed, else cpu)")
+    group.addoption("--attncore-shard", action="store", default=None, metavar="I/N",
+                    help="run only every N-th case starting at I (0 <= I < N): N processes with "
+                         "I = 0..N-1 share one suite, e.g. to compile kernels on several cores")
+
+
+def _shard(config):
+    text = config.getoption("--attncore-shard", default=None)
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise pytest.UsageError(f"--attncore-shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return int(m.group(1)), int(m.group(2))
 
 
 def pytest_configure(config):
+    _shard(config)
     if config.getoption("--attncore-backend", default=None):
         _cases(config)  # an unknown backend is a usage error, reported before collection
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = _shard(config)
+    if shard is None:
+        return
+    i, n = shard
+    # Collection order is deterministic (cases come from seeds), so the N shards partition the suite.
+    keep = [it for k, it in enumerate(items) if k % n == i]
+    drop = [it for k, it in enumerate(items) if k % n != i]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def _cases(config):
