@@ -131,17 +131,18 @@ def test_compile_check_sm90a_prefill_and_selftest():
         assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log and "C7508" not in r.log, r.log
 
 
-def test_priority_ranks_prefill90_above_triton_for_dense_prefill_only():
+def test_priority_ranks_prefill90_above_triton_for_the_prefill_it_serves():
     from attncore.backends.triton.backend import TritonBackend
 
     b, t = CudaFa2Backend(), TritonBackend()
-    dense = _problem(op="single_prefill", page_size=None)
-    assert b.priority(dense) > t.priority(dense)  # prefill90 measured faster on P1
-    assert b.priority(_problem(op="batch_prefill_ragged", page_size=None)) > t.priority(dense)
-    for p in (_problem(),  # paged: Triton measured faster (P3, P4)
-              _problem(op="single_prefill", page_size=None, compute_capability=(8, 0)),
+    for p in (_problem(op="single_prefill", page_size=None),  # measured faster on P1, P3, P4
+              _problem(op="batch_prefill_ragged", page_size=None),
+              _problem()):
+        assert b.priority(p) > t.priority(p), p.describe()
+    for p in (_problem(op="single_prefill", page_size=None, compute_capability=(8, 0)),
               _problem(op="single_prefill", page_size=None, soft_cap=True),
               _problem(op="single_prefill", page_size=None, window_left=32),
+              _problem(kv_dtype=torch.float8_e4m3fn),
               _problem(op="batch_decode")):
         assert b.priority(p) < t.priority(p), p.describe()
 
@@ -162,6 +163,28 @@ def test_sm90_selection_reasons():
         assert any("soft cap" in w for w in why) and any("window" in w for w in why)
     with um.patch("torch.cuda.get_device_capability", return_value=(8, 0)):
         assert any("9.0" in w for w in b.sm90_reasons(_problem(), mk(-1), "cuda:0"))
+
+
+def test_paged_row_units():
+    """prefill90's 32-bit paged row offsets: (unit, page, slot) per layout, and the size guard."""
+    from attncore.backends.cuda_fa2.binding import kv_strides, row_units
+
+    cache = torch.empty(10, 2, 16, 4, 64, dtype=torch.float16)  # NHD [pages, 2, page, H, D]
+    k = cache[:, 0]
+    sp, sn, _ = kv_strides(k, True, "NHD")
+    assert row_units("k", k, sp, sn, 16) == (4 * 64, 2 * 16, 1)  # rows of H * D elements
+    hnd = torch.empty(10, 4, 16, 64, dtype=torch.float16)  # HND tuple cache
+    sp, sn, _ = kv_strides(hnd, True, "HND")
+    assert row_units("v", hnd, sp, sn, 16) == (64, 4 * 16, 1)
+    padded = torch.empty(10, 16 * 4 * 64 + 8, dtype=torch.float16)[:, :16 * 4 * 64].unflatten(-1, (16, 4, 64))
+    sp, sn, _ = kv_strides(padded, True, "NHD")
+    assert row_units("k", padded, sp, sn, 16) == (8, sp // 8, sn // 8)  # 16-byte units
+    one = torch.empty(10, 1, 4, 64, dtype=torch.float16)  # page size 1: only the page stride counts
+    sp, sn, _ = kv_strides(one, True, "NHD")
+    assert row_units("k", one, sp, sn, 1) == (256, 1, 0)
+    huge = torch.empty(2 ** 22, 16, 1, 8, dtype=torch.float16, device="meta")  # only shape and dtype are read
+    with pytest.raises(ValueError, match="too large for 32-bit row offsets"):
+        row_units("k", huge, 2 ** 13 + 8, 8, 16)
 
 
 # --------------------------------------------------------------------------------- GPU helpers
@@ -191,6 +214,8 @@ class Case:
     force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
     sm90_pipe: Optional[bool] = None  # prefill90: pipelined loop forced on / off (None: plan's rule)
     sm90_ws: Optional[bool] = None  # prefill90: warp-specialized variant on / off (None: the default)
+    split_v: bool = False  # paged: V its own contiguous tensor, so K and V page strides differ
+    pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
 
 
 def _pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
@@ -250,8 +275,15 @@ def run_case(c: Case, seed: int = 0):
         npages = [-(-n // ps) for n in kv_lens]
         total = sum(npages) + 3
         perm = torch.randperm(total).tolist()
-        cache = mk((total, 2, ps, c.hkv, c.d) if c.layout == "NHD" else (total, 2, c.hkv, ps, c.d))
+        inner = (ps, c.hkv, c.d) if c.layout == "NHD" else (c.hkv, ps, c.d)
+        if c.pad_pages:
+            n = ps * c.hkv * c.d
+            cache = mk((total, 2, n + 16 // kv_dtype.itemsize))[:, :, :n].unflatten(-1, inner)
+        else:
+            cache = mk((total, 2) + inner)
         k_all, v_all = cache[:, 0], cache[:, 1]
+        if c.split_v:
+            v_all = v_all.contiguous()
         kv_indptr, indices, last = [0], [], []
         for i, n in enumerate(kv_lens):
             pages = perm[:npages[i]]
@@ -432,6 +464,10 @@ def test_prefill90(dtype, pipe, ws):
     run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
     for ps in (1, 3):
         run_case(Case([(90, 333), (17, 17)], hq=8, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
+    # K and V with different strides; a page stride that is no multiple of the token stride (16-byte units)
+    run_case(Case([(90, 333), (17, 17)], hq=8, hkv=2, page_size=16, split_v=True, **kw))
+    run_case(Case([(90, 333), (140, 140)], hq=8, hkv=2, page_size=8, pad_pages=True, layout="HND", **kw))
+    run_case(Case([(50, 200)], hq=4, hkv=2, page_size=5, pad_pages=True, split_v=True, **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.pipe == pipe
     assert plan.lib.key.ws == ws

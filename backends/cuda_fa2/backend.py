@@ -121,14 +121,15 @@ class CudaFa2Backend(Backend):
         return r
 
     def priority(self, problem: AttentionProblem) -> int:
-        # Measured on an H100 in one run (2026-11-22, BENCHMARKS.md section 1): the Hopper prefill90
-        # kernel beats Triton on dense prefill over ragged KV (P1 causal 447 vs 423 TFLOP/s,
-        # non-causal 498 vs 482) but not on paged KV (P3 268 vs 305, P4 324 vs 347), and decode
-        # is below Triton (D1 94% vs 95%): auto ranks it above Triton (50) only for the former.
+        # Measured on an H100 (2026-11-22, session 3, BENCHMARKS.md): the Hopper prefill90 kernel beats
+        # Triton on the prefill it serves (P1 causal 465 vs 430 TFLOP/s, P3 page 16 359 vs 299, P4 446
+        # vs 353), while decode and the FA2 kernel's features stay below Triton (D1 94% vs 95%): auto
+        # ranks it above Triton (50) only for the former.
         if problem.device_type != "cuda":
             return 0
-        if (problem.op in ("single_prefill", "batch_prefill_ragged") and problem.compute_capability is not None
-                and tuple(problem.compute_capability) == (9, 0) and not self._problem_sm90_reasons(problem)):
+        if (problem.op in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
+                and problem.compute_capability is not None and tuple(problem.compute_capability) == (9, 0)
+                and not self._problem_sm90_reasons(problem)):
             return 52
         return 40
 

@@ -37,6 +37,8 @@ class Fa2Params(ctypes.Structure):
         ("num_work", _i32), ("window_left", _i32), ("device", _i32), ("causal_override", _i32),
         ("scale_log2", _f32), ("softcap_pre", _f32), ("softcap_post", _f32), ("out_scale", _f32),
         ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
+        ("k_row_unit", _i32), ("k_row_sp", _i32), ("k_row_sn", _i32),
+        ("v_row_unit", _i32), ("v_row_sp", _i32), ("v_row_sn", _i32),
     ]
 
 
@@ -119,6 +121,26 @@ def kv_strides(t: torch.Tensor, paged: bool, layout: str) -> Tuple[int, int, int
     if layout == "NHD":
         return 0, t.stride(0), t.stride(1)
     return 0, t.stride(1), t.stride(0)
+
+
+def row_units(name: str, t: torch.Tensor, sp: int, sn: int, page_size: int) -> Tuple[int, int, int]:
+    """(unit, page, slot) for prefill90's 32-bit paged row offsets: row (p, s) of a K or V cache starts
+    at (p * page + s * slot) * unit elements.  The unit is the token stride when it divides the page
+    stride (every usual layout: the offset counts rows), else 16 bytes."""
+    pages = t.shape[0]
+    sp = sp if pages > 1 else 0
+    sn = sn if page_size > 1 else 0
+    if sn > 0 and sp % sn == 0:
+        unit = sn
+    elif sn == 0 and sp > 0:
+        unit = sp
+    else:
+        unit = 16 // t.element_size()  # strides are multiples of 16 bytes (check_run_tensors)
+    unit = max(unit, 1)
+    rsp, rsn = sp // unit, sn // unit
+    _need((pages - 1) * rsp + (page_size - 1) * rsn < 2 ** 31,
+          f"{name}: the paged cache is too large for 32-bit row offsets ({pages} pages of stride {sp} elements)")
+    return unit, rsp, rsn
 
 
 def check_run_tensors(plan, args) -> None:
@@ -208,6 +230,10 @@ def launch(plan, args) -> None:
         pr = plan.problem
         plan.kv_strides = kv_strides(args.k, plan.paged, pr.kv_layout) + kv_strides(args.v, plan.paged, pr.kv_layout)
         plan.base.kv_same_strides = int(plan.kv_strides[:3] == plan.kv_strides[3:])
+        if plan.paged:
+            b, ks = plan.base, plan.kv_strides
+            b.k_row_unit, b.k_row_sp, b.k_row_sn = row_units("k", args.k, ks[0], ks[1], plan.page_size)
+            b.v_row_unit, b.v_row_sp, b.v_row_sn = row_units("v", args.v, ks[3], ks[4], plan.page_size)
         plan.checked_sig = sig
     if plan.nnz_q == 0:
         return

@@ -15,9 +15,9 @@ RoPE (plan() checks the rest: no window).
 ``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
 cores while the softmax runs); measured within noise of the plain loop, so an option
 (``CudaFa2Backend.sm90_pipe``), not the default.
-``_ws`` (prefill90 only): warp-specialized: a producer warpgroup (48 registers via ``setmaxnreg``) issues
+``_ws`` (prefill90 only): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers, and the two
-consumer warpgroups (232 registers) only compute (``CudaFa2Backend.sm90_ws``).
+consumer warpgroups (224 registers) only compute (``CudaFa2Backend.sm90_ws``).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time

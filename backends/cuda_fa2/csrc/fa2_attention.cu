@@ -95,7 +95,7 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #define FA2_H_WS 0  // 1: warp-specialized (a producer warpgroup does every copy, 3-stage mbarrier ring)
 #endif
 #ifndef FA2_H_PREG
-#define FA2_H_PREG 48  // WS: producer registers (setmaxnreg); the consumers get the rest
+#define FA2_H_PREG 56  // WS: producer registers (setmaxnreg); the consumers get the rest (224 either way)
 #endif
 #ifndef FA2_H_STAGES
 #define FA2_H_STAGES ((FA2_H_PIPE || FA2_H_WS) ? 3 : 2)

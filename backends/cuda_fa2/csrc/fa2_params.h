@@ -49,6 +49,11 @@ struct Fa2Params {
   float rope_log2_theta;    // log2(rope_theta)
   int32_t page_shift;       // log2(page_size) when it is a power of two, else -1 (prefill90 only)
   int32_t kv_same_strides;  // 1: K and V share page/token/head strides (prefill90: one offset per row)
+  // prefill90 paged copies: row (page p, slot s) of K at k + (p * k_row_sp + s * k_row_sn) * k_row_unit
+  // (+ head, column), the bracket a 32-bit product; binding.py picks the unit (the token stride when it
+  // divides the page stride, else 16 bytes) and checks that every row of the cache fits.
+  int32_t k_row_unit, k_row_sp, k_row_sn;
+  int32_t v_row_unit, v_row_sp, v_row_sn;
 };
 
 struct Fa2MergeParams {

@@ -6,8 +6,8 @@
 //
 // Per CTA: one work item (request, packed-row tile, kv range) of one kv head (blockIdx.y), the same
 // work list and params struct as the FA2 kernel.
-//   Q tile and K/V tiles -> smem with cp.async (page-table gather in the copy, page ids loaded one
-//   tile ahead into registers, zero-fill past the end), in the 128-byte swizzled layout wgmma reads:
+//   Q tile and K/V tiles -> smem with cp.async (KvTileCopy: page-table gather in the copy as 32-bit
+//   row offsets, zero-fill past the end), in the 128-byte swizzled layout wgmma reads:
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
 //   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
 //   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps).
@@ -61,7 +61,7 @@ template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, 
   return swap ? make_desc(base + kk * 2048, sbo, lbo) : make_desc(base + kk * 2048, lbo, sbo);
 }
 
-template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 48>
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56>
 struct Cfg90 {
   static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
@@ -79,10 +79,9 @@ struct Cfg90 {
   static constexpr int q_bytes = CTA_Q * D * 2;
   static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
   static constexpr int stage_bytes = 2 * tile_bytes;
-  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers, page-id table [2][KVT]
+  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
-  static constexpr int tab_off = bar_off + 16 * STAGES;
-  static constexpr int ws_bytes = WS ? 16 * STAGES + 8 * KVT : 0;
+  static constexpr int ws_bytes = WS ? 16 * STAGES : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
 };
 
@@ -101,15 +100,100 @@ __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
         : "=r"(done) : "r"(a), "r"(parity) : "memory");
   } while (!done);
 }
-__device__ __forceinline__ void named_bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
+
+// cp.async to a shared-space address (16 bytes; pred false: zero-fill, nothing read)
+__device__ __forceinline__ void cp_async16_sa(uint32_t saddr, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem), "r"(pred ? 16 : 0));
+}
+
+// K/V tile copies of one thread: chunk column c of rows r0 + it * STEP (it < N) of each K and V tile,
+// into the 128B-swizzled stage; rows past kv_hi are zero-filled.  Ragged rows advance by the token
+// stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*), computed a tile ahead into
+// registers (prefetch), so the copy is one multiply-add and a cp.async per chunk.
+template <int KVT, int N, int STEP, typename T>
+struct KvTileCopy {
+  const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
+  const int32_t* pages;      // the request's page ids (paged)
+  int64_t k_sn, v_sn;        // ragged token strides
+  int r0, c, kv_lo, kv_hi, page_size, page_shift;
+  uint32_t k_unit, k_sp, k_rs, v_unit, v_sp, v_rs;
+  bool same;
+  uint32_t roff[N];          // paged: K row offsets of the prefetched tile
+
+  __device__ __forceinline__ KvTileCopy(const Fa2Params& p, const T* k, const T* v, int kvh, int kv_base, int r0_,
+                                        int c_, int kv_lo_, int kv_hi_)
+      : kb(k + (int64_t)kvh * p.k_stride_h + c_ * 8), vb(v + (int64_t)kvh * p.v_stride_h + c_ * 8),
+        pages(p.kv_indices + kv_base), k_sn(p.k_stride_n), v_sn(p.v_stride_n), r0(r0_), c(c_), kv_lo(kv_lo_),
+        kv_hi(kv_hi_), page_size(p.page_size), page_shift(p.page_shift), k_unit(p.k_row_unit), k_sp(p.k_row_sp),
+        k_rs(p.k_row_sn), v_unit(p.v_row_unit), v_sp(p.v_row_sp), v_rs(p.v_row_sn), same(p.kv_same_strides != 0) {
+    if (page_size == 0) {
+      kb += (int64_t)kv_base * k_sn;
+      vb += (int64_t)kv_base * v_sn;
+    }
+  }
+  // paged: row offsets of `tile` (K, or V when the strides differ) into roff
+  __device__ __forceinline__ void rows(int tile, bool v) {
+    const int t0 = kv_lo + tile * KVT + r0;
+    const uint32_t sp = v ? v_sp : k_sp, rs = v ? v_rs : k_rs;
+    if (page_shift >= 0) {
+#pragma unroll
+      for (int it = 0; it < N; ++it) {
+        const int t = t0 + it * STEP;
+        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + (t >> page_shift)) : 0u;
+        roff[it] = pg * sp + (uint32_t)(t & (page_size - 1)) * rs;
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < N; ++it) {
+        const int t = t0 + it * STEP, pi = t / page_size;
+        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + pi) : 0u;
+        roff[it] = pg * sp + (uint32_t)(t - pi * page_size) * rs;
+      }
+    }
+  }
+  __device__ __forceinline__ void prefetch(int tile) {
+    if (page_size > 0) rows(tile, false);
+  }
+  // cp.async of `tile` into dk / dv (paged: rows from the prefetched offsets).  STEP is a multiple of
+  // the 8-row swizzle period, so row r0 + it * STEP lands at a fixed offset from row r0: immediates,
+  // not registers held across the tile loop.
+  __device__ __forceinline__ void issue(int tile, uint8_t* dk, uint8_t* dv) {
+    static_assert(STEP % 8 == 0, "rows of one thread share the swizzle phase");
+    const int t0 = kv_lo + tile * KVT, left = kv_hi - t0 - r0;
+    const uint32_t so = sw128<KVT>(r0, c);
+    uint32_t sk = (uint32_t)__cvta_generic_to_shared(dk) + so, sv = (uint32_t)__cvta_generic_to_shared(dv) + so;
+    asm volatile("" : "+r"(sk), "+r"(sv));  // opaque per tile: ptxas would hoist 2N row addresses otherwise
+    if (page_size == 0) {
+      const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
+      const T* pv = vb + (int64_t)(t0 + r0) * v_sn;
+#pragma unroll
+      for (int it = 0; it < N; ++it) {
+        const bool ok = it * STEP < left;
+        cp_async16_sa(sk + it * STEP * 128, ok ? pk : kb, ok);  // zero-fill reads nothing: any valid address
+        cp_async16_sa(sv + it * STEP * 128, ok ? pv : vb, ok);
+        pk += STEP * k_sn;
+        pv += STEP * v_sn;
+      }
+      return;
+    }
+    copy_paged(sk, kb, k_unit, left);
+    if (!same) rows(tile, true);  // rare (K and V strides differ): V's rows now, not prefetched
+    copy_paged(sv, vb, v_unit, left);
+  }
+  __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
+#pragma unroll
+    for (int it = 0; it < N; ++it) {
+      const bool ok = it * STEP < left;
+      cp_async16_sa(dst + it * STEP * 128, base + (ok ? (uint64_t)roff[it] * unit : 0ull), ok);
+    }
+  }
+};
 
 template <typename Cfg, typename T, int MASK>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
@@ -150,7 +234,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
-  const int page_size = p.page_size;
   const int kv_base = p.kv_indptr[req];
 
   // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
@@ -285,13 +368,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
-    static_assert(KVT == 128, "WS: one producer thread per K/V row fills the page-id table");
     constexpr int PT = 128;                // producer threads
     constexpr int PRSTEP = PT / CPR;       // rows between a producer thread's chunks
     constexpr int PLROWS = KVT / PRSTEP;   // chunks per producer thread per K (or V) tile
+    static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
     const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
-    int* pgtab = reinterpret_cast<int*>(smem + Cfg::tab_off);  // [2][KVT] page ids, tile parity
-    const int page_shift = p.page_shift;
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
@@ -316,63 +397,22 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         }
         cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
       }
-      // page id of row `tid` of tile `tile` -> table[tile & 1]
-      auto fill_tab = [&](int tile) {
-        if (page_size > 0 && tile < n_tiles) {
-          const int t = kv_lo + tile * KVT + tid;
-          const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
-          pgtab[(tile & 1) * KVT + tid] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
-        }
-      };
-      const int64_t kh = (int64_t)kvh * p.k_stride_h + pcc * 8, vh = (int64_t)kvh * p.v_stride_h + pcc * 8;
-      const bool same = p.kv_same_strides != 0;
-      auto issue_tile = [&](int tile, int stage) {
-        const int t0 = kv_lo + tile * KVT;
-        uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-        uint8_t* dv = dk + Cfg::tile_bytes;
-        if (page_size == 0) {
-          const int64_t tok0 = (int64_t)(kv_base + t0 + pr0);
-          const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + kh;
-          const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + vh;
-#pragma unroll
-          for (int it = 0; it < PLROWS; ++it) {
-            const int r = pr0 + it * PRSTEP;
-            const bool ok = t0 + r < kv_hi;
-            const uint32_t so = sw128<KVT>(r, pcc);
-            cp_async16(dk + so, ok ? pk + (int64_t)it * PRSTEP * p.k_stride_n : pk, ok);
-            cp_async16(dv + so, ok ? pv + (int64_t)it * PRSTEP * p.v_stride_n : pv, ok);
-          }
-          return;
-        }
-        const int* tab = pgtab + (tile & 1) * KVT;
-#pragma unroll
-        for (int it = 0; it < PLROWS; ++it) {
-          const int r = pr0 + it * PRSTEP;
-          const int t = t0 + r;
-          const bool ok = t < kv_hi;
-          const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
-          const int pgv = tab[r];
-          const int64_t ko = (int64_t)pgv * p.k_stride_p + (int64_t)sl * p.k_stride_n;
-          const int64_t vo = same ? ko : (int64_t)pgv * p.v_stride_p + (int64_t)sl * p.v_stride_n;
-          const uint32_t so = sw128<KVT>(r, pcc);
-          cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
-          cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
-        }
-      };
-      fill_tab(0);
-      named_bar_sync(1, PT);
+      KvTileCopy<KVT, PLROWS, PRSTEP, T> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
+                                            kv_base, pr0, pcc, kv_lo, kv_hi);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES;
         if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
-        issue_tile(tile, stage);
+        uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+        // page ids of this tile just before its copies: read-only-cache hits after the first tile,
+        // and holding them a tile ahead would not fit the producer's registers
+        kv.prefetch(tile);
+        kv.issue(tile, dk, dk + Cfg::tile_bytes);
         cp_async_commit();
-        fill_tab(tile + 1);
         if (tile > 0) {
           cp_async_wait<1>();  // tile - 1 (and Q) landed
           fence_async_smem();
           mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
         }
-        named_bar_sync(1, PT);  // table[(tile + 1) & 1] complete; table[tile & 1] read by all
       }
       cp_async_wait<0>();
       fence_async_smem();
@@ -456,66 +496,23 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 
     // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
     const int r0 = tid / CPR, cc = tid % CPR;
-    int pg[LROWS];  // page ids of the next tile to copy (paged)
-  #pragma unroll
-    for (int it = 0; it < LROWS; ++it) pg[it] = 0;
-    const int page_shift = p.page_shift;  // >= 0: power-of-two pages, shifts instead of divisions
-    auto fetch_pages = [&](int tile) {
-      if (page_size > 0) {
-        const int t0 = kv_lo + tile * KVT + r0;
-  #pragma unroll
-        for (int it = 0; it < LROWS; ++it) {
-          const int t = t0 + it * RSTEP;
-          const int pi = page_shift >= 0 ? (t >> page_shift) : t / page_size;
-          pg[it] = t < kv_hi ? __ldg(p.kv_indices + kv_base + pi) : 0;
-        }
-      }
-    };
+    KvTileCopy<KVT, LROWS, RSTEP, T> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
+                                        kv_base, r0, cc, kv_lo, kv_hi);
     auto load_tile = [&](int tile, int stage) {
-      const int t0 = kv_lo + tile * KVT;
       uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-      uint8_t* dv = dk + Cfg::tile_bytes;
-      if (page_size == 0) {
-        const int64_t tok0 = (int64_t)(kv_base + t0 + r0);
-        const T* pk = reinterpret_cast<const T*>(kg) + tok0 * p.k_stride_n + (int64_t)kvh * p.k_stride_h + cc * 8;
-        const T* pv = reinterpret_cast<const T*>(vg) + tok0 * p.v_stride_n + (int64_t)kvh * p.v_stride_h + cc * 8;
-  #pragma unroll
-        for (int it = 0; it < LROWS; ++it) {
-          const int r = r0 + it * RSTEP;
-          const bool ok = t0 + r < kv_hi;
-          const uint32_t so = sw128<KVT>(r, cc);
-          cp_async16(dk + so, ok ? pk + (int64_t)it * RSTEP * p.k_stride_n : pk, ok);
-          cp_async16(dv + so, ok ? pv + (int64_t)it * RSTEP * p.v_stride_n : pv, ok);
-        }
-        return;
-      }
-      // paged: one offset per row when K and V share strides (the usual [pages, 2, ...] cache)
-      const int64_t kh = (int64_t)kvh * p.k_stride_h + cc * 8, vh = (int64_t)kvh * p.v_stride_h + cc * 8;
-      const bool same = p.kv_same_strides != 0;
-  #pragma unroll
-      for (int it = 0; it < LROWS; ++it) {
-        const int r = r0 + it * RSTEP;
-        const int t = t0 + r;
-        const bool ok = t < kv_hi;
-        const int sl = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
-        const int64_t ko = (int64_t)pg[it] * p.k_stride_p + (int64_t)sl * p.k_stride_n;
-        const int64_t vo = same ? ko : (int64_t)pg[it] * p.v_stride_p + (int64_t)sl * p.v_stride_n;
-        const uint32_t so = sw128<KVT>(r, cc);
-        cp_async16(dk + so, reinterpret_cast<const T*>(kg) + (ok ? ko + kh : 0), ok);
-        cp_async16(dv + so, reinterpret_cast<const T*>(vg) + (ok ? vo + vh : 0), ok);
-      }
+      kv.issue(tile, dk, dk + Cfg::tile_bytes);
     };
 
     if (n_tiles > 0) {
   #pragma unroll
       for (int st = 0; st < STAGES - 1; ++st) {
         if (st < n_tiles) {
-          fetch_pages(st);
+          kv.prefetch(st);
           load_tile(st, st);
         }
         cp_async_commit();
       }
-      fetch_pages(STAGES - 1);
+      kv.prefetch(STAGES - 1);
 
       if constexpr (Cfg::PIPE) {
         // Software pipeline (STAGES >= 3): S of tile j+1 runs on the tensor cores while ... O += P_j V_j
@@ -539,7 +536,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
           __syncthreads();     // and every warp is done with tile - 1: its stage takes tile + 2
           if (tile + 2 < n_tiles) {
             load_tile(tile + 2, (tile + 2) % STAGES);
-            fetch_pages(tile + 3);
+            kv.prefetch(tile + 3);
           }
           cp_async_commit();
           reg_fence<NS>(s);
@@ -572,7 +569,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
             const int nt = tile + STAGES - 1;
             if (nt < n_tiles) {
               load_tile(nt, nt % STAGES);
-              fetch_pages(nt + 1);
+              kv.prefetch(nt + 1);
             }
             cp_async_commit();
           }
