@@ -34,17 +34,28 @@ WORK_FIELDS = 5
 
 @triton.jit
 def _kv_rows(KvIndices, page_base, tok, kv_len, stride_kp, stride_ks, stride_vp, stride_vs,
-             PAGE: tl.constexpr, MASKED: tl.constexpr):
-    """Element offsets of the K and V rows of keys ``tok`` (pages gathered through kv_indices)."""
+             PAGE: tl.constexpr, MASKED: tl.constexpr, KV_ADDR: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``tok`` (pages gathered through kv_indices).
+    KV_ADDR (paged): 0: page and slot strides in elements; 1: ``stride_kp`` / ``stride_vp`` count
+    token rows (the page stride is a multiple of the token stride, as in every usual cache), so a
+    row costs one 32-bit multiply-add and one widening multiply; 2: as 1, and V shares K's strides
+    (one offset serves both).  Fewer instructions per row matter: every warp computes them."""
     if PAGE > 0:
         if MASKED:
             pg = tl.load(KvIndices + page_base + tok // PAGE, mask=tok < kv_len, other=0)
         else:
             pg = tl.load(KvIndices + page_base + tok // PAGE)
-        pg = pg.to(tl.int64)
         slot = tok % PAGE
-        k_row = pg * stride_kp + slot * stride_ks
-        v_row = pg * stride_vp + slot * stride_vs
+        if KV_ADDR == 0:
+            pg = pg.to(tl.int64)
+            k_row = pg * stride_kp + slot * stride_ks
+            v_row = pg * stride_vp + slot * stride_vs
+        else:
+            k_row = (pg * stride_kp + slot).to(tl.int64) * stride_ks
+            if KV_ADDR == 2:
+                v_row = k_row
+            else:
+                v_row = (pg * stride_vp + slot).to(tl.int64) * stride_vs
     else:
         t64 = (page_base + tok).to(tl.int64)
         k_row = t64 * stride_ks
@@ -170,18 +181,19 @@ def _kv_loop(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr, ALIBI: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_ADDR: tl.constexpr,
 ):
     """KV tiles [lo, hi) step BLOCK_N.  PREFETCH: the page ids of tile n+1 are gathered while tile
     n is computed, so the K/V loads depend on loop-carried offsets only (pipelines like ragged)."""
     k_row, v_row = _kv_rows(KvIndices, page_base, lo + offs_n, kv_len, stride_kp, stride_ks,
-                            stride_vp, stride_vs, PAGE, True)
+                            stride_vp, stride_vs, PAGE, True, KV_ADDR)
     for start_n in range(lo, hi, BLOCK_N):
         if PREFETCH:
             nk_row, nv_row = _kv_rows(KvIndices, page_base, start_n + BLOCK_N + offs_n, kv_len,
-                                      stride_kp, stride_ks, stride_vp, stride_vs, PAGE, True)
+                                      stride_kp, stride_ks, stride_vp, stride_vs, PAGE, True, KV_ADDR)
         else:
             k_row, v_row = _kv_rows(KvIndices, page_base, start_n + offs_n, kv_len, stride_kp,
-                                    stride_ks, stride_vp, stride_vs, PAGE, MASKED)
+                                    stride_ks, stride_vp, stride_vs, PAGE, MASKED, KV_ADDR)
         acc, l_i, m_i = _kv_step(
             acc, l_i, m_i, q, q2, start_n, k_row, v_row, Kh, Vh, kv_len,
             q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
@@ -213,6 +225,7 @@ def _attn_fwd(
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
     ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
+    KV_ADDR: tl.constexpr,
 ):
     item = tl.program_id(0)
     hkv = tl.program_id(1)
@@ -304,27 +317,27 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    acc, l_i, m_i = _kv_loop(
-        acc, l_i, m_i, q, qb, lo, f_lo, Kh, Vh, KvIndices, page_base, kv_len,
-        stride_kp, stride_ks, stride_vp, stride_vs,
-        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
-        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
-        True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
-    acc, l_i, m_i = _kv_loop(
-        acc, l_i, m_i, q, qb, f_lo, f_hi, Kh, Vh, KvIndices, page_base, kv_len,
-        stride_kp, stride_ks, stride_vp, stride_vs,
-        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
-        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
-        False, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
-    acc, l_i, m_i = _kv_loop(
-        acc, l_i, m_i, q, qb, f_hi, hi, Kh, Vh, KvIndices, page_base, kv_len,
-        stride_kp, stride_ks, stride_vp, stride_vs,
-        q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
-        MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
-        True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH)
+    if KV_ADDR > 0:  # page strides in token rows (see _kv_rows)
+        stride_kp = stride_kp // stride_ks
+        stride_vp = stride_vp // stride_vs
+    # three segments: masked tiles below f_lo, unmasked [f_lo, f_hi), masked from f_hi
+    for seg in tl.static_range(3):
+        if seg == 0:
+            a = lo
+            b = f_lo
+        elif seg == 1:
+            a = f_lo
+            b = f_hi
+        else:
+            a = f_hi
+            b = hi
+        acc, l_i, m_i = _kv_loop(
+            acc, l_i, m_i, q, qb, a, b, Kh, Vh, KvIndices, page_base, kv_len,
+            stride_kp, stride_ks, stride_vp, stride_vs,
+            q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+            seg != 1, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR)
 
     # ---- epilogue: a row that saw no key has l_i == 0 -> out 0, lse -inf
     seen = l_i > 0
@@ -359,6 +372,17 @@ def _attn_fwd(
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _kv_addr(k, v, page_size, ks, vs) -> int:
+    """_kv_rows' KV_ADDR for these caches: 1 (2 when V shares K's strides) if each page stride is a
+    multiple of its token stride and the largest row index fits in 32 bits, else 0."""
+    if not page_size:
+        return 0
+    for t, (sp, sn, _) in ((k, ks), (v, vs)):
+        if sn <= 0 or sp % sn or t.shape[0] * (sp // sn) + page_size >= 2 ** 31:
+            return 0
+    return 2 if tuple(ks) == tuple(vs) else 1
 
 
 def attention_fwd(
@@ -425,6 +449,7 @@ def attention_fwd(
         SOFT_CAP=bool(soft_cap), ALIBI=bool(alibi), ROPE=bool(rope), HAS_SINKS=sinks is not None,
         STORE_LSE=lse is not None, SPLIT=bool(split), DOT_PREC=dot_prec,
         PREFETCH=bool(prefetch) and bool(page_size),
+        KV_ADDR=_kv_addr(k, v, page_size, kv_strides, v_strides),
         DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )
