@@ -59,7 +59,7 @@ def _strided(shape, dt, device, noncontig, fill=None):
 def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv_dtype=None,
              page_size=None, layout="NHD", causal=False, custom=False, window_left=-1, soft_cap=0.0,
              pos="NONE", sinks=False, scales=(1.0, 1.0, 1.0, 1.0), return_lse=True, noncontig=False,
-             spec=False, device="cpu", seed=0, backend=None, sm_scale=None, check=True):
+             spec=False, device="cpu", seed=0, backend=None, sm_scale=None, check=True, kv_views="same"):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     kv_dtype = kv_dtype or dtype
@@ -128,8 +128,13 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
         total = sum(npages) + 3
         perm = torch.randperm(total, generator=g).tolist()
         shape = (total, page_size, hkv, d) if layout == "NHD" else (total, hkv, page_size, d)
-        k = _strided(shape, kv_dtype, device, noncontig)
-        v = _strided(shape, kv_dtype, device, noncontig)
+        if kv_views == "padded":  # page stride no multiple of the token stride (element addressing)
+            n = math.prod(shape[1:])
+            k, v = (torch.empty(total, n + 8, dtype=kv_dtype, device=device)[:, :n].unflatten(1, shape[1:])
+                    for _ in range(2))
+        else:  # "split": V strides differ from K's
+            k = _strided(shape, kv_dtype, device, noncontig)
+            v = _strided(shape, kv_dtype, device, noncontig != (kv_views == "split"))
         nanv = float("nan")
         k.fill_(nanv)
         v.fill_(nanv)  # unused slots are NaN: reading one poisons the output
@@ -317,6 +322,24 @@ def test_batch_prefill_paged(page_size, layout):
     # kv 32 with page 16: last page full
     run_case("batch_prefill_paged", qo_lens=[7, 16, 3], kv_lens=[19, 32, 3], page_size=page_size,
              layout=layout, causal=True, hq=4, hkv=1, seed=4)
+
+
+@cpu_only
+@pytest.mark.parametrize("kv_views,mode", [("same", 2), ("split", 1), ("padded", 0)])
+def test_paged_row_addressing(kv_views, mode):
+    """_kv_rows' three ways to address paged rows (token-row units shared by K and V, per tensor,
+    element strides) give the same attention."""
+    from attncore.backends.triton.kernels.attention import _kv_addr
+
+    shape = (9, 5, 2, 32)
+    ks = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])
+    vs = (ks[0] + 128, ks[1], ks[2]) if mode == 1 else ks
+    if mode == 0:
+        ks = vs = (ks[0] + 8, ks[1], ks[2])
+    t = torch.empty(shape)
+    assert _kv_addr(t, t, 5, ks, vs) == mode
+    run_case("batch_prefill_paged", qo_lens=[7, 3], kv_lens=[19, 11], page_size=5, causal=True, hq=4, hkv=2,
+             seed=5, kv_views=kv_views)
 
 
 @cpu_only
