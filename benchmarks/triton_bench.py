@@ -232,6 +232,12 @@ def sweep(name, problem, meta, args, rows, check=None, flops=None):
     if problem.page_size is None:  # the Hopper dense kernel's configs too
         cands = [dict(dense=c.as_dict()) for c in tcfg.dense_candidates(
             problem, problem.mask == "causal", sweep=True)] + cands
+    elif rows > 64:  # paged prefill: tile shapes and depths beyond the shipped candidates
+        seen = [c["config"] for c in cands]
+        cands += [dict(config=c.as_dict()) for c in (
+            tcfg.LaunchConfig(bm, bn, w, st, True) for bm, bn, w, sts in (
+                (128, 64, 8, (2,)), (128, 128, 8, (2, 3)), (64, 64, 4, (3, 4)), (128, 32, 8, (4, 5)),
+                (64, 128, 4, (2, 3))) for st in sts) if c.as_dict() not in seen]
     out = []
     for kw in cands:  # {"config": generic-kernel config} or {"dense": dense-kernel config}
         be = TritonBackend(**kw)
