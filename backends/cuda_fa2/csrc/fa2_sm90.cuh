@@ -114,8 +114,9 @@ __device__ __forceinline__ void cp_async16_sa(uint32_t saddr, const void* gmem, 
 
 // K/V tile copies of one thread: chunk column c of rows r0 + it * STEP (it < N) of each K and V tile,
 // into the 128B-swizzled stage; rows past kv_hi are zero-filled.  Ragged rows advance by the token
-// stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*), computed a tile ahead into
-// registers (prefetch), so the copy is one multiply-add and a cp.async per chunk.
+// stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
+// plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
+// multiply-add and a cp.async per chunk.
 template <int KVT, int N, int STEP, typename T>
 struct KvTileCopy {
   const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
@@ -124,7 +125,7 @@ struct KvTileCopy {
   int r0, c, kv_lo, kv_hi, page_size, page_shift;
   uint32_t k_unit, k_sp, k_rs, v_unit, v_sp, v_rs;
   bool same;
-  uint32_t roff[N];          // paged: K row offsets of the prefetched tile
+  uint32_t roff[N];          // paged: K row offsets of the tile prefetch() was last called for
 
   __device__ __forceinline__ KvTileCopy(const Fa2Params& p, const T* k, const T* v, int kvh, int kv_base, int r0_,
                                         int c_, int kv_lo_, int kv_hi_)
@@ -160,7 +161,7 @@ struct KvTileCopy {
   __device__ __forceinline__ void prefetch(int tile) {
     if (page_size > 0) rows(tile, false);
   }
-  // cp.async of `tile` into dk / dv (paged: rows from the prefetched offsets).  STEP is a multiple of
+  // cp.async of `tile` into dk / dv (paged: prefetch(tile) must have run).  STEP is a multiple of
   // the 8-row swizzle period, so row r0 + it * STEP lands at a fixed offset from row r0: immediates,
   // not registers held across the tile loop.
   __device__ __forceinline__ void issue(int tile, uint8_t* dk, uint8_t* dv) {
