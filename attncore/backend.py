@@ -121,6 +121,18 @@ class RunArgs:
     enable_pdl: bool = False
 
 
+
+def cuda_device(device, who: str) -> torch.device:
+    """``device`` as an indexed CUDA device (no index: the current one); ``who`` names the caller in
+    the error for any other device."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"{who}: device {dev} is not a CUDA device")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class Backend:
     """Base class of every backend (built-in or plugin).
 

@@ -228,3 +228,10 @@ def test_run_time_feature_replans_on_a_capable_backend(clean_registry):
     forced.plan(qo, qo, 4, 2, 64, causal=True)
     with pytest.raises(ValueError, match="feature:return_lse"):
         forced.run(q, k, k, return_lse=True)
+
+
+def test_cuda_device_refuses_other_devices_by_name():
+    from attncore.backend import cuda_device
+
+    with pytest.raises(ValueError, match="xqa: device cpu is not a CUDA device"):
+        cuda_device("cpu", "xqa")

@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from attncore.backend import Backend, BatchMeta
+from attncore.backend import Backend, BatchMeta, cuda_device
 from attncore.capabilities import Capabilities, Reason
 from attncore.mask import alibi_slopes
 from attncore.problem import AttentionProblem
@@ -185,11 +185,7 @@ class CudaFa2Backend(Backend):
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
         from . import binding
 
-        dev = torch.device(meta.device)
-        if dev.type != "cuda":
-            raise ValueError(f"cuda_fa2: device {dev} is not a CUDA device")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = cuda_device(meta.device, "cuda_fa2")
         B = meta.batch_size
         qo = meta.qo_indptr_host
         qo_lens = [qo[i + 1] - qo[i] for i in range(B)]

@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from attncore.backend import Backend, BatchMeta
+from attncore.backend import Backend, BatchMeta, cuda_device
 from attncore.capabilities import Capabilities, Reason
 from attncore.problem import AttentionProblem, dtype_name
 
@@ -159,11 +159,7 @@ class XqaBackend(Backend):
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
         from . import binding
 
-        dev = torch.device(meta.device)
-        if dev.type != "cuda":
-            raise ValueError(f"xqa: device {dev} is not a CUDA device")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = cuda_device(meta.device, "xqa")
         B = meta.batch_size
         QL = meta.q_len_per_req or problem.q_len_per_req
         G = problem.group_size
