@@ -331,6 +331,44 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     }
   };
 
+  // The tensor-core steps both loop variants (warp-specialized or not) share; they differ only in
+  // how a stage is known to be full and handed back.
+  // S of `stage` alone, waited (the plain loop's first half, the pipelined loop's first tile)
+  auto s_step = [&](int stage) {
+    reg_fence<NS>(s);
+    wg_fence();
+    issue_s(stage);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence<NS>(s);
+  };
+  // O += P V of `stage` alone, waited (the plain loop's second half, the pipelined loop's last tile)
+  auto pv_step = [&](int stage) {
+    reg_fence<NO>(o);
+    wg_fence();
+    issue_pv(stage);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence<NO>(o);
+  };
+  // pipelined: S of tile `nx` and O += P V of tile `cur` on the tensor cores while the softmax of
+  // `nx` runs (P of `cur` already packed); returns with both waited
+  auto pipe_step = [&](int cur, int nx) {
+    reg_fence<NS>(s);
+    reg_fence<NO>(o);
+    wg_fence();
+    issue_s(nx % STAGES);
+    wg_commit();
+    wg_fence();
+    issue_pv(cur % STAGES);
+    wg_commit();
+    wg_wait<1>();
+    reg_fence<NS>(s);
+    softmax(nx);
+    wg_wait<0>();
+    reg_fence<NO>(o);
+  };
+
   // ---- epilogue from registers
   auto epilogue = [&]() {
     const bool final_out = slot < 0;
@@ -424,57 +462,25 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       if (n_tiles > 0) {
         if constexpr (Cfg::PIPE) {
           mbar_wait(bar_full, 0);
-          reg_fence<NS>(s);
-          wg_fence();
-          issue_s(0);
-          wg_commit();
-          wg_wait<0>();
-          reg_fence<NS>(s);
+          s_step(0);
           softmax(0);
           rescale_pack();
           for (int tile = 0; tile < n_tiles - 1; ++tile) {
             const int nx = tile + 1;
             mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
-            reg_fence<NS>(s);
-            reg_fence<NO>(o);
-            wg_fence();
-            issue_s(nx % STAGES);
-            wg_commit();
-            wg_fence();
-            issue_pv(tile % STAGES);
-            wg_commit();
-            wg_wait<1>();
-            reg_fence<NS>(s);
-            softmax(nx);
-            wg_wait<0>();
-            reg_fence<NO>(o);
+            pipe_step(tile, nx);
             mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
             rescale_pack();
           }
-          reg_fence<NO>(o);
-          wg_fence();
-          issue_pv((n_tiles - 1) % STAGES);
-          wg_commit();
-          wg_wait<0>();
-          reg_fence<NO>(o);
+          pv_step((n_tiles - 1) % STAGES);
         } else {
           for (int tile = 0; tile < n_tiles; ++tile) {
             const int stage = tile % STAGES;
             mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
-            reg_fence<NS>(s);
-            wg_fence();
-            issue_s(stage);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence<NS>(s);
+            s_step(stage);
             softmax(tile);
             rescale_pack();
-            reg_fence<NO>(o);
-            wg_fence();
-            issue_pv(stage);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence<NO>(o);
+            pv_step(stage);
             mbar_arrive(bar_empty + 8 * stage);
           }
         }
@@ -522,12 +528,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         cp_async_wait<STAGES - 2>();
         fence_async_smem();
         __syncthreads();
-        reg_fence<NS>(s);
-        wg_fence();
-        issue_s(0);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence<NS>(s);
+        s_step(0);
         softmax(0);
         rescale_pack();
         // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
@@ -540,27 +541,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
             kv.prefetch(tile + 3);
           }
           cp_async_commit();
-          reg_fence<NS>(s);
-          reg_fence<NO>(o);
-          wg_fence();
-          issue_s((tile + 1) % STAGES);
-          wg_commit();
-          wg_fence();
-          issue_pv(tile % STAGES);
-          wg_commit();
-          wg_wait<1>();
-          reg_fence<NS>(s);
-          softmax(tile + 1);
-          wg_wait<0>();
-          reg_fence<NO>(o);
+          pipe_step(tile, tile + 1);
           rescale_pack();
         }
-        reg_fence<NO>(o);
-        wg_fence();
-        issue_pv((n_tiles - 1) % STAGES);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence<NO>(o);
+        pv_step((n_tiles - 1) % STAGES);
       } else {
         for (int tile = 0; tile < n_tiles; ++tile) {
           cp_async_wait<STAGES - 2>();
@@ -574,20 +558,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
             }
             cp_async_commit();
           }
-          reg_fence<NS>(s);
-          wg_fence();
-          issue_s(tile % STAGES);
-          wg_commit();
-          wg_wait<0>();
-          reg_fence<NS>(s);
+          s_step(tile % STAGES);
           softmax(tile);
           rescale_pack();
-          reg_fence<NO>(o);
-          wg_fence();
-          issue_pv(tile % STAGES);
-          wg_commit();
-          wg_wait<0>();
-          reg_fence<NO>(o);
+          pv_step(tile % STAGES);
         }
       }
     }
