@@ -309,6 +309,32 @@ def test_dense_kernel_interpreted(causal, layout, one_loop, branch):
     assert plan.dense and "dense_failed" not in plan.stats, plan.stats
 
 
+def test_heads_first_rule():
+    from attncore.backends.triton.backend import _heads_first
+    causal_p1 = [64 * (i + 1) for i in range(64)]  # P1 causal, 64-row tiles
+    assert _heads_first(causal_p1, 32, 132)
+    assert not _heads_first([2048] * 64, 8, 132)  # equal costs (decode): no tail to fix
+    p3 = [32 * (i + 1) for i in range(64)] * 8  # many requests: one SM's share dwarfs the spread
+    assert not _heads_first(p3, 8, 132)
+    assert not _heads_first([], 8, 132)
+
+
+@cpu_only
+@pytest.mark.parametrize("heads_first", [True, False])
+def test_launch_orders(monkeypatch, heads_first):
+    # both program orders of both kernels (the plan picks one by _heads_first)
+    from attncore.backends.triton import backend as tb
+    monkeypatch.setattr(tb, "_heads_first", lambda *a: heads_first)
+    plan = run_case("batch_prefill_paged", qo_lens=[7, 40, 3], kv_lens=[19, 50, 3], page_size=4,
+                    causal=True, hq=6, hkv=3, seed=5)
+    assert plan.heads_first == heads_first
+    be = TritonBackend(dense=dict(block_m=16, block_n=16, num_warps=4, num_stages=1, warp_specialize=False,
+                                  one_loop=True, branch=True))
+    plan = run_case("batch_prefill_ragged", qo_lens=[40, 5, 33], kv_lens=[30, 70, 33], causal=True,
+                    hq=4, hkv=2, d=64, backend=be, seed=6)
+    assert plan.dense and plan.stats["heads_first"] == heads_first, plan.stats
+
+
 @cpu_only
 def test_batch_prefill_ragged_edges():
     # kv 0, qo > kv (rows that see nothing under causal), 1 token, longer
@@ -496,8 +522,60 @@ def test_gpu_dense_configs(causal):
     p = AttentionProblem(op="batch_prefill_ragged", mask="causal" if causal else "none")
     for c in tcfg.dense_candidates(p, causal):
         be = TritonBackend(dense=c.as_dict(), kv_chunk=0)
-        run_case("batch_prefill_ragged", qo_lens=[300, 70], kv_lens=[517, 70], causal=causal, hq=8, hkv=2,
-                 d=128, dtype=torch.bfloat16, device="cuda", seed=32, backend=be)
+        plan = run_case("batch_prefill_ragged", qo_lens=[300, 70], kv_lens=[517, 70], causal=causal, hq=8,
+                        hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=32, backend=be)
+        assert plan.dense and "dense_failed" not in plan.stats, plan.stats
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_dense_repeatable(causal):
+    # the warp-specialized default must be race-free: eager runs and a CUDA-graph replay give the
+    # same bits, LSE included (ragged tails, qo > kv, sinks)
+    qo, kv = [300, 70, 1, 129, 40], [517, 70, 5, 129, 20]
+    dev = torch.device("cuda")
+    i32 = dict(device=dev, dtype=torch.int32)
+    qi, ki = [0], [0]
+    for a, b in zip(qo, kv):
+        qi.append(qi[-1] + a)
+        ki.append(ki[-1] + b)
+    g = torch.Generator(device=dev).manual_seed(34)
+    q = torch.randn(qi[-1], 8, 128, device=dev, generator=g).to(torch.bfloat16)
+    k = torch.randn(ki[-1], 2, 128, device=dev, generator=g).to(torch.bfloat16)
+    v = torch.randn(ki[-1], 2, 128, device=dev, generator=g).to(torch.bfloat16)
+    meta = BatchMeta(batch_size=len(qo), qo_indptr=torch.tensor(qi, **i32), qo_indptr_host=qi,
+                     kv_indptr=torch.tensor(ki, **i32), kv_indptr_host=ki, kv_lens=torch.tensor(kv, **i32),
+                     kv_lens_host=kv, params=AttnParams(sm_scale=128 ** -0.5, causal=causal), device=dev)
+    p = AttentionProblem(op="batch_prefill_ragged", device_type="cuda",
+                         compute_capability=torch.cuda.get_device_capability(), q_dtype=torch.bfloat16,
+                         kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=8, num_kv_heads=2,
+                         mask="causal" if causal else "none", sinks=True, return_lse=True)
+    args = RunArgs(q=q, k=k, v=v, out=torch.empty_like(q), lse=torch.empty(qi[-1], 8, device=dev),
+                   sinks=torch.randn(8, device=dev, generator=g))
+    be = TritonBackend(kv_chunk=0)
+    plan = be.plan(p, meta)
+    be.run(plan, args)
+    torch.cuda.synchronize()
+    first = (args.out.clone(), args.lse.clone())
+    for _ in range(30):
+        args.out.fill_(float("nan"))
+        args.lse.fill_(float("nan"))
+        be.run(plan, args)
+        torch.cuda.synchronize()
+        assert torch.equal(args.out, first[0]) and torch.equal(args.lse, first[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        be.run(plan, args)
+    for _ in range(10):
+        args.out.fill_(float("nan"))
+        args.lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(args.out, first[0]) and torch.equal(args.lse, first[1])
+    if torch.cuda.get_device_capability()[0] == 9:  # the default config ran (not a fallback)
+        from attncore.backends.triton import config as tcfg
+        assert plan.stats["dense"] == tcfg.dense_candidates(p, causal)[0].as_dict(), plan.stats
 
 
 @gpu

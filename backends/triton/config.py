@@ -3,8 +3,9 @@
 A config is (block_m, block_n, num_warps, num_stages).  ``candidates()`` lists what fits the
 problem (shared memory, head dim, dtype); the first entry is the default pick, ordered from
 the sweeps measured on an H100 on 2026-11-22 (benchmarks/triton.md, results/triton-h100-*.json):
-decode bf16 block_n 64 / 2 stages; fp8 KV block_n 128 / 2 stages; prefill 128x64, 8 warps,
-3 stages (d256: 2); paged prefill gathers the next tile's page ids one iteration ahead.  Picks are cached per (device, key) so that
+decode bf16 block_n 64 / 2 stages; fp8 KV block_n 128 / 2 stages, with bf16 q the dots in fp16
+(D5 0.229 vs 0.285 ms, session 4); prefill 128x64, 8 warps, 3 stages (d256: 2); paged prefill
+gathers the next tile's page ids one iteration ahead.  Picks are cached per (device, key) so that
 ``plan()`` stays cheap; ``set_config`` lets a tuning script pin a measured best.
 """
 
@@ -66,7 +67,7 @@ def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tupl
         bm = max(16, _pow2(rows))
         if fp8:
             f16 = problem.q_dtype == torch.bfloat16 and problem.pos_encoding != "ROPE_LLAMA"
-            out = [LaunchConfig(bm, bn, 4, st, pf, f) for f in ((False, True) if f16 else (False,))
+            out = [LaunchConfig(bm, bn, 4, st, pf, f) for f in ((True, False) if f16 else (False,))
                    for bn in (128, 256) for st in (2, 3) for pf in (False, True)]
         elif d <= 128:
             out = [LaunchConfig(bm, bn, 4, st, pf) for bn in (64, 128) for st in (2, 3)
@@ -109,18 +110,21 @@ class DenseConfig:
 
 def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[DenseConfig]:
     """Configs of the dense kernel, best measured first (H100, triton 3.6, 2026-11-22,
-    benchmarks/triton.md: P1 causal 424 TFLOP/s with 64x64 tiles, one loop that masks only the
-    diagonal tiles; non-causal 499-508 with two loops).  run() falls back down the list, then to
-    the generic kernel, if a config fails to compile.  Warp-specialized configs are not defaults:
-    with Triton 3.6 they crash the compiler when another loop follows, and the one-loop form gave
-    LSEs that differed in the last bits between two identical runs (a race); ``sweep`` adds them
-    for measurement only."""
-    if causal:
-        out = [DenseConfig(64, 64, 4, 3, False, True, True), DenseConfig(64, 64, 4, 3, False)]
-        extra = [DenseConfig(128, 64, 4, 2, True, True, True)]
-    else:
-        out = [DenseConfig(64, 64, 4, 3, False), DenseConfig(64, 64, 4, 3, False, True, True)]
-        extra = [DenseConfig(128, 64, 4, 2, True, True, True)]
+    benchmarks/triton.md, session 4).  Head dim 128: 128x64 tiles in one warp-specialized loop
+    that masks only the diagonal / tail tiles (P1 causal 480, non-causal 525 TFLOP/s); the same
+    loop without warp specialization on 64x64 tiles next (448 / 508), which is also the head dim 64
+    default (P2 d64 355; the specialized loop gave 332).  run() falls back down the list, then to
+    the generic kernel, if a config fails to compile.  Only one-loop forms are specialized: with
+    Triton 3.6 a specialized loop followed (or preceded) by another loop crashes the compiler.
+    ``sweep`` adds configs for measurement."""
+    ws = DenseConfig(128, 64, 4, 2, True, True, True)
+    plain = DenseConfig(64, 64, 4, 3, False, True, True)
+    two_loops = DenseConfig(64, 64, 4, 3, False)
+    out = [ws, plain, two_loops] if problem.head_dim_qk == 128 else [plain, two_loops]
+    extra = [DenseConfig(128, 64, 4, 3, True, True, True), DenseConfig(64, 64, 4, 3, True, True, True),
+             DenseConfig(128, 128, 4, 2, True, True, True)]
+    if problem.head_dim_qk != 128:
+        extra.append(ws)
     return out + extra if sweep else out
 
 

@@ -218,17 +218,22 @@ def _attn_fwd(
     stride_ts, stride_tt, stride_th,
     stride_us, stride_ut, stride_uh,
     qk_scale, cap_inv, cap_l2, out_scale, window_left,
-    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
+    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes, NUM_KV, NUM_ITEMS,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
     ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
-    KV_ADDR: tl.constexpr,
+    KV_ADDR: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    item = tl.program_id(0)
-    hkv = tl.program_id(1)
+    pid = tl.program_id(0)
+    if HEADS_FIRST:  # launch heaviest first across all heads (see backend._heads_first)
+        item = pid // NUM_KV
+        hkv = pid - item * NUM_KV
+    else:  # a head's items together: those of one request share K/V tiles in L2
+        hkv = pid // NUM_ITEMS
+        item = pid - hkv * NUM_ITEMS
     wp = Work + item * 5
     req = tl.load(wp)
     row0 = tl.load(wp + 1)
@@ -391,7 +396,7 @@ def attention_fwd(
     page_size, kv_strides, v_strides, mask_mode, window_left, soft_cap, alibi, rope,
     rope_theta, rope_scale, qk_scale, cap_inv, cap_l2, out_scale, spec_q_len, spec_row_bytes,
     split, block_m, block_n, num_warps, num_stages, prefetch=False,
-    dot_f16=False,
+    dot_f16=False, heads_first=False,
 ):
     """Launch ``_attn_fwd`` over ``num_items`` work items x ``num_kv_heads``.
 
@@ -427,7 +432,7 @@ def attention_fwd(
     us = tuple(tmp_lse.stride()) if tmp_lse is not None else (0, 0, 0)
     ls = tuple(lse.stride()) if lse is not None else (0, 0)
     dot_prec = "ieee" if q.dtype.itemsize == 4 else "tf32"
-    grid = (num_items, num_kv_heads)
+    grid = (num_items * num_kv_heads,)
     kvi = kv_indices if kv_indices is not None else dummy
     mi = mask_indptr if mask_indptr is not None else dummy
     sl = slopes if slopes is not None else dummy
@@ -440,7 +445,7 @@ def attention_fwd(
         ts[0], ts[1], ts[2],
         us[0], us[1], us[2],
         float(qk_scale), float(cap_inv), float(cap_l2), float(out_scale), int(window_left),
-        math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes),
+        math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes), num_kv_heads, num_items,
     )
     cx = dict(
         G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HALF=half,
@@ -451,7 +456,7 @@ def attention_fwd(
         PREFETCH=bool(prefetch) and bool(page_size),
         KV_ADDR=_kv_addr(k, v, page_size, kv_strides, v_strides),
         DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
+        HEADS_FIRST=bool(heads_first), num_warps=num_warps, num_stages=num_stages,
     )
     launcher = _attn_fwd[grid]
 

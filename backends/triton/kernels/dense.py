@@ -8,8 +8,10 @@ two programs resident per SM.  Measured on an H100 (benchmarks/triton.md): P1 ca
 TFLOP/s for the generic kernel, non-causal 499-508 vs 454-462.
 
 One program per (work item, query head); a work item is (request, first query row), planned on
-the host, heaviest first.  GQA: query head h reads kv head h // G; the heads of a group share K/V
-tiles through L2.  Scores are kept in base 2 (LSE base 2), like attention.py.  Requires
+the host, heaviest first.  HEADS_FIRST (a plan decision, see backend._heads_first) orders the
+program ids over the heads first, so that the launch is heaviest first across all heads;
+otherwise over the items first, so that the items of one head, which share K/V tiles, run
+together in L2.  GQA: query head h reads kv head h // G.  Scores are kept in base 2 (LSE base 2), like attention.py.  Requires
 qk_scale > 0 (the row max is taken before scaling).  ``WS`` (Triton's Hopper warp specialization
 of the KV loop) is a tuning option only, see config.dense_candidates.
 """
@@ -68,13 +70,18 @@ def _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, lo, hi, mask_from, m0, kv_len,
 def _dense_fwd(
     Q, K, V, Out, Lse, Work, QoIndptr, KvIndptr, Sinks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, out_scale,
+    stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, out_scale, HQ, NUM_ITEMS,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr, WS: tl.constexpr,
-    ONE_LOOP: tl.constexpr, BRANCH: tl.constexpr,
+    ONE_LOOP: tl.constexpr, BRANCH: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    item = tl.program_id(0)
-    h = tl.program_id(1)
+    pid = tl.program_id(0)
+    if HEADS_FIRST:
+        item = pid // HQ
+        h = pid - item * HQ
+    else:
+        h = pid // NUM_ITEMS
+        item = pid - h * NUM_ITEMS
     hk = h // G
     req = tl.load(Work + 2 * item)
     m0 = tl.load(Work + 2 * item + 1)
@@ -151,7 +158,7 @@ def tma_ready(*tensors) -> bool:
 
 def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_indptr, *, group_size,
               head_dim, kv_strides, v_strides, causal, qk_scale, out_scale, block_m, block_n,
-              num_warps, num_stages, warp_specialize, one_loop=False, branch=False):
+              num_warps, num_stages, warp_specialize, one_loop=False, branch=False, heads_first=False):
     """Launch ``_dense_fwd`` over ``num_items`` x Hq programs; returns a relaunch closure.
 
     q/out [nnz_q, Hq, D]; k/v ragged, addressed by (token, head) element strides ``kv_strides`` /
@@ -163,11 +170,12 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_indptr, *
     hq = q.shape[1]
     ls = tuple(lse.stride()) if lse is not None else (0, 0)
     tail = (q.stride(0), q.stride(1), kv_strides[0], kv_strides[1], v_strides[0], v_strides[1],
-            out.stride(0), out.stride(1), ls[0], ls[1], float(qk_scale), float(out_scale))
+            out.stride(0), out.stride(1), ls[0], ls[1], float(qk_scale), float(out_scale), hq, num_items)
     cx = dict(G=group_size, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
               HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, WS=bool(warp_specialize),
-              ONE_LOOP=bool(one_loop), BRANCH=bool(branch), num_warps=num_warps, num_stages=num_stages)
-    launcher = _dense_fwd[(num_items, hq)]
+              ONE_LOOP=bool(one_loop), BRANCH=bool(branch), HEADS_FIRST=bool(heads_first),
+              num_warps=num_warps, num_stages=num_stages)
+    launcher = _dense_fwd[(num_items * hq,)]
     dummy = work
 
     def launch(q, k, v, out, lse, mask_bytes, sinks):
