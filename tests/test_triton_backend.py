@@ -336,6 +336,40 @@ def test_launch_orders(monkeypatch, heads_first):
 
 
 @cpu_only
+@pytest.mark.parametrize("page_size,layout,causal", [(16, "NHD", True), (1, "HND", True), (5, "NHD", False)])
+def test_paged_gather_dense(page_size, layout, causal):
+    # paged prefill through the dense kernel: pages copied into contiguous K/V first (shuffled
+    # pages, a partial last page, qo > kv, an empty request, sinks, LSE)
+    be = TritonBackend(dense=dict(block_m=16, block_n=16, num_warps=4, num_stages=1, warp_specialize=False,
+                                  one_loop=True, branch=True), gather=True)
+    plan = run_case("batch_prefill_paged", qo_lens=[40, 5, 0, 20], kv_lens=[37, 3, 7, 33], page_size=page_size,
+                    layout=layout, causal=causal, sinks=True, hq=4, hkv=2, d=64, backend=be, seed=35)
+    assert plan.dense and plan.gather is not None and "dense_failed" not in plan.stats, plan.stats
+
+
+def test_gather_decision():
+    # auto gathers only where the FLOPs per gathered byte pay for the copy, within the cap
+    from types import SimpleNamespace
+    from attncore.backends.triton.backend import TritonPlan
+    p = AttentionProblem(op="batch_prefill_paged", page_size=16, mask="causal", num_qo_heads=32, num_kv_heads=8)
+
+    def decide(qo, kv, **kw):
+        npg = (kv + 15) // 16
+        meta = SimpleNamespace(kv_indptr_host=[0, npg])
+        plan = TritonPlan(problem=p, meta=meta, device=torch.device("cpu"), nnz_q=qo, mask_mode=1, cfg=None,
+                          work=None, num_items=0, qo_indptr=None, kv_indptr=torch.tensor([0, npg]),
+                          kv_indices=torch.arange(npg, dtype=torch.int32), kv_lens=None, slopes=None)
+        return TritonBackend(**kw)._plan_gather(plan, [qo], [kv], True), plan
+
+    ok, plan = decide(2048, 2048)  # P3-like: ~4000 FLOPs per byte
+    assert ok and plan.gather["k"].shape == (128, 16, 8, 128) and plan.stats["gather_mb"] == 8.0
+    assert not decide(64, 8192)[0]  # append-like: too few FLOPs per byte
+    assert not decide(2048, 2048, gather_cap_mb=4)[0]  # over the cap
+    assert not decide(2048, 2048, gather=False)[0]
+    assert decide(64, 8192, gather=True)[0]
+
+
+@cpu_only
 def test_batch_prefill_ragged_edges():
     # kv 0, qo > kv (rows that see nothing under causal), 1 token, longer
     run_case("batch_prefill_ragged", qo_lens=[5, 9, 1, 30, 0], kv_lens=[0, 4, 1, 70, 3], causal=True,
@@ -586,6 +620,18 @@ def test_gpu_batch_prefill_paged(dtype, page_size, layout):
     run_case("batch_prefill_paged", qo_lens=[100, 1, 0, 64, 200], kv_lens=[300, 1, 5, 64, 150],
              page_size=page_size, layout=layout, causal=True, hq=8, hkv=2, d=128, dtype=dtype,
              device="cuda", seed=21)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gpu_paged_gather(layout):
+    # paged prefill through the gather + the default dense config (warp-specialized on sm_90)
+    plan = run_case("batch_prefill_paged", qo_lens=[300, 70, 0, 129], kv_lens=[517, 70, 9, 100], page_size=16,
+                    layout=layout, causal=True, sinks=True, hq=8, hkv=2, d=128, dtype=torch.bfloat16,
+                    device="cuda", seed=36, backend=TritonBackend(gather=True, kv_chunk=0))
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert plan.dense and plan.gather is not None and "dense_failed" not in plan.stats, plan.stats
 
 
 @gpu

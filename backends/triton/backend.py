@@ -77,6 +77,22 @@ def _heads_first(costs: list, num_heads: int, num_sms: int) -> bool:
     return (max(costs) - min(costs)) * num_sms * 10 > sum(costs) * num_heads
 
 
+GATHER_FLOP_PER_BYTE = 1500  # auto gathers paged prefill above this (break-even ~1000 on an H100)
+
+
+def _page_gather(g: dict, layout: str):
+    """The copy of _plan_gather: pages of the caches, in kv_indices order, into g's [pages,
+    page_size, Hkv, D] buffers (HND caches are read through a transposed view)."""
+    pages = g["pages"]
+
+    def gather(k, v):
+        if layout != "NHD":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        torch.index_select(k, 0, pages, out=g["k"])
+        torch.index_select(v, 0, pages, out=g["v"])
+    return gather
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
@@ -107,6 +123,7 @@ class TritonPlan:
     dense: list = field(default_factory=list)  # Hopper dense-prefill configs to try, in order
     dense_work: dict = field(default_factory=dict)  # block_m -> (work [n, 2] int32, n, heads_first)
     heads_first: bool = False  # program ids run over the heads first (_heads_first)
+    gather: Optional[dict] = None  # paged prefill via the dense kernel: buffers and indices
 
 
 class TritonBackend(Backend):
@@ -122,6 +139,14 @@ class TritonBackend(Backend):
     dense : bool or dict, default True
         Use the Hopper dense-prefill kernel (TMA + warp specialization, kernels/dense.py) where it
         applies; a dict forces one of its configs (tuning).  False: always the generic kernel.
+    gather : bool, optional
+        Paged prefill through the dense kernel: copy the batch's pages into contiguous K/V
+        buffers allocated by plan(), then run the dense kernel on them.  None (default): where
+        it pays (enough FLOPs per gathered byte, see ``GATHER_FLOP_PER_BYTE``) and the buffers fit
+        in ``gather_cap_mb``; True: wherever the dense kernel serves the problem (tests); False:
+        never.
+    gather_cap_mb : int, default 512
+        Largest pair of gather buffers plan() may allocate, in MiB.
     """
 
     name = "triton"
@@ -129,10 +154,12 @@ class TritonBackend(Backend):
     capabilities = CAPABILITIES
 
     def __init__(self, *, config: Optional[dict] = None, kv_chunk: Optional[int] = None,
-                 dense: Any = True):
+                 dense: Any = True, gather: Optional[bool] = None, gather_cap_mb: int = 512):
         self._config = config
         self._kv_chunk = kv_chunk
         self._dense = dense
+        self._gather = gather
+        self._gather_cap = int(gather_cap_mb) << 20
 
     # ------------------------------------------------------------------ availability
     def available(self) -> List[Reason]:
@@ -323,19 +350,48 @@ class TritonBackend(Backend):
         forced = isinstance(self._dense, dict)  # a forced config also runs where auto would not
         if (self._dense and self._config is None and not merge_rows
                 and (forced or (not interp and cc is not None and cc[0] == 9 and rows_max > 64))
-                and self._dense_serves(problem, mask_mode)):
+                and self._dense_serves(problem, mask_mode)
+                and (not paged or self._plan_gather(plan, qo_lens, kv_host, causal))):
             self._plan_dense(plan, qo_lens, kv_host, causal, num_sms)
         return plan
 
     @staticmethod
     def _dense_serves(p: AttentionProblem, mask_mode: int) -> bool:
-        """The dense kernel serves plain prefill over ragged KV (see kernels/dense.py); auto uses
-        it on Hopper for prefill-shaped batches (more than 64 packed rows in some request)."""
-        return (p.op in ("single_prefill", "batch_prefill_ragged") and p.page_size is None
+        """The dense kernel serves plain prefill over ragged KV (see kernels/dense.py), and over
+        paged KV once gathered (_plan_gather); auto uses it on Hopper for prefill-shaped batches
+        (more than 64 packed rows in some request)."""
+        return (p.op in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
                 and mask_mode in (MASK_NONE, MASK_CAUSAL)
                 and p.q_dtype in (_F16, _BF16) and p.kv_dtype == p.q_dtype and p.out_dtype == p.q_dtype
                 and p.head_dim_qk == p.head_dim_vo and p.head_dim_qk in (64, 128)
                 and p.pos_encoding == "NONE" and not p.soft_cap and p.window_left < 0)
+
+    def _plan_gather(self, plan: TritonPlan, qo_lens, kv_host, causal: bool) -> bool:
+        """Whether paged prefill goes through the dense kernel: pages copied to contiguous K/V.
+        The copy reads and writes every page once (about 2 x bytes / 2.7 TB/s on an H100) and
+        saves the generic kernel's pointer gathers (P3 333 -> 397, P4 382 -> 414 TFLOP/s with the
+        copy included, benchmarks/triton.md session 4), so auto requires enough FLOPs per byte."""
+        if self._gather is False:
+            return False
+        p, meta = plan.problem, plan.meta
+        ip = meta.kv_indptr_host if meta.kv_indptr_host is not None else plan.kv_indptr.tolist()
+        n_pages, page = int(ip[-1]), p.page_size
+        nbytes = 2 * n_pages * page * p.num_kv_heads * p.head_dim_qk * p.kv_dtype.itemsize
+        if n_pages == 0 or nbytes > self._gather_cap:
+            return False
+        pairs = sum(qo * kv - (qo * (qo - 1) // 2 if qo <= kv else kv * (kv - 1) // 2) if causal
+                    else qo * kv for qo, kv in zip(qo_lens, kv_host))
+        flops = 4 * pairs * p.num_qo_heads * p.head_dim_qk
+        if self._gather is None and flops < GATHER_FLOP_PER_BYTE * nbytes:
+            return False
+        dev = plan.kv_indices.device
+        shape = (n_pages, page, p.num_kv_heads, p.head_dim_qk)
+        plan.gather = dict(k=torch.empty(shape, dtype=p.kv_dtype, device=dev),
+                           v=torch.empty(shape, dtype=p.kv_dtype, device=dev),
+                           pages=plan.kv_indices[:n_pages],
+                           kv_start=(plan.kv_indptr[:-1] * page).to(torch.int32).contiguous())
+        plan.stats["gather_mb"] = nbytes / 2 ** 20
+        return True
 
     def _plan_dense(self, plan: TritonPlan, qo_lens, kv_host, causal: bool, num_sms: int) -> None:
         from . import config as _cfg
@@ -471,15 +527,29 @@ class TritonBackend(Backend):
         from .kernels.dense import dense_fwd, tma_ready
 
         q, k, v, out = args.q, args.k, args.v, args.out
+        g = plan.gather
+        if g is None and plan.problem.page_size is not None:
+            return None  # paged KV without the gather (dropped below): the generic kernel
+        if g is not None:  # paged: the dense kernel reads the gathered copies
+            hkv, d = plan.problem.num_kv_heads, plan.problem.head_dim_qk
+            gather = _page_gather(g, plan.problem.kv_layout)
+            k, v = g["k"].view(-1, hkv, d), g["v"].view(-1, hkv, d)
+            ks = vs = (0, k.stride(0), k.stride(1))
+            kv_start = g["kv_start"]
+        else:
+            kv_start = plan.kv_indptr
         if qk_scale <= 0 or not tma_ready(q, k, v, out):
             plan.stats["dense_skipped"] = "unaligned tensors or sm_scale <= 0"
+            plan.gather = None  # the generic kernel reads the pages itself
             return None
+        if g is not None:
+            gather(args.k, args.v)  # before the first dense launch below
         while plan.dense:
             c = plan.dense[0]
             work, n, heads_first = plan.dense_work[c.block_m]
             try:
                 fwd = dense_fwd(q, k, v, out, args.lse, args.sinks, work, n, plan.qo_indptr,
-                                plan.kv_indptr, group_size=plan.problem.group_size,
+                                kv_start, plan.kv_lens, group_size=plan.problem.group_size,
                                 head_dim=plan.problem.head_dim_qk, kv_strides=ks[1:], v_strides=vs[1:],
                                 causal=plan.mask_mode == MASK_CAUSAL, qk_scale=qk_scale,
                                 out_scale=out_scale, heads_first=heads_first, **c.as_dict())
@@ -489,7 +559,16 @@ class TritonBackend(Backend):
                 continue
             plan.stats["dense"] = c.as_dict()
             plan.stats["heads_first"] = heads_first
-            return fwd
+            if g is None:
+                return fwd
+            kg, vg = k, v
+
+            def gather_fwd(q, k, v, out, lse, mask_bytes, sinks):
+                gather(k, v)
+                fwd(q, kg, vg, out, lse, mask_bytes, sinks)
+            return gather_fwd
+        if g is not None:
+            plan.gather = None  # the generic kernel reads the pages itself
         return None
 
     @staticmethod

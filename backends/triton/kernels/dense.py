@@ -68,7 +68,7 @@ def _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, lo, hi, mask_from, m0, kv_len,
 
 @triton.jit
 def _dense_fwd(
-    Q, K, V, Out, Lse, Work, QoIndptr, KvIndptr, Sinks,
+    Q, K, V, Out, Lse, Work, QoIndptr, KvStart, KvLens, Sinks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, out_scale, HQ, NUM_ITEMS,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -87,8 +87,8 @@ def _dense_fwd(
     m0 = tl.load(Work + 2 * item + 1)
     qo_start = tl.load(QoIndptr + req).to(tl.int64)
     qo_len = tl.load(QoIndptr + req + 1) - qo_start.to(tl.int32)
-    kv_start = tl.load(KvIndptr + req).to(tl.int64)
-    kv_len = tl.load(KvIndptr + req + 1) - kv_start.to(tl.int32)
+    kv_start = tl.load(KvStart + req).to(tl.int64)
+    kv_len = tl.load(KvLens + req)
     off = kv_len - qo_len  # bottom-right causal alignment
     DT: tl.constexpr = Q.dtype.element_ty
     kv_rows = tl.maximum(kv_len, 1)  # a descriptor needs a non-empty shape (no load runs then)
@@ -156,13 +156,14 @@ def tma_ready(*tensors) -> bool:
     return True
 
 
-def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_indptr, *, group_size,
+def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv_lens, *, group_size,
               head_dim, kv_strides, v_strides, causal, qk_scale, out_scale, block_m, block_n,
               num_warps, num_stages, warp_specialize, one_loop=False, branch=False, heads_first=False):
     """Launch ``_dense_fwd`` over ``num_items`` x Hq programs; returns a relaunch closure.
 
     q/out [nnz_q, Hq, D]; k/v ragged, addressed by (token, head) element strides ``kv_strides`` /
-    ``v_strides``; work int32 [num_items, 2] = (request, first row); lse fp32 [nnz_q, Hq] or None.
+    ``v_strides``, request i's keys at rows [kv_start[i], kv_start[i] + kv_lens[i]); work int32
+    [num_items, 2] = (request, first row); lse fp32 [nnz_q, Hq] or None.
     """
     from triton.runtime import _allocation
 
@@ -185,7 +186,7 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_indptr, *
         if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
             tok = _allocation._allocator.set(_torch_alloc)
         try:
-            launcher(q, k, v, out, lse if lse is not None else dummy, work, qo_indptr, kv_indptr,
+            launcher(q, k, v, out, lse if lse is not None else dummy, work, qo_indptr, kv_start, kv_lens,
                      sinks if sinks is not None else dummy, *tail, **cx)
         finally:
             if tok is not None:
