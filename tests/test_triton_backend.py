@@ -241,9 +241,13 @@ def test_capabilities_and_priority():
     assert be.name == "triton"
     base = AttentionProblem(op="batch_decode", device_type="cpu", page_size=16)
     assert be.priority(base) < 0  # auto on CPU keeps the reference backend (priority 0)
-    assert be.priority(base.replace(device_type="cuda", compute_capability=(9, 0),
-                                    q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
-                                    out_dtype=torch.bfloat16)) == 50
+    cuda = base.replace(device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                        kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    assert be.priority(cuda) == 50
+    dense = cuda.replace(op="single_prefill", page_size=None, mask="causal")
+    assert be.priority(dense) == 53  # the Hopper dense kernel, measured above cuda_fa2 (52)
+    assert be.priority(dense.replace(compute_capability=(8, 0))) == 50
+    assert be.priority(dense.replace(soft_cap=True)) == 50  # the dense kernel does not serve it
     if INTERP:
         assert be.available() == []
         assert be.supports(base)
@@ -512,6 +516,15 @@ def test_run_rejects_other_dtype():
     q = torch.randn(4, 4, 32, dtype=torch.float32)
     with pytest.raises(TypeError):
         be.run(plan, RunArgs(q=q, k=q[:, :2], v=q[:, :2], out=torch.empty_like(q)))
+    # after runs that cached a launch, other shapes still get checked (the cache key covers them)
+    q = torch.randn(4, 4, 32, dtype=torch.float16)
+    good = RunArgs(q=q, k=q[:, :2], v=q[:, :2], out=torch.empty_like(q), lse=torch.empty(4, 4))
+    be.run(plan, good)
+    be.run(plan, good)
+    with pytest.raises(ValueError, match="planned"):
+        be.run(plan, dataclasses.replace(good, out=torch.empty(4, 4, 16, dtype=torch.float16)))
+    with pytest.raises(ValueError, match="lse must be float32"):
+        be.run(plan, dataclasses.replace(good, lse=torch.empty(4, 3)))
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -668,3 +681,42 @@ def test_gpu_xqa(qlen, kv_dtype):
              hq=64, hkv=8, d=128, dtype=torch.bfloat16, kv_dtype=kv_dtype, sinks=True, spec=qlen > 1,
              sm_scale=0.088, scales=(1.0, 1.0, 0.8, 1.0), window_left=1000 if qlen == 2 else -1,
              device="cuda", seed=27)
+
+
+def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
+    # the relaunch path hands the arguments (constexprs appended in parameter order) to the compiled
+    # kernel's launcher; a tensor with other alignment goes back through Triton
+    from attncore.backends.triton.kernels import launch
+    from attncore.backends.triton.kernels.launch import FastLauncher
+
+    monkeypatch.setattr(launch, "_current_stream", lambda: 0)
+
+    calls = []
+
+    class Kernel:
+        function, packed_metadata = "fn", "meta"
+
+        def launch_metadata(self, grid, stream, *args):
+            return None
+
+        def run(self, *a):
+            calls.append(("fast", a))
+
+    class Fn:
+        arg_names = ["X", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def plain(*args, **kw):
+                calls.append(("plain", args, kw))
+                return Kernel()
+            return plain
+
+    fl = FastLauncher(Fn(), (4,), dict(BLOCK=32, num_warps=4))
+    x = torch.empty(64, dtype=torch.float16)
+    fl(x, 7)
+    assert calls[-1] == ("plain", (x, 7), dict(BLOCK=32, num_warps=4)) and fl.fast_calls == 0
+    fl(x, 7)
+    kind, a = calls[-1]
+    assert kind == "fast" and a[:4] == (4, 1, 1, 0) and a[-3:] == (x, 7, 32) and fl.fast_calls == 1
+    fl(x[1:], 7)  # 2-byte offset: not 16-byte aligned
+    assert calls[-1][0] == "plain" and fl.fast_calls == 1

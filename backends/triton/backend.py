@@ -423,11 +423,13 @@ class TritonBackend(Backend):
     def run(self, plan: TritonPlan, args: RunArgs) -> None:
         p = plan.problem
         q, k, v, out = args.q, args.k, args.v, args.out
-        self._check(plan, args)
         lse, sinks, spec = args.lse, args.sinks, args.spec_mask
-        key = (q.stride(), k.stride(), v.stride(), out.stride(), None if lse is None else lse.stride(),
-               sinks is None, args.q_scale, args.k_scale, args.v_scale, args.o_scale,
-               None if spec is None else (spec.shape, spec.stride()), q.device)
+        # everything _check looks at, so that a cached key needs no further check (host time)
+        key = (q.shape, q.stride(), q.dtype, q.device, k.stride(), k.dtype, k.device, v.stride(), v.dtype,
+               v.device, out.shape, out.stride(), out.dtype, out.device,
+               None if lse is None else (lse.shape, lse.stride(), lse.dtype),
+               None if sinks is None else (sinks.dtype, sinks.numel()), args.q_scale, args.k_scale,
+               args.v_scale, args.o_scale, None if spec is None else (spec.shape, spec.stride(), spec.dtype))
         fast = plan.launch_cache.get(key)
         if fast is not None:  # same strides and scales as an earlier run: launch only
             if plan.mask_mode == MASK_SPEC:
@@ -442,6 +444,7 @@ class TritonBackend(Backend):
                 fast[0](q, k, v, out, lse, mb, sinks)
                 fast[1](out, lse, sinks)
             return
+        self._check(plan, args)
         plan.launch_cache[key] = self._first_run(plan, args)
 
     def _first_run(self, plan: TritonPlan, args: RunArgs):

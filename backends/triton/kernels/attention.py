@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import fast_launcher
+
 LOG2E = 1.4426950408889634
 
 # mask modes
@@ -458,13 +460,13 @@ def attention_fwd(
         DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
         HEADS_FIRST=bool(heads_first), num_warps=num_warps, num_stages=num_stages,
     )
-    launcher = _attn_fwd[grid]
+    launcher = fast_launcher(_attn_fwd, grid, cx)
 
     def launch(q, k, v, out, lse, mask_bytes, sinks):
         """Relaunch with new tensors of the same strides / None-ness (checked once above)."""
         launcher(q, k, v, out, lse if lse is not None else dummy, t_o, t_l, work, qo_indptr,
                  kv_indptr, kvi, kv_lens, mask_bytes if mask_bytes is not None else dummy, mi,
-                 sinks if sinks is not None else dummy, sl, *tail, **cx)
+                 sinks if sinks is not None else dummy, sl, *tail)
 
     launch(q, k, v, out, lse, mask_bytes, sinks)
     return launch

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .attention import with_sink
+from .launch import fast_launcher
 
 
 @triton.jit
@@ -176,7 +177,7 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv
               HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, WS=bool(warp_specialize),
               ONE_LOOP=bool(one_loop), BRANCH=bool(branch), HEADS_FIRST=bool(heads_first),
               num_warps=num_warps, num_stages=num_stages)
-    launcher = _dense_fwd[(num_items * hq,)]
+    launcher = fast_launcher(_dense_fwd, (num_items * hq,), cx)
     dummy = work
 
     def launch(q, k, v, out, lse, mask_bytes, sinks):
@@ -187,7 +188,7 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv
             tok = _allocation._allocator.set(_torch_alloc)
         try:
             launcher(q, k, v, out, lse if lse is not None else dummy, work, qo_indptr, kv_start, kv_lens,
-                     sinks if sinks is not None else dummy, *tail, **cx)
+                     sinks if sinks is not None else dummy, *tail)
         finally:
             if tok is not None:
                 _allocation._allocator.reset(tok)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import fast_launcher
+
 
 @triton.jit
 def _merge_splits(
@@ -80,17 +82,17 @@ def merge_splits(tmp_o, tmp_lse, out, lse, merge_rows, merge_splits_, sinks, *, 
     block_d = max(16, 1 << (head_dim - 1).bit_length())
     block_s = min(32, max(2, 1 << (max_splits - 1).bit_length()))
     ls = tuple(lse.stride()) if lse is not None else (0, 0)
-    launcher = _merge_splits[(num_rows, hq)]
+    cx = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+              HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, num_warps=num_warps)
+    launcher = fast_launcher(_merge_splits, (num_rows, hq), cx)
     tail = (tmp_o.stride(0), tmp_o.stride(1), tmp_o.stride(2),
             tmp_lse.stride(0), tmp_lse.stride(1), tmp_lse.stride(2),
             out.stride(0), out.stride(1), ls[0], ls[1], float(out_scale))
-    cx = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
-              HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, num_warps=num_warps)
 
     def launch(out, lse, sinks):
         """Relaunch with new out / lse / sinks of the same strides and None-ness."""
         launcher(tmp_o, tmp_lse, out, lse if lse is not None else tmp_lse, merge_rows, merge_splits_,
-                 sinks if sinks is not None else tmp_lse, *tail, **cx)
+                 sinks if sinks is not None else tmp_lse, *tail)
 
     launch(out, lse, sinks)
     return launch
