@@ -389,8 +389,8 @@ class TritonBackend(Backend):
         nbytes = 2 * n_pages * page * p.num_kv_heads * p.head_dim_qk * p.kv_dtype.itemsize
         if n_pages == 0 or nbytes > self._gather_cap:
             return False
-        pairs = sum(qo * kv - (qo * (qo - 1) // 2 if qo <= kv else kv * (kv - 1) // 2) if causal
-                    else qo * kv for qo, kv in zip(qo_lens, kv_host))
+        pairs = sum((qo * kv - qo * (qo - 1) // 2 if qo <= kv else kv * (kv + 1) // 2) if causal
+                    else qo * kv for qo, kv in zip(qo_lens, kv_host))  # bottom-right causal
         flops = 4 * pairs * p.num_qo_heads * p.head_dim_qk
         if self._gather is None and flops < GATHER_FLOP_PER_BYTE * nbytes:
             return False

@@ -113,7 +113,7 @@ def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[Dens
     benchmarks/triton.md, session 4).  Head dim 128: 128x64 tiles in one warp-specialized loop
     that masks only the diagonal / tail tiles (P1 causal 480, non-causal 525 TFLOP/s); the same
     loop without warp specialization on 64x64 tiles next (448 / 508), which is also the head dim 64
-    default (P2 d64 355; the specialized loop gave 332).  run() falls back down the list, then to
+    default (P2 d64 355; specialized: 332-362 by stages).  run() falls back down the list, then to
     the generic kernel, if a config fails to compile.  Only one-loop forms are specialized: with
     Triton 3.6 a specialized loop followed (or preceded) by another loop crashes the compiler.
     ``sweep`` adds configs for measurement."""

@@ -1,19 +1,20 @@
-"""Hopper fast path for dense prefill: ragged KV, mask none / causal, no logit transforms.
+"""Hopper fast path for dense prefill: ragged KV (paged KV once gathered), mask none / causal,
+no logit transforms.
 
 The generic kernel (attention.py) packs the query heads of a KV group into the rows of a tile and
 gathers K/V with pointer loads.  This kernel reads Q/K/V through tensor descriptors (TMA) built on
 the device per (request, head): rows past a request's end are zero-filled by the copy engine, so
-no address arithmetic or load masks run in the KV loop, and one 64-row tile per query head keeps
-two programs resident per SM.  Measured on an H100 (benchmarks/triton.md): P1 causal 424 vs 407
-TFLOP/s for the generic kernel, non-causal 499-508 vs 454-462.
+no address arithmetic or load masks run in the KV loop.  ``WS`` runs the loop under Triton's
+Hopper warp specialization (one loop only: Triton 3.6 cannot specialize a loop next to another);
+config.dense_candidates holds the measured configs (H100, benchmarks/triton.md: P1 causal 476-485
+TFLOP/s with WS 128x64 tiles, the generic kernel 402-412).
 
 One program per (work item, query head); a work item is (request, first query row), planned on
 the host, heaviest first.  HEADS_FIRST (a plan decision, see backend._heads_first) orders the
 program ids over the heads first, so that the launch is heaviest first across all heads;
 otherwise over the items first, so that the items of one head, which share K/V tiles, run
-together in L2.  GQA: query head h reads kv head h // G.  Scores are kept in base 2 (LSE base 2), like attention.py.  Requires
-qk_scale > 0 (the row max is taken before scaling).  ``WS`` (Triton's Hopper warp specialization
-of the KV loop) is a tuning option only, see config.dense_candidates.
+together in L2.  GQA: query head h reads kv head h // G.  Scores are kept in base 2 (LSE base
+2), like attention.py.  Requires qk_scale > 0 (the row max is taken before scaling).
 """
 
 from __future__ import annotations
