@@ -373,6 +373,16 @@ def test_gather_decision():
     assert decide(64, 8192, gather=True)[0]
 
 
+def test_gather_cap_from_environment(monkeypatch):
+    monkeypatch.setenv("ATTNCORE_TRITON_GATHER_MB", "0")
+    assert TritonBackend()._gather_cap == 0
+    monkeypatch.setenv("ATTNCORE_TRITON_GATHER_MB", "lots")
+    r = TritonBackend().available()  # unavailable with the reason, not dropped from the registry
+    assert len(r) == 1 and "ATTNCORE_TRITON_GATHER_MB" in str(r[0]) and "'lots'" in str(r[0])
+    monkeypatch.delenv("ATTNCORE_TRITON_GATHER_MB")
+    assert TritonBackend()._gather_cap == 512 << 20
+
+
 @cpu_only
 def test_batch_prefill_ragged_edges():
     # kv 0, qo > kv (rows that see nothing under causal), 1 token, longer

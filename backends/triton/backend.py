@@ -145,8 +145,9 @@ class TritonBackend(Backend):
         it pays (enough FLOPs per gathered byte, see ``GATHER_FLOP_PER_BYTE``) and the buffers fit
         in ``gather_cap_mb``; True: wherever the dense kernel serves the problem (tests); False:
         never.
-    gather_cap_mb : int, default 512
-        Largest pair of gather buffers plan() may allocate, in MiB.
+    gather_cap_mb : int, optional
+        Largest pair of gather buffers plan() may allocate, in MiB; default: the environment
+        variable ``ATTNCORE_TRITON_GATHER_MB``, else 512 (0 turns the gather off).
     """
 
     name = "triton"
@@ -154,15 +155,26 @@ class TritonBackend(Backend):
     capabilities = CAPABILITIES
 
     def __init__(self, *, config: Optional[dict] = None, kv_chunk: Optional[int] = None,
-                 dense: Any = True, gather: Optional[bool] = None, gather_cap_mb: int = 512):
+                 dense: Any = True, gather: Optional[bool] = None, gather_cap_mb: Optional[int] = None):
         self._config = config
         self._kv_chunk = kv_chunk
         self._dense = dense
         self._gather = gather
+        self._env_error: Optional[Reason] = None
+        if gather_cap_mb is None:
+            env = os.environ.get("ATTNCORE_TRITON_GATHER_MB", "").strip()
+            try:
+                gather_cap_mb = int(env) if env else 512
+            except ValueError:  # reported by available(): the registry must not lose the backend
+                gather_cap_mb = 0
+                self._env_error = Reason("ATTNCORE_TRITON_GATHER_MB", repr(env), "an integer (MiB)",
+                                         "fix or unset the variable")
         self._gather_cap = int(gather_cap_mb) << 20
 
     # ------------------------------------------------------------------ availability
     def available(self) -> List[Reason]:
+        if self._env_error is not None:
+            return [self._env_error]
         try:
             import triton  # noqa: F401
         except Exception as e:  # ImportError, or a broken install
