@@ -647,6 +647,17 @@ def test_gpu_batch_prefill_paged(dtype, page_size, layout):
 
 @gpu
 @needs_cuda
+def test_gpu_relaunch_fast_path():
+    # relaunches of a plan skip Triton's argument binding (kernels/launch.py); a Triton whose
+    # compiled-kernel interface changed would silently fall back to the slow path: caught here
+    plan = run_case("batch_decode", qo_lens=[1] * 3, kv_lens=[100, 7, 300], page_size=16, hq=8, hkv=2, d=128,
+                    dtype=torch.bfloat16, device="cuda", seed=37)
+    (fwd, _), = plan.launch_cache.values()
+    assert fwd.launcher.fast_calls >= 1  # run_case's second run (same strides, new buffers)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_gpu_paged_gather(layout):
     # paged prefill through the gather + the default dense config (warp-specialized on sm_90)

@@ -468,5 +468,6 @@ def attention_fwd(
                  kv_indptr, kvi, kv_lens, mask_bytes if mask_bytes is not None else dummy, mi,
                  sinks if sinks is not None else dummy, sl, *tail)
 
+    launch.launcher = launcher  # tests: whether relaunches took the fast path
     launch(q, k, v, out, lse, mask_bytes, sinks)
     return launch
