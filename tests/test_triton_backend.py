@@ -485,9 +485,12 @@ def test_decode_fully_masked_window0_alibi():
 
 @cpu_only
 def test_xqa_spec_sinks():
+    # planned for max_seq_len without reading seq_lens back (no sync): splits past a request's end
+    # merge as empty
     be = TritonBackend(kv_chunk=32)
-    run_case("xqa_decode", qo_lens=[4] * 3, kv_lens=[70, 4, 33], page_size=16, hq=8, hkv=2,
-             sinks=True, spec=True, sm_scale=0.3, scales=(1.0, 1.0, 0.7, 1.0), backend=be, seed=13)
+    plan = run_case("xqa_decode", qo_lens=[4] * 3, kv_lens=[70, 4, 33], page_size=16, hq=8, hkv=2,
+                    sinks=True, spec=True, sm_scale=0.3, scales=(1.0, 1.0, 0.7, 1.0), backend=be, seed=13)
+    assert plan.meta.kv_lens_host is None and plan.max_splits == 3
 
 
 @cpu_only

@@ -261,7 +261,13 @@ class TritonBackend(Backend):
             if sl.dtype == torch.uint32:
                 sl = sl.view(torch.int32)
             kv_lens = sl.to(torch.int32).contiguous()
-            meta.kv_lens_host = meta.kv_lens_host or [int(x) for x in kv_lens.cpu().tolist()]
+            if meta.kv_lens_host is None and meta.max_seq_len is not None:
+                # plan for max_seq_len, as the xqa API gives it: no device sync (the one-call
+                # function plans on every call, often under a CUDA graph); the kernel clamps each
+                # request's range to its seq_len and a split past it merges as empty
+                kv_host = [int(meta.max_seq_len)] * B
+            else:
+                kv_host = meta.host_kv_lens()
         else:
             kv_indptr = meta.kv_indptr.to(torch.int32).contiguous()
             kv_indices = meta.kv_indices.to(torch.int32).contiguous() if paged else None
@@ -275,7 +281,7 @@ class TritonBackend(Backend):
                 kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
             if meta.kv_lens_host is None:
                 meta.kv_lens_host = [int(x) for x in kv_lens.cpu().tolist()]
-        kv_host = list(meta.kv_lens_host)
+            kv_host = list(meta.kv_lens_host)
         if kv_indices is not None and kv_indices.numel() == 0:
             kv_indices = torch.zeros(1, **i32)
 
