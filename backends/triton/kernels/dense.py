@@ -52,11 +52,10 @@ def _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, lo, hi, mask_from, m0, kv_len,
         if MASKED == 2:
             if start_n >= mask_from:
                 qk = _mask(qk, start_n, m0, kv_len, off, CAUSAL, BLOCK_M, BLOCK_N)
-        if MASKED:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:  # a row masked so far keeps m = -inf: exponentiate against 0 instead
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
