@@ -141,6 +141,30 @@ struct Smem {
   static constexpr size_t bytes = main_bytes > epi_bytes ? main_bytes : epi_bytes;
 };
 
+// A CTA's work item (fa2_params.h: request, first packed row, KV range, partial slot) with its
+// request's lengths and the KV range cut to what the item's rows can see (causal; a sliding
+// window when window_left >= 0).  Both kernels (this one and fa2_sm90.cuh's) decode it here.
+template <int CTA_Q, int KVT, int MASK>
+struct WorkItem {
+  int req, row0, slot, qo_start, qo_len, kv_len, delta, rows_here, tok_lo, tok_hi, kv_lo, kv_hi, n_tiles;
+  __device__ __forceinline__ WorkItem(const Fa2Params& p, unsigned item, int G, int window_left) {
+    const int* wi = p.work + 5 * item;
+    req = wi[0], row0 = wi[1];
+    const int kv_begin = wi[2], kv_end = wi[3];
+    slot = wi[4];
+    qo_start = p.qo_indptr[req];
+    qo_len = p.qo_indptr[req + 1] - qo_start;
+    kv_len = p.kv_lens[req];
+    delta = kv_len - qo_len;  // query token t sits at key position t + delta
+    rows_here = min(CTA_Q, qo_len * G - row0);
+    tok_lo = row0 / G, tok_hi = (row0 + rows_here - 1) / G;
+    kv_lo = kv_begin, kv_hi = min(kv_end, kv_len);
+    if (MASK == kMaskCausal) kv_hi = min(kv_hi, tok_hi + delta + 1);
+    if (window_left >= 0) kv_lo = max(kv_lo, tok_lo + delta - window_left);
+    n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KVT - 1) / KVT : 0;
+  }
+};
+
 // --------------------------------------------------------------------------------- the kernel
 // T: q/out dtype.  KVKIND: 0 same as T, 1 e4m3, 2 e5m2.
 template <typename Cfg, typename T, int KVKIND, int MASK, bool SOFTCAP, bool ALIBI, bool ROPE>
@@ -165,19 +189,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
   const int kvh = blockIdx.y;
   const int G = p.group;
 
-  const int* wi = p.work + 5 * blockIdx.x;
-  const int req = wi[0], row0 = wi[1], kv_begin = wi[2], kv_end_item = wi[3], slot = wi[4];
-  const int qo_start = p.qo_indptr[req];
-  const int qo_len = p.qo_indptr[req + 1] - qo_start;
-  const int kv_len = p.kv_lens[req];
-  const int delta = kv_len - qo_len;  // pos_q = tok + delta
-  const int rows_here = min(CTA_Q, qo_len * G - row0);
-  const int tok_lo = row0 / G, tok_hi = (row0 + rows_here - 1) / G;
-
-  int kv_lo = kv_begin, kv_hi = min(kv_end_item, kv_len);
-  if (MASK == kMaskCausal) kv_hi = min(kv_hi, tok_hi + delta + 1);
-  if (p.window_left >= 0) kv_lo = max(kv_lo, tok_lo + delta - p.window_left);
-  const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KVT - 1) / KVT : 0;
+  const WorkItem<CTA_Q, KVT, MASK> w(p, blockIdx.x, G, p.window_left);
+  const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
+  const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
+  const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
 
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);

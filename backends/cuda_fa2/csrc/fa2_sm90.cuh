@@ -219,18 +219,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   const int kvh = blockIdx.y;
   const int G = p.group;
 
-  const int* wi = p.work + 5 * blockIdx.x;
-  const int req = wi[0], row0 = wi[1], kv_begin = wi[2], kv_end_item = wi[3], slot = wi[4];
-  const int qo_start = p.qo_indptr[req];
-  const int qo_len = p.qo_indptr[req + 1] - qo_start;
-  const int kv_len = p.kv_lens[req];
-  const int delta = kv_len - qo_len;
-  const int rows_here = min(CTA_Q, qo_len * G - row0);
-  const int tok_lo = row0 / G, tok_hi = (row0 + rows_here - 1) / G;
-  const int kv_lo = kv_begin;
-  int kv_hi = min(kv_end_item, kv_len);
-  if (MASK == kMaskCausal) kv_hi = min(kv_hi, tok_hi + delta + 1);
-  const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KVT - 1) / KVT : 0;
+  const WorkItem<CTA_Q, KVT, MASK> w(p, blockIdx.x, G, -1);  // no sliding window here
+  const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
+  const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
+  const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
 
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
@@ -405,6 +397,20 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     }
   };
 
+  // Q tile -> smem by `threads` threads from `tid` (rows past the request are zero-filled)
+  auto copy_q = [&](int threads) {
+    for (int idx = tid; idx < CTA_Q * CPR; idx += threads) {
+      const int r = idx / CPR, c = idx % CPR;
+      const bool ok = r < rows_here;
+      const T* src = qg;
+      if (ok) {
+        const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
+        src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
+      }
+      cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
+    }
+  };
+
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
     constexpr int PT = 128;                // producer threads
@@ -425,17 +431,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       setmaxnreg_dec<Cfg::PREG>();
       if (n_tiles == 0) return;
       const int pr0 = tid / CPR, pcc = tid % CPR;
-      // Q tile (joins the first K/V group)
-      for (int idx = tid; idx < CTA_Q * CPR; idx += PT) {
-        const int r = idx / CPR, c = idx % CPR;
-        const bool ok = r < rows_here;
-        const T* src = qg;
-        if (ok) {
-          const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
-          src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
-        }
-        cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
-      }
+      copy_q(PT);  // joins the first K/V group
       KvTileCopy<KVT, PLROWS, PRSTEP, T> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
                                             kv_base, pr0, pcc, kv_lo, kv_hi);
       for (int tile = 0; tile < n_tiles; ++tile) {
@@ -488,17 +484,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       epilogue();
     }
   } else {
-    // ---- Q tile -> smem (zero rows past the request)
-    for (int idx = tid; idx < CTA_Q * CPR; idx += NT) {
-      const int r = idx / CPR, c = idx % CPR;
-      const bool ok = r < rows_here;
-      const T* src = qg;
-      if (ok) {
-        const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
-        src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
-      }
-      cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
-    }
+    copy_q(NT);
     cp_async_commit();
 
     // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
