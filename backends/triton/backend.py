@@ -226,9 +226,8 @@ class TritonBackend(Backend):
         # (52) in the same run (H100, session 4, BENCHMARKS.md: P1 causal 483 vs 470, non-causal 530
         # vs 516, P2 d64 360 vs 317-331 TFLOP/s).  Paged prefill stays below it: the gather pays
         # on P3 but not P4 (414 vs 424), and the batch shape is not known here.
-        mask = MASK_CAUSAL if problem.mask == "causal" else MASK_NONE if problem.mask == "none" else -1
         if (problem.op in ("single_prefill", "batch_prefill_ragged") and problem.compute_capability is not None
-                and tuple(problem.compute_capability) == (9, 0) and self._dense_serves(problem, mask)):
+                and tuple(problem.compute_capability) == (9, 0) and self._dense_serves(problem)):
             return 53
         return 50
 
@@ -378,18 +377,18 @@ class TritonBackend(Backend):
         forced = isinstance(self._dense, dict)  # a forced config also runs where auto would not
         if (self._dense and self._config is None and not merge_rows
                 and (forced or (not interp and cc is not None and cc[0] == 9 and rows_max > 64))
-                and self._dense_serves(problem, mask_mode)
+                and self._dense_serves(problem)
                 and (not paged or self._plan_gather(plan, qo_lens, kv_host, causal))):
             self._plan_dense(plan, qo_lens, kv_host, causal, num_sms)
         return plan
 
     @staticmethod
-    def _dense_serves(p: AttentionProblem, mask_mode: int) -> bool:
+    def _dense_serves(p: AttentionProblem) -> bool:
         """The dense kernel serves plain prefill over ragged KV (see kernels/dense.py), and over
         paged KV once gathered (_plan_gather); auto uses it on Hopper for prefill-shaped batches
         (more than 64 packed rows in some request)."""
         return (p.op in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
-                and mask_mode in (MASK_NONE, MASK_CAUSAL)
+                and p.mask in ("none", "causal") and not p.spec_mask
                 and p.q_dtype in (_F16, _BF16) and p.kv_dtype == p.q_dtype and p.out_dtype == p.q_dtype
                 and p.head_dim_qk == p.head_dim_vo and p.head_dim_qk in (64, 128)
                 and p.pos_encoding == "NONE" and not p.soft_cap and p.window_left < 0)
