@@ -98,10 +98,47 @@ def cmd_explain(a) -> int:
     return 0 if ex.chosen else 1
 
 
+def cmd_fuzz(a, names: List[str]) -> int:
+    """``check --fuzz N`` / ``check --replay SEED``: randomized problems against the fp64 golden."""
+    from .testing import fuzz
+
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if a.replay is not None:
+        failed = False
+        for n in names:
+            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device)
+            print(f"{n} --replay {a.replay}: {desc} {shapes}: " + ("ok" if not errs else "MISMATCH"))
+            for e in errs:
+                print("  " + e)
+            failed |= bool(errs)
+        return 1 if failed else 0
+    reports = []
+    for n in names:
+        reports.append(fuzz.fuzz_parallel(n, a.fuzz, seed=a.seed, device=a.device, configs=a.configs,
+                                          jobs=a.jobs or 1, progress=say))
+    print(f"{'backend':12s}{'device':8s}{'problems':>10s}{'configs':>9s}{'mismatches':>12s}{'seconds':>9s}"
+          f"{'per s':>8s}   seed {a.seed}")
+    for r in reports:
+        print(f"{r.backend:12s}{r.device:8s}{r.run:10d}{r.configs:9d}{len(r.mismatches):12d}{r.seconds:9.1f}"
+              f"{r.run / max(r.seconds, 1e-9):8.1f}")
+        for m in r.mismatches[:20]:
+            print(f"  attncore check --backend {r.backend} --replay {m.seed}   # {m.problem} {m.shapes}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([dict(r.__dict__, mismatches=[m.__dict__ for m in r.mismatches]) for r in reports], f,
+                      indent=1, default=str)
+    return 1 if any(r.mismatches for r in reports) or not any(r.run for r in reports) else 0
+
+
 def cmd_check(a) -> int:
     from . import registry
     from .check import format_table, run_check
 
+    if a.fuzz is not None or a.replay is not None:
+        names = a.backend or sorted(registry.available_backends())
+        for n in names:
+            registry.get_backend(n)
+        return cmd_fuzz(a, names)
     names = a.backend or None
     if names:
         for n in names:
@@ -161,6 +198,16 @@ def cmd_conformance(a, extra: List[str]) -> int:
     return run_conformance(a.name, extra)
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="attncore", description="attncore: attention backends, checked")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -196,6 +243,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--quick", action="store_true", help="a smaller suite")
     c.add_argument("--device", choices=["cpu", "cuda"])
     c.add_argument("--json", metavar="FILE")
+    c.add_argument("--fuzz", type=_positive, metavar="N",
+                   help="N random problems per backend over every claimed axis instead of the fixed cases")
+    c.add_argument("--seed", type=int, default=0, help="seed of the --fuzz run (default 0)")
+    c.add_argument("--replay", type=int, metavar="SEED", help="replay one problem that --fuzz printed")
+    c.add_argument("--configs", type=_positive, metavar="C",
+                   help="kernel configurations the N problems share (default N/40, 4..256)")
+    c.add_argument("--jobs", type=_positive, metavar="J", help="--fuzz worker processes (default 1)")
 
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
     b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")

@@ -38,7 +38,10 @@ from ..problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, 
 # ---------------------------------------------------------------------------------------------
 TESTED_OPS = ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode", "xqa_decode")
 HEAD_DIMS = (128, 64, 256, 32, 96, 80, 192, 40, 16, 72, 100, 512)
-GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+# Groups that do not divide a kernel's 16/32/64/128-row tiles of packed (token, head) rows: each one
+# the backend claims gets a "tiles" case, whatever quick mode thins from the group sweep.
+ODD_GROUPS = (3, 5, 6, 7, 12)
 PAGE_SIZES = (16, 1, 2, 8, 32, 64, 128, 3)
 Q_LENS = (1, 2, 3, 4, 8, 16)
 SWEPT_FEATURES = ("return_lse", "window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales")
@@ -60,7 +63,7 @@ def float_dtypes(device_type: str) -> Tuple[torch.dtype, ...]:
 
 @dataclass
 class Case:
-    """One conformance test.  ``family``: numerics | refusal | merge | cuda_graph | skip | fail."""
+    """One conformance test.  ``family``: numerics | nonfinite | refusal | merge | cuda_graph | skip | fail."""
 
     family: str
     id: str
@@ -245,7 +248,8 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
              budget: Optional[int] = None, seed: int = 0, unavailable: Sequence = ()) -> Dict[str, List[Case]]:
     """All cases for ``backend``, grouped by family.  Deterministic for a given seed."""
     name = backend.name
-    fams: Dict[str, List[Case]] = {"numerics": [], "refusal": [], "merge": [], "cuda_graph": [], "skip": [], "fail": []}
+    fams: Dict[str, List[Case]] = {"numerics": [], "nonfinite": [], "refusal": [], "merge": [], "cuda_graph": [],
+                                   "skip": [], "fail": []}
     dev, why = pick_device(backend, device)
     rng = random.Random(stable_seed(name, seed))
     budget = budget if budget is not None else (FULL_BUDGET if full else DEFAULT_BUDGET)
@@ -327,6 +331,12 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         if base.op in DECODE_OPS:
             for p in axis_values.get("q_len_per_req", [])[:1]:
                 numerics.append((p, "edge"))
+        # Lengths at tile multiples and one off, with every claimed group that does not divide a tile.
+        tile_mask = next((p.mask for p in masks if p.mask == "causal"), base.mask)
+        for p in [base] + [p for p in axis_values.get("group", []) if p.group_size in ODD_GROUPS]:
+            pt = normalize(p.replace(mask=tile_mask))
+            if _claimed(backend, pt):
+                numerics.append((pt, "tiles"))
         # Random multi-axis combinations of claimed values.
         pools = {axis: ps for axis, ps in axis_values.items()}
         claimed_features = [f for f in SWEPT_FEATURES if f in axis_values]
@@ -352,6 +362,11 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
                 numerics.append((p, f"r{made}"))
         for p, tag in numerics:
             add("numerics", p, tag=tag)
+        # Non-finite inputs (docs/semantics.md): NaN in one query row, and in the keys left of the
+        # window of every row where a window is claimed (every case already poisons out-of-range keys).
+        for p in [base] + axis_values.get("window", []):
+            pl = p.replace(return_lse=True)
+            add("nonfinite", pl if _claimed(backend, pl) else p, tag="nf")
         # LSE merging: split the keys, merge the two partial states, compare with the full golden.
         if op in ("single_prefill", "batch_prefill_ragged"):
             pm = base.replace(mask="none", return_lse=True, sinks=False)
@@ -380,8 +395,12 @@ def _copy_axis(p: AttentionProblem, src: AttentionProblem, axis: str) -> Attenti
         return p.replace(q_dtype=src.q_dtype, out_dtype=src.q_dtype, kv_dtype=kd)
     if axis == "kv_dtype":
         return p.replace(kv_dtype=src.kv_dtype)
+    if axis == "out_dtype":
+        return p.replace(out_dtype=src.out_dtype)
     if axis == "head_dim":
         return p.replace(head_dim_qk=src.head_dim_qk, head_dim_vo=src.head_dim_vo)
+    if axis == "head_dim_vo":
+        return p.replace(head_dim_vo=src.head_dim_vo)
     if axis == "group":
         return p.replace(num_qo_heads=src.num_qo_heads, num_kv_heads=src.num_kv_heads)
     if axis == "page_size":

@@ -37,6 +37,29 @@ def golden_rope(x: torch.Tensor, pos: torch.Tensor, theta: float, scale: float) 
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def visible(qo: int, kv: int, *, causal: bool = False, mask: Optional[torch.Tensor] = None,
+            window_left: int = -1) -> torch.Tensor:
+    """bool [qo, kv]: which key each query row sees (``mask`` replaces causal; the window ANDs)."""
+    q_pos = torch.arange(qo) + (kv - qo)
+    k_pos = torch.arange(kv)
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if mask is not None:
+        keep &= mask.to("cpu", torch.bool).reshape(qo, kv)
+    elif causal:
+        keep &= k_pos[None, :] <= q_pos[:, None]
+    if window_left is not None and window_left >= 0:
+        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
+    return keep
+
+
+def hide_unseen_keys(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Zero the keys (rows of K or V ``[kv, H, D]``) that no query row sees, so that a NaN there
+    stays out of ``p @ v`` (``0 * NaN`` is NaN): docs/semantics.md, "Non-finite inputs", rule 2."""
+    if keep.shape[0] == 0:
+        return x
+    return x.masked_fill(~keep.any(dim=0)[:, None, None].to(x.device), 0.0)
+
+
 def golden_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,6 +105,8 @@ def golden_attention(
     if pos_encoding_mode == "ROPE_LLAMA":
         q = golden_rope(q, q_pos, rope_theta, rope_scale)
         k = golden_rope(k, k_pos, rope_theta, rope_scale)
+    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left)
+    k, v = hide_unseen_keys(k, keep), hide_unseen_keys(v, keep)
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     s = torch.einsum("qhd,khd->hqk", q, k) * (sm_scale * q_scale * k_scale)
@@ -91,13 +116,6 @@ def golden_attention(
         rows = torch.arange(qo, dtype=torch.float64)
         bias = k_pos[None, :] - rows[:, None]  # kv_idx - q_idx (row index)
         s = s + golden_alibi_slopes(hq)[:, None, None] * bias[None]
-    keep = torch.ones(qo, kv, dtype=torch.bool)
-    if mask is not None:
-        keep &= mask.to("cpu", torch.bool).reshape(qo, kv)
-    elif causal:
-        keep &= k_pos[None, :] <= q_pos[:, None]
-    if window_left is not None and window_left >= 0:
-        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
     s = s.masked_fill(~keep[None], float("-inf"))
     if sinks is not None:
         sink = sinks.detach().to("cpu", torch.float64)[:, None, None].expand(hq, qo, 1)
@@ -158,6 +176,8 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
     if pos_encoding_mode == "ROPE_LLAMA":
         qf = golden_rope(qf, q_pos, rope_theta, rope_scale)
         kf = golden_rope(kf, k_pos, rope_theta, rope_scale)
+    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left)
+    kf, vf = hide_unseen_keys(kf, keep), hide_unseen_keys(vf, keep)
     g = hq // hkv
     qd = qf.to(dtype)
     kd = kf.to(dtype).repeat_interleave(g, dim=1)
@@ -170,13 +190,6 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
         rows = torch.arange(qo, dtype=torch.float64)
         bias = golden_alibi_slopes(hq)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
         s = s + bias.to(dtype)
-    keep = torch.ones(qo, kv, dtype=torch.bool)
-    if mask is not None:
-        keep &= mask.cpu().bool().reshape(qo, kv)
-    elif causal:
-        keep &= k_pos[None, :] <= q_pos[:, None]
-    if window_left is not None and window_left >= 0:
-        keep &= k_pos[None, :] >= q_pos[:, None] - window_left
     sf = s.to(softmax_dtype).masked_fill(~keep[None], float("-inf"))
     if sinks is not None:
         sf = torch.cat([sf, sinks.detach().cpu().to(softmax_dtype)[:, None, None].expand(hq, qo, 1)], dim=-1)

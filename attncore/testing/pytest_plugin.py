@@ -19,6 +19,7 @@ import pytest
 
 FAMILY_OF_TEST = {
     "test_numerics": "numerics",
+    "test_nonfinite": "nonfinite",
     "test_refusal": "refusal",
     "test_lse_merge": "merge",
     "test_cuda_graph": "cuda_graph",
@@ -112,7 +113,7 @@ def pytest_generate_tests(metafunc):
     if family == "status":
         cases = fams.get("skip", []) + fams.get("fail", [])
         if not cases:
-            n = sum(len(v) for k, v in fams.items() if k in ("numerics", "merge", "cuda_graph"))
+            n = sum(len(v) for k, v in fams.items() if k in ("numerics", "nonfinite", "merge", "cuda_graph"))
             from .cases import Case
 
             cases = [Case("ok", f"{backend.name}-collected-{n}", backend, note=f"{n} computed cases")]
@@ -120,7 +121,7 @@ def pytest_generate_tests(metafunc):
         cases = fams.get(family, [])
     if not cases:
         why = f"{backend.name} claims nothing this family tests"
-        if fams.get("skip") and family in ("numerics", "merge", "cuda_graph"):
+        if fams.get("skip") and family in ("numerics", "nonfinite", "merge", "cuda_graph"):
             why = fams["skip"][0].note
         metafunc.parametrize("attncore_case", [pytest.param(
             None, id=f"{backend.name}-none", marks=pytest.mark.skip(reason=why))])

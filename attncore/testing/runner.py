@@ -45,6 +45,14 @@ def case_shapes(p: AttentionProblem, tag: str, rng: random.Random) -> Tuple[List
     """(qo_lens, kv_lens) of a case.  Small on purpose: the suite must run on 2 CPU cores."""
     causal = p.mask == "causal"
     page = p.page_size or 16
+    if tag == "tiles":
+        return tile_shapes(p, rng)
+    if tag == "nf":  # many keys, so that a small window hides whole tiles
+        if p.op in DECODE_OPS:
+            b = rng.randint(1, 3)
+            return [p.q_len_per_req] * b, [rng.randint(70, 200) for _ in range(b)]
+        b = 1 if p.op == "single_prefill" else rng.randint(1, 3)
+        return [rng.randint(1, 9) for _ in range(b)], [rng.randint(70, 200) for _ in range(b)]
     if p.op == "single_prefill":
         if tag == "tok1":
             return [1], [1]
@@ -73,8 +81,8 @@ def case_shapes(p: AttentionProblem, tag: str, rng: random.Random) -> Tuple[List
     ql = p.q_len_per_req
     if tag == "tok1":
         return [ql], [ql]
-    if tag == "edge":
-        kv = [1, page, 2 * page + 3, 29]
+    if tag == "edge":  # one token, last page full, one token on the last page, several pages, empty
+        kv = [1, page, page + 1, 2 * page + 3, 29]
         if p.op == "batch_decode" and ql == 1:
             kv.append(0)
         kv = [max(ql, x) if x else 0 for x in kv]
@@ -82,6 +90,28 @@ def case_shapes(p: AttentionProblem, tag: str, rng: random.Random) -> Tuple[List
     b = rng.randint(1, 5)
     kv = [rng.randint(ql, 48) for _ in range(b)]
     return [ql] * b, kv
+
+
+# Lengths at multiples of the common tile sizes and one off (plus the issue-13 reproduction's 21/76).
+TILE_LENS = (1, 15, 16, 17, 21, 31, 32, 33, 63, 64, 65, 76, 127, 128, 129)
+
+
+def tile_shapes(p: AttentionProblem, rng: random.Random) -> Tuple[List[int], List[int]]:
+    """Lengths from ``TILE_LENS``: qo < kv and, where the op allows it, qo > kv."""
+    causal = p.mask == "causal"
+    pick = lambda: rng.choice(TILE_LENS)  # noqa: E731
+    if p.op in DECODE_OPS:
+        b = rng.randint(1, 3)
+        return [p.q_len_per_req] * b, [max(p.q_len_per_req, pick()) for _ in range(b)]
+    if p.op == "single_prefill":
+        a, c = sorted((pick(), pick()))
+        return ([a], [c]) if causal or rng.random() < 0.7 else ([c], [a])
+    b = rng.randint(2, 3)
+    qo = [pick() for _ in range(b)]
+    kv = [pick() for _ in range(b)]
+    qo[0], kv[0] = min(qo[0], kv[0]), max(qo[0], kv[0])  # qo < kv (chunked prefill)...
+    qo[1], kv[1] = max(qo[1], kv[1]), min(qo[1], kv[1])  # ...and qo > kv (rows that see nothing)
+    return qo, kv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,15 +151,24 @@ def _randn(gen, *shape, scale=1.0):
     return torch.randn(*shape, generator=gen) * scale
 
 
+def _poison(*shape):
+    """Storage no request may read (padding rows and heads, spare pages, slots past a request's
+    last key): NaN, so a backend that lets any of it into a result fails (docs/semantics.md,
+    "Non-finite inputs", rule 1)."""
+    return torch.full(shape, float("nan"))
+
+
 def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: Optional[int] = None,
           reqs: Optional[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None,
           shapes: Optional[Tuple[List[int], List[int]]] = None, views: Optional[Tuple[bool, bool]] = None,
-          min_pages: int = 0, min_bt_width: int = 0) -> Built:
+          min_pages: int = 0, min_bt_width: int = 0, nonfinite: bool = False) -> Built:
     """Inputs of one case.  Shapes, page tables and masks come from ``seed``; tensor values from
     ``data_seed`` (so a second "layer" can reuse one plan), or ``reqs`` when given.
 
     ``shapes`` (qo_lens, kv_lens), ``views`` (strided, 5-D paged cache), ``min_pages`` (page pool
-    size) and ``min_bt_width`` (xqa block-table width) pin what the CUDA-graph family keeps fixed."""
+    size) and ``min_bt_width`` (xqa block-table width) pin what the CUDA-graph family keeps fixed.
+    ``nonfinite``: NaN in one query row and in every key left of the window of all rows
+    (docs/semantics.md, "Non-finite inputs", rules 2-3; the golden follows the same rules)."""
     rng = random.Random(seed)
     mgen = torch.Generator().manual_seed(seed)
     dgen = torch.Generator().manual_seed(seed + 7919 if data_seed is None else data_seed)
@@ -169,6 +208,8 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             reqs.append((_randn(dgen, qo, hq, d).to(p.q_dtype), _randn(dgen, kv, hkv, d).to(p.kv_dtype),
                          _randn(dgen, kv, hkv, dv).to(p.kv_dtype)))
     sinks = (_randn(dgen, hq) + 1.0).float() if p.sinks else None
+    if nonfinite:
+        reqs = _poison_request_values(reqs, p.window_left, rng)
 
     # Masks (meta: drawn from the shape seed).
     masks: List[Optional[torch.Tensor]] = [None] * bsz
@@ -201,7 +242,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
     q_all = torch.cat([r[0] for r in reqs]) if reqs else torch.zeros(0, hq, d, dtype=p.q_dtype)
     nnz = q_all.shape[0]
     if strided:
-        qbuf = (_randn(dgen, nnz, hq + 3, d)).to(p.q_dtype).to(dev)
+        qbuf = _poison(nnz, hq + 3, d).to(p.q_dtype).to(dev)
         q = qbuf[:, 1:1 + hq]
         q.copy_(q_all.to(dev))
         storages.append(qbuf)
@@ -227,12 +268,12 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         for x, dd in ((k_all, d), (v_all, dv)):
             extra_h = 2 if strided else 0
             if p.kv_layout == "NHD":
-                stage = _randn(dgen, n + 2, hkv + extra_h, dd, scale=10.0)
+                stage = _poison(n + 2, hkv + extra_h, dd)
                 stage[:n, extra_h // 2: extra_h // 2 + hkv] = x
                 buf = stage.to(p.kv_dtype).to(dev)
                 view = buf[:n, extra_h // 2: extra_h // 2 + hkv]
             else:
-                stage = _randn(dgen, hkv + extra_h // 2, n + 2 + (3 if strided else 0), dd, scale=10.0)
+                stage = _poison(hkv + extra_h // 2, n + 2 + (3 if strided else 0), dd)
                 off = 3 if strided else 0
                 stage[extra_h // 2:, off:off + n] = x.transpose(0, 1)
                 buf = stage.to(p.kv_dtype).to(dev)
@@ -257,11 +298,11 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         hnd = p.kv_layout == "HND"
         tok_shape = (hkv, page) if hnd else (page, hkv)
         if paged_5d:
-            stage = _randn(dgen, pool, 2, *tok_shape, d, scale=10.0)
+            stage = _poison(pool, 2, *tok_shape, d)
             ks, vs = stage[:, 0], stage[:, 1]
         else:
-            ks = _randn(dgen, pool, *tok_shape, d, scale=10.0)
-            vs = _randn(dgen, pool, *tok_shape, dv, scale=10.0)
+            ks = _poison(pool, *tok_shape, d)
+            vs = _poison(pool, *tok_shape, dv)
         for (qi, ki, vi), ids, n in zip(reqs, page_ids, kv_lens):
             if n == 0:
                 continue
@@ -319,6 +360,22 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
     return Built(p, meta, args, qo_lens, kv_lens, reqs, masks, golden_kwargs, out_buf, lse_buf, storages,
                  strided=strided, paged_5d=paged_5d, pool=pool if p.op in PAGED_OPS else 0,
                  bt_width=int(meta.block_tables.shape[1]) if meta.block_tables is not None else 0)
+
+
+def _poison_request_values(reqs, window_left: int, rng: random.Random):
+    """Copies of ``reqs`` with NaN in one query (row, head) of one request and in the keys and
+    values left of the window of every row of each request."""
+    reqs = [(q.clone(), k.clone(), v.clone()) for q, k, v in reqs]
+    with_q = [i for i, (q, k, _) in enumerate(reqs) if q.shape[0] and k.shape[0]]
+    if with_q:
+        q = reqs[rng.choice(with_q)][0]
+        q[rng.randrange(q.shape[0]), rng.randrange(q.shape[1])] = float("nan")
+    if window_left >= 0:
+        for q, k, v in reqs:
+            hidden = max(0, k.shape[0] - q.shape[0] - window_left)  # left of row 0's window
+            k[:hidden] = float("nan")
+            v[:hidden] = float("nan")
+    return reqs
 
 
 def expected(b: Built):
@@ -391,7 +448,8 @@ def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optiona
             torch.isnan(lse_buf[0]).all() and torch.isnan(lse_buf[-1]).all())
         if not guards_ok:
             errs.append("run() wrote outside `lse` (the guard rows around it were overwritten)")
-    nan = torch.isnan(o_all)
+    gold_nan = torch.cat([go for go, _, _, _ in exp]).isnan() if exp else torch.zeros_like(o_all, dtype=torch.bool)
+    nan = torch.isnan(o_all) & ~gold_nan
     if nan.any():
         rows = torch.nonzero(nan.any(dim=2).any(dim=1)).flatten().tolist()
         errs.append(f"{int(nan.sum())} elements of out are NaN (left unwritten, or computed NaN), rows {rows[:12]}")
@@ -399,28 +457,42 @@ def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optiona
     for i, ((go, gl, bo, bl), qo, kv) in enumerate(zip(exp, b.qo_lens, b.kv_lens)):
         o = o_all[row0:row0 + qo]
         where = f"{what}request {i} (qo_len={qo}, kv_len={kv}, rows {row0}..{row0 + qo - 1})"
-        seen = torch.isfinite(gl)  # [qo, Hq]
-        if qo and (~seen).any():
-            z = o[~seen]
+        # Rows whose query holds NaN and that see a key must give NaN out and LSE (semantics rule 3);
+        # they are left out of the error measure.
+        nan_rows = torch.isnan(gl)  # [qo, Hq]
+        if nan_rows.any() and not torch.isnan(o[nan_rows]).all():
+            errs.append(f"{where}: a row whose query holds NaN and that sees keys must give NaN output, "
+                        f"got finite values in {int((~torch.isnan(o[nan_rows])).any(-1).sum())} of "
+                        f"{int(nan_rows.sum())} such (row, head) pairs")
+        unseen = torch.isneginf(gl)  # [qo, Hq]: rows that see no key
+        if qo and unseen.any():
+            z = o[unseen]
             if z.numel() and not torch.nan_to_num(z, nan=1.0).eq(0).all():
                 errs.append(f"{where}: rows that see no key must give exactly 0, got max |out| = "
                             f"{float(torch.nan_to_num(z, nan=float('inf')).abs().max()):.3g}")
-        if qo and not torch.isnan(o).any():
-            err = float((o - go).abs().max()) if o.numel() else 0.0
-            berr = float((bo - go).abs().max()) if o.numel() else 0.0
-            atol = _eps(p.out_dtype) * max(1.0, float(go.abs().max()) if go.numel() else 1.0) * atol_scale
+        ok_rows = ~nan_rows
+        if qo and ok_rows.any() and not torch.isnan(o[ok_rows]).any():
+            oc, gc, bc = o[ok_rows], go[ok_rows], bo[ok_rows]  # [n, Dv]
+            err = float((oc - gc).abs().max()) if oc.numel() else 0.0
+            berr = float((bc - gc).abs().max()) if oc.numel() else 0.0
+            atol = _eps(p.out_dtype) * max(1.0, float(gc.abs().max()) if gc.numel() else 1.0) * atol_scale
             if not err <= TOL_FACTOR * berr + atol:
-                idx = torch.nonzero((o - go).abs() == err)[0].tolist()
+                diff = (o - go).abs().masked_fill(nan_rows[..., None], 0.0)
+                idx = torch.nonzero(diff == err)[0].tolist()
                 errs.append(f"{where}: max |out - golden| = {err:.3g} at [row {idx[0]}, head {idx[1]}, dim {idx[2]}] "
                             f"> {TOL_FACTOR:g} x {berr:.3g} (error of the same torch math in "
                             f"{str(p.q_dtype).replace('torch.', '')}) + atol {atol:.3g}")
         if l_all is not None and qo:
             l = l_all[row0:row0 + qo]
-            if torch.isnan(l).any():
-                errs.append(f"{where}: {int(torch.isnan(l).sum())} LSE elements are NaN (unwritten?)")
+            if nan_rows.any() and not torch.isnan(l[nan_rows]).all():
+                errs.append(f"{where}: LSE of a row whose query holds NaN and that sees keys must be NaN, got "
+                            f"{l[nan_rows & ~torch.isnan(l)][:4].tolist()}")
+            if torch.isnan(l[ok_rows]).any():
+                errs.append(f"{where}: {int(torch.isnan(l[ok_rows]).sum())} LSE elements are NaN (unwritten?)")
             else:
-                if (~seen).any() and not torch.isneginf(l[~seen]).all():
-                    errs.append(f"{where}: LSE of rows that see no key must be -inf, got {l[~seen][:4].tolist()}")
+                if unseen.any() and not torch.isneginf(l[unseen]).all():
+                    errs.append(f"{where}: LSE of rows that see no key must be -inf, got {l[unseen][:4].tolist()}")
+                seen = ok_rows & ~unseen
                 if seen.any():
                     ls, gs, bs = l[seen], gl[seen], bl[seen]
                     if not torch.isfinite(ls).all():
@@ -471,6 +543,16 @@ def run_numerics(case) -> None:
         be.run(plan, b2.args)
         _sync(case.device)
         _fail(case, check_result(b2, expected(b2), what="second run() with the same plan: "), b2)
+
+
+def run_nonfinite(case) -> None:
+    """NaN in one query row and in keys no row may see must stay where the contract puts it."""
+    be, p = case.backend, case.problem
+    b = build(p, case.tag, case.seed, case.device, nonfinite=True)
+    plan = be.plan(p, b.meta)
+    be.run(plan, b.args)
+    _sync(case.device)
+    _fail(case, check_result(b, expected(b), what="with NaN in a query row and left of the window: "), b)
 
 
 def run_refusal(case) -> None:
@@ -704,4 +786,4 @@ def run_cuda_graph(case) -> None:
     _fail(case, errs, b)
 
 
-FAMILIES = {"numerics": run_numerics, "refusal": run_refusal, "merge": run_merge, "cuda_graph": run_cuda_graph}
+FAMILIES = {"numerics": run_numerics, "nonfinite": run_nonfinite, "refusal": run_refusal, "merge": run_merge, "cuda_graph": run_cuda_graph}

@@ -17,6 +17,11 @@ def test_numerics(attncore_case):
     runner.run_numerics(attncore_case)
 
 
+def test_nonfinite(attncore_case):
+    """NaN in one query row gives NaN there only; NaN in keys that no row may see changes nothing."""
+    runner.run_nonfinite(attncore_case)
+
+
 def test_refusal(attncore_case):
     """A problem just outside the claim is refused with ``Reason``s (and by the selector)."""
     runner.run_refusal(attncore_case)
