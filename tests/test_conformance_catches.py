@@ -89,6 +89,48 @@ FAKES = textwrap.dedent('''
                                              "ops": frozenset({"batch_prefill_ragged"}),
                                              "features": frozenset({"return_lse", "cuda_graph"})}),)
 
+    class TileLastKey(_Fake):
+        """Issue 13's Triton bug: a 64-row tile of packed (token, head) rows ends its causal keys at
+        token min(row0 + 64, qo * G) // G - 1 instead of (min(row0 + 64, qo * G) - 1) // G."""
+        name = "fake_tile"
+        capabilities = (CAPS[0].__class__(**{**CAPS[0].__dict__, "max_group_size": 8}),)
+        def plan(self, problem, meta):
+            self._ptr = (list(meta.qo_indptr_host), list(meta.kv_indptr_host), problem.mask == "causal")
+            return super().plan(problem, meta)
+        def run(self, plan, args):
+            super().run(plan, args)
+            qp, kp, causal = self._ptr
+            hq, hkv = args.q.shape[1], args.k.shape[1]
+            g = hq // hkv
+            for i in range(len(qp) - 1):
+                qo, kv = qp[i + 1] - qp[i], kp[i + 1] - kp[i]
+                if not causal or qo == 0 or kv == 0:
+                    continue
+                q = args.q[qp[i]:qp[i + 1]].float()
+                k = args.k[kp[i]:kp[i + 1]].float().repeat_interleave(g, 1)
+                v = args.v[kp[i]:kp[i + 1]].float().repeat_interleave(g, 1)
+                s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+                tok = torch.arange(qo)[:, None]
+                key = torch.arange(kv)[None, :]
+                keep = (key <= tok + kv - qo)[None].repeat(hq, 1, 1)
+                for h in range(hq):  # packed row of (token t, head h): (h // g) * qo * g + t * g + h % g
+                    rows = torch.arange(qo) * g + h % g
+                    last = torch.clamp(rows // 64 * 64 + 64, max=qo * g) // g - 1
+                    keep[h] &= key <= last[:, None] + kv - qo
+                s = s.masked_fill(~keep, float("-inf"))
+                o = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1).nan_to_num(0.0), v)
+                args.out[qp[i]:qp[i + 1]] = o.to(args.out.dtype)
+
+    class NanRowsLookEmpty(_Fake):
+        """A row whose query holds NaN reported as a row that saw no key: out 0, LSE -inf."""
+        name = "fake_nanrow"
+        def run(self, plan, args):
+            super().run(plan, args)
+            bad = torch.isnan(args.out).any(-1)
+            args.out[bad] = 0
+            if args.lse is not None:
+                args.lse[bad] = float("-inf")
+
     class ClaimsNothing(Backend):
         name = "fake_nothing"
         capabilities = (Capabilities(ops=frozenset({"pod"})),)
@@ -210,3 +252,22 @@ def test_cuda_graph_that_bakes_plan_lengths_is_caught(tmp_path):
     failed = _failed(out, "test_cuda_graph")
     assert failed, out
     assert all("re-planned" in m for m in failed.values()), failed
+
+
+def test_packed_row_tile_bug_is_caught_by_odd_groups(tmp_path):
+    """Issue 13: the suite's tile-boundary cases with groups that do not divide a tile find it."""
+    proc, out = _run_suite(tmp_path, "TileLastKey", "-k", "numerics")
+    assert proc.returncode == 1
+    failed = _failed(out, "test_numerics")
+    assert failed, sorted(out)
+    assert all("causal" in n for n in failed), sorted(failed)
+    assert any("-g3-" in n and n.endswith("-tiles]") for n in failed), sorted(failed)
+    assert out["test_numerics[fake_tile-single_prefill-fp16-d64-g1-none]"][0] == "passed"
+
+
+def test_nan_query_row_reported_as_empty_is_caught(tmp_path):
+    proc, out = _run_suite(tmp_path, "NanRowsLookEmpty", "-k", "nonfinite or numerics")
+    assert proc.returncode == 1
+    failed = _failed(out)
+    assert set(failed) == {n for n in out if n.startswith("test_nonfinite")}, sorted(failed)
+    assert any("must give NaN output" in m for m in failed.values())

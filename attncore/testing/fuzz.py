@@ -28,7 +28,10 @@ from . import runner
 from .cases import TESTED_OPS, _claimed, _copy_axis, _sweep, find_base, float_dtypes, normalize, pick_device
 from .cases import problem_id, with_feature
 
-MAX_LEN = 300  # longest sequence drawn: tiles of up to 128 rows are crossed twice, and it stays fast
+# Longest sequence and largest batch drawn: on a GPU, tiles of up to 128 rows are crossed twice; the
+# CPU (the reference in float64, Triton's interpreter) gets smaller problems so that CI stays fast.
+MAX_LEN = {"cuda": 300, "cpu": 140}
+MAX_BATCH = {"cuda": 8, "cpu": 4}
 AXES = ("q_dtype", "kv_dtype", "out_dtype", "head_dim", "head_dim_vo", "group", "page_size", "kv_layout", "mask",
         "q_len_per_req")
 
@@ -105,8 +108,9 @@ def draw_shapes(p: AttentionProblem, rng: random.Random) -> Tuple[List[int], Lis
     if kind < 0.5:
         tag = rng.choice(("", "", "edge", "tiles", "tiles", "tok1", "nf"))
         return runner.case_shapes(p, tag, rng)
-    b = 1 if p.op == "single_prefill" else rng.randint(1, 8)
-    ln = lambda: rng.choice((rng.randint(0, 20), rng.randint(0, MAX_LEN), rng.choice(runner.TILE_LENS)))  # noqa: E731
+    dev = p.device_type if p.device_type in MAX_LEN else "cuda"
+    b = 1 if p.op == "single_prefill" else rng.randint(1, MAX_BATCH[dev])
+    ln = lambda: rng.choice((rng.randint(0, 20), rng.randint(0, MAX_LEN[dev]), rng.choice(runner.TILE_LENS)))  # noqa: E731
     if p.op in DECODE_OPS:
         ql = p.q_len_per_req
         kv = [max(ql, ln()) for _ in range(b)]
@@ -173,7 +177,7 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
     pools = Pools(backend, dev)
     if not pools.ops:
         raise ValueError(f"{backend.name} claims no op the fuzzer can run on {dev}")
-    configs = configs or default_configs(n)
+    configs = configs or default_configs(n, dev)
     rep = FuzzReport(backend.name, dev, seed, configs=min(configs, n))
     t0 = time.perf_counter()
     for i in range(worker[0], n, worker[1]):
@@ -192,8 +196,10 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
     return rep
 
 
-def default_configs(n: int) -> int:
-    return max(4, min(256, n // 40))
+def default_configs(n: int, device: str) -> int:
+    """On a GPU, problems share configurations so that kernels compile once per ~40 problems; the
+    CPU (Triton's interpreter, the reference) compiles nothing, so each problem gets its own."""
+    return n if device == "cpu" else max(4, min(256, n // 40))
 
 
 def _worker(args):

@@ -26,25 +26,27 @@ def golden_alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def golden_rope(x: torch.Tensor, pos: torch.Tensor, theta: float, scale: float) -> torch.Tensor:
-    """Rotate-half (LLaMA) RoPE over the full head dim.  x [n, H, D], pos [n]."""
+def golden_rope(x: torch.Tensor, pos: torch.Tensor, theta: float, scale: float,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Rotate-half (LLaMA) RoPE over the full head dim, computed in ``dtype``.  x [n, H, D], pos [n]."""
     d = x.shape[-1]
     half = d // 2
-    inv = torch.tensor([theta ** (-2.0 * i / d) / scale for i in range(half)], dtype=torch.float64)
-    ang = pos.to(torch.float64)[:, None] * inv[None, :]  # [n, half]
+    x = x.to(dtype)
+    inv = torch.tensor([theta ** (-2.0 * i / d) / scale for i in range(half)], dtype=dtype, device=x.device)
+    ang = pos.to(dtype)[:, None] * inv[None, :]  # [n, half]
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def visible(qo: int, kv: int, *, causal: bool = False, mask: Optional[torch.Tensor] = None,
-            window_left: int = -1) -> torch.Tensor:
+            window_left: int = -1, device="cpu") -> torch.Tensor:
     """bool [qo, kv]: which key each query row sees (``mask`` replaces causal; the window ANDs)."""
-    q_pos = torch.arange(qo) + (kv - qo)
-    k_pos = torch.arange(kv)
-    keep = torch.ones(qo, kv, dtype=torch.bool)
+    q_pos = torch.arange(qo, device=device) + (kv - qo)
+    k_pos = torch.arange(kv, device=device)
+    keep = torch.ones(qo, kv, dtype=torch.bool, device=device)
     if mask is not None:
-        keep &= mask.to("cpu", torch.bool).reshape(qo, kv)
+        keep &= mask.to(device, torch.bool).reshape(qo, kv)
     elif causal:
         keep &= k_pos[None, :] <= q_pos[:, None]
     if window_left is not None and window_left >= 0:
@@ -57,7 +59,7 @@ def hide_unseen_keys(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     stays out of ``p @ v`` (``0 * NaN`` is NaN): docs/semantics.md, "Non-finite inputs", rule 2."""
     if keep.shape[0] == 0:
         return x
-    return x.masked_fill(~keep.any(dim=0)[:, None, None].to(x.device), 0.0)
+    return x.masked_fill(~keep.any(dim=0)[:, None, None], 0.0)
 
 
 def golden_attention(
@@ -79,33 +81,36 @@ def golden_attention(
     v_scale: float = 1.0,
     o_scale: float = 1.0,
     compute_dtype: torch.dtype = torch.float64,
+    device="cpu",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense fp64 attention of one request.  ``mask``: bool [qo, kv], True = keep (replaces causal).
 
     Returns (out float64 [qo, Hq, Dv], lse float64 [qo, Hq] in base 2).  Rows that see no key
     give out 0 and lse -inf.  ``compute_dtype`` other than float64 returns ``dtype_attention`` in
     that dtype instead: "the same torch math done in the backend's dtype", whose error sets the
-    tolerance (``tolerance``).
+    tolerance (``tolerance``).  ``device``: where the math runs (a GPU is much faster in fp64 than
+    the host for the fuzzer's volumes); results come back on the CPU.
     """
     if compute_dtype != torch.float64:
         return dtype_attention(q, k, v, dtype=compute_dtype, causal=causal, mask=mask, window_left=window_left,
                                sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
-                               sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale)
-    q = q.detach().to("cpu", torch.float64)
-    k = k.detach().to("cpu", torch.float64)
-    v = v.detach().to("cpu", torch.float64)
+                               sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale,
+                               device=device)
+    q = q.detach().to(device, torch.float64)
+    k = k.detach().to(device, torch.float64)
+    v = v.detach().to(device, torch.float64)
     qo, hq, d = q.shape
     kv, hkv, dv = v.shape[0], v.shape[1], v.shape[2]
     group = hq // hkv
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(d)
-    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)  # absolute positions
-    k_pos = torch.arange(kv, dtype=torch.float64)
+    q_pos = torch.arange(qo, dtype=torch.float64, device=device) + (kv - qo)  # absolute positions
+    k_pos = torch.arange(kv, dtype=torch.float64, device=device)
     if pos_encoding_mode == "ROPE_LLAMA":
         q = golden_rope(q, q_pos, rope_theta, rope_scale)
         k = golden_rope(k, k_pos, rope_theta, rope_scale)
-    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left)
+    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left, device=device)
     k, v = hide_unseen_keys(k, keep), hide_unseen_keys(v, keep)
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -113,12 +118,12 @@ def golden_attention(
     if logits_soft_cap and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     if pos_encoding_mode == "ALIBI":
-        rows = torch.arange(qo, dtype=torch.float64)
+        rows = torch.arange(qo, dtype=torch.float64, device=device)
         bias = k_pos[None, :] - rows[:, None]  # kv_idx - q_idx (row index)
-        s = s + golden_alibi_slopes(hq)[:, None, None] * bias[None]
+        s = s + golden_alibi_slopes(hq).to(device)[:, None, None] * bias[None]
     s = s.masked_fill(~keep[None], float("-inf"))
     if sinks is not None:
-        sink = sinks.detach().to("cpu", torch.float64)[:, None, None].expand(hq, qo, 1)
+        sink = sinks.detach().to(device, torch.float64)[:, None, None].expand(hq, qo, 1)
         s_all = torch.cat([s, sink], dim=-1)
     else:
         s_all = s
@@ -129,7 +134,7 @@ def golden_attention(
     out = torch.einsum("hqk,khd->qhd", p, v) * (v_scale / o_scale)
     lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous()
     lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
-    return out, lse
+    return out.cpu(), lse.cpu()
 
 
 # Rounding floor per output dtype: the "small atol" of the tolerance rule.
@@ -160,7 +165,7 @@ def max_error(out: torch.Tensor, golden: torch.Tensor) -> float:
 
 def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float32, causal=False, mask=None,
                     window_left=-1, sm_scale=None, logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0,
-                    rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0
+                    rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0, device="cpu"
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
     ``softmax_dtype``), on the CPU: the yardstick of the tolerance rule.  Returns (out float64
@@ -170,13 +175,13 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
     kv, hkv, dv = v.shape
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(d)
-    qf, kf, vf = q.detach().cpu().double(), k.detach().cpu().double(), v.detach().cpu().double()
-    q_pos = torch.arange(qo, dtype=torch.float64) + (kv - qo)
-    k_pos = torch.arange(kv, dtype=torch.float64)
-    if pos_encoding_mode == "ROPE_LLAMA":
-        qf = golden_rope(qf, q_pos, rope_theta, rope_scale)
-        kf = golden_rope(kf, k_pos, rope_theta, rope_scale)
-    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left)
+    qf, kf, vf = (x.detach().to(device, torch.float64) for x in (q, k, v))
+    q_pos = torch.arange(qo, dtype=torch.float64, device=device) + (kv - qo)
+    k_pos = torch.arange(kv, dtype=torch.float64, device=device)
+    if pos_encoding_mode == "ROPE_LLAMA":  # rotated in float32, as kernels do (angles of far positions)
+        qf = golden_rope(qf, q_pos, rope_theta, rope_scale, torch.float32).double()
+        kf = golden_rope(kf, k_pos, rope_theta, rope_scale, torch.float32).double()
+    keep = visible(qo, kv, causal=causal, mask=mask, window_left=window_left, device=device)
     kf, vf = hide_unseen_keys(kf, keep), hide_unseen_keys(vf, keep)
     g = hq // hkv
     qd = qf.to(dtype)
@@ -187,12 +192,12 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
     if logits_soft_cap and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     if pos_encoding_mode == "ALIBI":
-        rows = torch.arange(qo, dtype=torch.float64)
-        bias = golden_alibi_slopes(hq)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
+        rows = torch.arange(qo, dtype=torch.float64, device=device)
+        bias = golden_alibi_slopes(hq).to(device)[:, None, None] * (k_pos[None, :] - rows[:, None])[None]
         s = s + bias.to(dtype)
     sf = s.to(softmax_dtype).masked_fill(~keep[None], float("-inf"))
     if sinks is not None:
-        sf = torch.cat([sf, sinks.detach().cpu().to(softmax_dtype)[:, None, None].expand(hq, qo, 1)], dim=-1)
+        sf = torch.cat([sf, sinks.detach().to(device, softmax_dtype)[:, None, None].expand(hq, qo, 1)], dim=-1)
     lse_e = torch.logsumexp(sf.float(), dim=-1).to(softmax_dtype)
     p = torch.exp(sf - lse_e[..., None])[..., :kv]
     seen = keep.any(dim=1)
@@ -201,4 +206,4 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
     o = (o.float() * (v_scale / o_scale)).to(out_dtype).double()
     lse = (lse_e.double() / math.log(2.0)).transpose(0, 1)
     lse = torch.where(seen[:, None], lse, torch.full_like(lse, float("-inf")))
-    return o, lse
+    return o.cpu(), lse.cpu()

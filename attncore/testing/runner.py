@@ -97,21 +97,27 @@ TILE_LENS = (1, 15, 16, 17, 21, 31, 32, 33, 63, 64, 65, 76, 127, 128, 129)
 
 
 def tile_shapes(p: AttentionProblem, rng: random.Random) -> Tuple[List[int], List[int]]:
-    """Lengths from ``TILE_LENS``: qo < kv and, where the op allows it, qo > kv."""
+    """Lengths from ``TILE_LENS``: qo < kv and, where the op allows it, qo > kv.  The qo < kv request
+    has at least 21 rows, so that with any group of 3 or more its packed rows cross a 64-row tile."""
     causal = p.mask == "causal"
-    pick = lambda: rng.choice(TILE_LENS)  # noqa: E731
+    big = [n for n in TILE_LENS if n >= 21]
+
+    def below_above():  # (qo, kv) with 21 <= qo <= kv
+        qo = rng.choice(big)
+        return qo, rng.choice([n for n in TILE_LENS if n >= qo])
+
     if p.op in DECODE_OPS:
         b = rng.randint(1, 3)
-        return [p.q_len_per_req] * b, [max(p.q_len_per_req, pick()) for _ in range(b)]
+        return [p.q_len_per_req] * b, [max(p.q_len_per_req, rng.choice(TILE_LENS)) for _ in range(b)]
+    qo, kv = below_above()
     if p.op == "single_prefill":
-        a, c = sorted((pick(), pick()))
-        return ([a], [c]) if causal or rng.random() < 0.7 else ([c], [a])
-    b = rng.randint(2, 3)
-    qo = [pick() for _ in range(b)]
-    kv = [pick() for _ in range(b)]
-    qo[0], kv[0] = min(qo[0], kv[0]), max(qo[0], kv[0])  # qo < kv (chunked prefill)...
-    qo[1], kv[1] = max(qo[1], kv[1]), min(qo[1], kv[1])  # ...and qo > kv (rows that see nothing)
-    return qo, kv
+        return ([qo], [kv]) if causal or rng.random() < 0.7 else ([kv], [qo])
+    qo2, kv2 = below_above()
+    qos, kvs = [qo, kv2], [kv, qo2 - rng.randint(1, qo2)]  # the second: qo > kv, early rows see nothing
+    if rng.random() < 0.5:
+        qos.append(rng.choice(TILE_LENS))
+        kvs.append(rng.choice(TILE_LENS))
+    return qos, kvs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,11 +388,12 @@ def expected(b: Built):
     """Per request: (golden out, golden lse, baseline out, baseline lse), float64 on the CPU."""
     res = []
     p = b.problem
+    dev = b.out_buf.device  # the golden runs where the backend did (fp64 on a GPU is fast)
     causal = p.mask == "causal"
     for (q, k, v), m in zip(b.reqs, b.masks):
         kw = dict(b.golden_kwargs, causal=causal and m is None, mask=m)
-        go, gl = golden_attention(q, k, v, **kw)
-        bo, bl = dtype_attention(q, k, v, dtype=p.q_dtype, out_dtype=p.out_dtype, **kw)
+        go, gl = golden_attention(q, k, v, device=dev, **kw)
+        bo, bl = dtype_attention(q, k, v, dtype=p.q_dtype, out_dtype=p.out_dtype, device=dev, **kw)
         res.append((go, gl, bo, bl))
     return res
 
