@@ -135,9 +135,13 @@ def cmd_check(a) -> int:
     from .check import format_table, run_check
 
     if a.fuzz is not None or a.replay is not None:
+        from .testing import resolve_backend
+
         names = a.backend or sorted(registry.available_backends())
-        for n in names:
-            registry.get_backend(n)
+        for n in names:  # a registered name or module:attr, like `attncore conformance`
+            _, unavailable = resolve_backend(n)
+            if unavailable:
+                raise ValueError(f"backend {n!r} is unavailable here: " + "; ".join(map(str, unavailable)))
         return cmd_fuzz(a, names)
     names = a.backend or None
     if names:
