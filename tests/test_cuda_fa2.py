@@ -188,6 +188,120 @@ def test_paged_row_units():
         row_units("k", huge, 2 ** 13 + 8, 8, 16)
 
 
+
+def _cpu_plan(problem, meta, lib_shape=(128, 64)):
+    """plan() on the CPU: the device, the library (tile shape only) and the stream are faked; the
+    work list and the params struct are the real ones.  Returns (plan, launched params list)."""
+    import unittest.mock as um
+
+    from attncore.backends.cuda_fa2 import backend as be, binding
+
+    launched = []
+
+    class FakeLib:
+        def __init__(self, key):
+            self.key, self.num_sms, self.ctas_per_sm = key, 132, 2
+            self.cta_q, self.kv_tile = (16, 64) if key.config == "decode" else lib_shape
+
+        def run(self, p, stream):
+            launched.append(binding.Fa2Params.from_buffer_copy(p))
+
+    cpu = torch.device("cpu", 0)  # an index: base_params() stores it
+    b = CudaFa2Backend()
+    with um.patch.object(be, "cuda_device", lambda d, who: cpu), \
+            um.patch.object(binding, "get_library", lambda key, dev: FakeLib(key)), \
+            um.patch("torch.cuda.get_device_capability", return_value=(9, 0)):
+        plan = b.plan(problem, meta)
+    plan.device = torch.device("cpu")  # what CPU tensors report
+    return b, plan, launched
+
+
+@pytest.mark.parametrize("qo", [5, 40])
+def test_launch_kv_len_0_cpu(qo):
+    """Single prefill with kv_len 0: K and V are empty (data_ptr() 0, which a ctypes pointer field
+    reads back as None); launch() used to raise TypeError there (H100, issue 13)."""
+    import unittest.mock as um
+
+    from attncore.backends.cuda_fa2 import binding
+
+    prob = _problem(op="single_prefill", page_size=None, num_qo_heads=6, num_kv_heads=2, mask="none",
+                    return_lse=True)
+    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, qo], dtype=torch.int32), qo_indptr_host=[0, qo],
+                     kv_indptr=torch.tensor([0, 0], dtype=torch.int32), kv_indptr_host=[0, 0], kv_lens_host=[0],
+                     params=AttnParams(sm_scale=0.1))
+    b, plan, launched = _cpu_plan(prob, meta)
+    q = torch.randn(qo, 6, 128, dtype=torch.bfloat16)
+    k = torch.empty(0, 2, 128, dtype=torch.bfloat16)
+    with um.patch.object(binding, "_current_stream", lambda dev: 0):
+        b.run(plan, RunArgs(q=q, k=k, v=torch.empty_like(k), out=torch.empty_like(q), lse=torch.empty(qo, 6)))
+    (p,) = launched
+    assert p.num_work >= 1 and not p.k and not p.v  # every item has no tile: the epilogue writes 0 / -inf
+
+
+def _work_item(w, qo_len, kv_len, G, cta_q, causal, wl):
+    """fa2_attention.cuh WorkItem, in Python: the item's token rows and cut KV range."""
+    req, row0, kv_begin, kv_end, slot = w
+    rows_here = min(cta_q, qo_len * G - row0)
+    tok_lo, tok_hi = row0 // G, (row0 + rows_here - 1) // G
+    delta = kv_len - qo_len
+    kv_lo, kv_hi = kv_begin, min(kv_end, kv_len)
+    if causal:
+        kv_hi = min(kv_hi, tok_hi + delta + 1)
+    if wl >= 0:
+        kv_lo = max(kv_lo, tok_lo + delta - wl)
+    return tok_lo, tok_hi, kv_lo, kv_hi
+
+
+@pytest.mark.parametrize("G", [3, 5, 6, 7, 12])
+def test_work_items_cover_every_row_gqa_cpu(G):
+    """Packed rows r = tok * G + g: groups that do not divide the tile (issue 13, the Triton kernel's
+    last-token bug).  Each row's visible keys lie in its tile's work items, split by split exactly once."""
+    def visible(qo, kv, causal, window_left):
+        qp, kp = torch.arange(qo)[:, None] + (kv - qo), torch.arange(kv)[None, :]
+        keep = kp <= qp if causal else torch.ones(qo, kv, dtype=torch.bool)
+        return keep & (kp >= qp - window_left) if window_left >= 0 else keep
+
+    for causal, wl in ((True, -1), (True, 40), (False, -1)):
+        lens = [(qo, kv) for qo, kv in ((127, 127), (128, 128), (129, 129), (255, 255), (256, 256), (257, 257),
+                                        (63, 129), (65, 256), (1, 257), (33, 64))]
+        qo_host = [0]
+        for qo, _ in lens:
+            qo_host.append(qo_host[-1] + qo)
+        kv_host = [0]
+        for _, kv in lens:
+            kv_host.append(kv_host[-1] + kv)
+        prob = _problem(op="batch_prefill_ragged", page_size=None, num_qo_heads=2 * G, num_kv_heads=2,
+                        mask="causal" if causal else "none", window_left=wl)
+        for cta_q in (128, 64):
+            for n in (lens, lens[:1], lens[-2:-1]):  # a small batch splits the KV range
+                qh, kh = qo_host[:len(n) + 1], kv_host[:len(n) + 1]
+                meta = BatchMeta(batch_size=len(n), qo_indptr=torch.tensor(qh, dtype=torch.int32), qo_indptr_host=qh,
+                                 kv_indptr=torch.tensor(kh, dtype=torch.int32), kv_indptr_host=kh,
+                                 kv_lens_host=[kv for _, kv in n],
+                                 params=AttnParams(sm_scale=0.1, causal=causal, window_left=wl))
+                CudaFa2Backend.min_split_chunk, old = 64, CudaFa2Backend.min_split_chunk
+                try:
+                    _, plan, _ = _cpu_plan(prob, meta, (cta_q, 64))
+                finally:
+                    CudaFa2Backend.min_split_chunk = old
+                cq = plan.lib.cta_q
+                seen = {}
+                for w in plan.work.tolist()[:plan.num_work]:
+                    qo, kv = n[w[0]]
+                    tok_lo, tok_hi, lo, hi = _work_item(w, qo, kv, G, cq, causal, wl)
+                    assert (w[0], w[1]) not in seen or w[4] >= 0, w
+                    for r in range(w[1], min(w[1] + cq, qo * G)):
+                        assert tok_lo <= r // G <= tok_hi
+                        seen.setdefault((w[0], r), []).extend(range(lo, hi))
+                for i, (qo, kv) in enumerate(n):
+                    keep = visible(qo, kv, causal=causal, window_left=wl)
+                    for r in range(qo * G):
+                        got = seen.get((i, r), [])
+                        assert len(got) == len(set(got)), (G, i, r, "a key in two splits")
+                        need = set(keep[r // G].nonzero().flatten().tolist())
+                        assert need <= set(got), (G, cq, n[i], r, sorted(need - set(got))[:5])
+
+
 # --------------------------------------------------------------------------------- GPU helpers
 
 @dataclass
@@ -424,6 +538,16 @@ DTYPES = [torch.bfloat16, torch.float16]
 @pytest.mark.parametrize("mask", ["causal", "none"])
 def test_single_prefill(dtype, d, mask):
     run_case(Case([(300, 300)], hq=8, hkv=2, d=d, dtype=dtype, paged=False, mask=mask, op="single_prefill"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("cfg", [None, "prefill"], ids=["auto", "fa2"])
+@pytest.mark.parametrize("qo", [5, 40])
+def test_single_prefill_kv_len_0(qo, cfg):
+    """kv_len 0 (empty K/V, data_ptr() 0): out 0 and LSE -inf, on the decode tile (qo 5), the Hopper
+    kernel (qo 40 on sm90, auto) and the FA2 prefill kernel; launch() used to raise TypeError."""
+    run_case(Case([(qo, 0)], hq=6, hkv=2, paged=False, mask="none", op="single_prefill", force_config=cfg))
 
 
 @gpu

@@ -240,9 +240,11 @@ def launch(plan, args) -> None:
     ap = plan.meta.params
     q, out = args.q, args.out
     p = Fa2Params.from_buffer_copy(plan.base)
-    p.q, p.k, p.v, p.o = q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), out.data_ptr()
-    if (p.q | p.k | p.v | p.o) & 15:
+    ptrs = (q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), out.data_ptr())
+    # test the ints: a c_void_p field reads back None for 0, the data_ptr() of an empty K/V (kv_len 0)
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15:
         raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+    p.q, p.k, p.v, p.o = ptrs
     if args.lse is not None:
         p.lse = args.lse.data_ptr()
     if args.sinks is not None:

@@ -591,7 +591,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     }
     const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
     float lse_v = kNegInf, scale = 0.f;
-    if (L > 0.f) {
+    // L == 0: the row saw no key (0, -inf).  A NaN query gives NaN L (its m stays -inf: fmaxf drops
+    // NaN), and NaN != 0 lets it reach the output and LSE (semantics.md, non-finite inputs rule 3).
+    if (L != 0.f) {
       if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
       lse_v = Mu + log2f(L);
       scale = (final_out ? p.out_scale : 1.f) / L;
@@ -646,7 +648,7 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
     acc.x += u.x * f; acc.y += u.y * f; acc.z += u.z * f; acc.w += u.w * f;
   }
   float lse_v = kNegInf, scale = 0.f;
-  if (L > 0.f) {
+  if (L != 0.f) {  // as in the main epilogue: 0 = no key in any split; NaN (a NaN query) propagates
     if (p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
     lse_v = Mu + log2f(L);
     scale = p.out_scale / L;

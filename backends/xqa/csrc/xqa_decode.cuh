@@ -358,8 +358,12 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     }
   };
   const int64_t k_tok_bytes = p.k_stride_tok * Cfg::KVB, v_tok_bytes = p.v_stride_tok * Cfg::KVB;
-  auto issue = [&](int stage, int tile) {
+  // EDGE (std::true_type: the first tile of a split, issued in the prologue): keys left of draft row
+  // 0's window (kv_begin rounds lo down to a tile) are zero-filled too.  They are masked in S, but
+  // 0 * NaN is NaN in P V (semantics.md rule 2); the main loop's copies never need the test.
+  auto issue = [&](int stage, int tile, auto edge) {
     if constexpr (DIAG == 2) return;
+    constexpr bool EDGE = decltype(edge)::value;
     const int tok0 = kv_begin + tile * TILE + ld_r0;
     const uint32_t ks = smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
@@ -374,7 +378,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 #pragma unroll
       for (int k = 0; k < RPT; ++k) {
         const int r = ld_r0 + k;
-        const bool valid = tok0 + k < seq_len;
+        const bool valid = tok0 + k < seq_len && (!EDGE || tok0 + k >= lo);
         const uint32_t off = r * RB + (swz<C>(r, ld_c) << 4);
         cp_async16<Cfg::L2PF>(ks + off, ksrc + k * k_tok_bytes, valid);
         cp_async16<Cfg::L2PF>(vs + off, vsrc + k * v_tok_bytes, valid);
@@ -385,7 +389,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     for (int k = 0; k < RPT; ++k) {
       const int r = ld_r0 + k;
       const int tok = tok0 + k;
-      const bool valid = tok < seq_len;
+      const bool valid = tok < seq_len && (!EDGE || tok >= lo);
       const int64_t slot = tok & ps_mask;
       const int64_t page = pg[k];
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
@@ -428,7 +432,11 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   // ---- pipeline prologue
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < my_tiles) { fetch_pages(t_first + i); issue(i, t_first + i); }
+    if (i < my_tiles) {
+      fetch_pages(t_first + i);
+      if (i == 0) issue(i, t_first + i, std::true_type{});
+      else issue(i, t_first + i, std::false_type{});
+    }
     cp_async_commit();
   }
   if (STAGES - 1 < my_tiles) fetch_pages(t_first + STAGES - 1);
@@ -442,7 +450,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     {
       const int ni = it + STAGES - 1;
       if (ni < my_tiles) {
-        issue(ni % STAGES, t_first + ni);
+        issue(ni % STAGES, t_first + ni, std::false_type{});
         if (ni + 1 < my_tiles) fetch_pages(t_first + ni + 1);
       }
       cp_async_commit();
@@ -751,14 +759,16 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         const float4 x = *reinterpret_cast<const float4*>(sm_red + (w * ROWS + r) * Cfg::RED_PITCH + d4 * 4);
         acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
       }
+      // L == 0: no key (0, -inf); a NaN query row has NaN L (its m stays -inf, fmaxf drops NaN),
+      // and NaN != 0 carries it to the output and LSE (semantics.md rule 3)
       float f = 0.f;
-      if (L > 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
+      if (L != 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
       store_out(r, d4, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
     }
     if (p.lse && tid < rows_here) {
       const float* st = sm_stat + tid * (NW + 2);
       const float M = st[NW], L = st[NW + 1];
-      store_lse(tid, L > 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
+      store_lse(tid, L != 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
     }
     return;
   }
@@ -776,12 +786,12 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         const float4 x = *reinterpret_cast<const float4*>(sm_red + (w * ROWS + r) * Cfg::RED_PITCH + d4 * 4);
         acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
       }
-      const float f = L > 0.f ? 1.f / L : 0.f;
+      const float f = L != 0.f ? 1.f / L : 0.f;
       __stcg(reinterpret_cast<float4*>(po + r * D + d4 * 4), make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
     }
     if (tid < rows_here) {
       const float M = sm_stat[tid * (NW + 2) + NW], L = sm_stat[tid * (NW + 2) + NW + 1];
-      __stcg(pl + tid, L > 0.f ? M + __log2f(L) : -INFINITY);
+      __stcg(pl + tid, L != 0.f ? M + __log2f(L) : -INFINITY);
     }
   }
   __threadfence();
@@ -825,7 +835,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     const int r = i / D4, d4 = i % D4;
     const float M = sm_stat[r * (NW + 2) + NW], L = sm_stat[r * (NW + 2) + NW + 1];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (L > 0.f) {
+    if (L != 0.f) {  // a NaN partial LSE (NaN query row) gives NaN weights, L and output
       const float* src = pob + r * D + d4 * 4;
       int s_ = 0;
       for (; s_ + 8 <= S; s_ += 8) {
@@ -845,12 +855,12 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       }
     }
     float f = 0.f;
-    if (L > 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
+    if (L != 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
     store_out(r, d4, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
   }
   if (p.lse && tid < rows_here) {
     const float M = sm_stat[tid * (NW + 2) + NW], L = sm_stat[tid * (NW + 2) + NW + 1];
-    store_lse(tid, L > 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
+    store_lse(tid, L != 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
   }
 }
 
