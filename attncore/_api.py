@@ -8,12 +8,12 @@ accepted (semantics.md, "Bad input").
 from __future__ import annotations
 
 import logging
-import math
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from . import params as _params
 from . import selector
 from .backend import AttnParams, Backend, BatchMeta, RunArgs
 from .problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
@@ -111,46 +111,15 @@ def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
                          f"num_qo_heads must be a multiple of num_kv_heads")
 
 
-def check_window(window_left) -> int:
-    if not isinstance(window_left, int) or isinstance(window_left, bool) or window_left < -1:
-        raise ValueError(f"window_left: got {window_left!r}, expected -1 (off) or an int >= 0")
-    return window_left
-
-
-def soft_cap_value(logits_soft_cap) -> float:
-    if logits_soft_cap is None:
-        return 0.0
-    v = float(logits_soft_cap)
-    if v < 0 or math.isnan(v):
-        raise ValueError(f"logits_soft_cap: got {logits_soft_cap!r}, expected None, 0 (off) or > 0")
-    return v
-
-
-def scale_value(name: str, value, default: float = 1.0) -> float:
-    """A scalar scale as float (a 1-element tensor is read once on the host)."""
-    if value is None:
-        return default
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name}: got a tensor of shape {list(value.shape)}, expected a float or a 1-element tensor")
-        value = value.item()
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name}: got {value!r}, expected a finite number")
-    return v
-
-
-def make_params(*, head_dim: int, sm_scale, causal: bool, logits_soft_cap, window_left: int,
+def make_params(*, head_dim: int, sm_scale, causal: bool, logits_soft_cap, window_left,
                 pos_encoding_mode: str, rope_scale, rope_theta) -> AttnParams:
+    """The plan-time scalars, each checked by its rule in ``attncore.params``."""
     check_choice("pos_encoding_mode", pos_encoding_mode, POS_ENCODINGS)
-    check_window(window_left)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(head_dim)
     return AttnParams(
-        sm_scale=float(sm_scale), causal=bool(causal), logits_soft_cap=soft_cap_value(logits_soft_cap),
-        window_left=window_left, pos_encoding_mode=pos_encoding_mode,
-        rope_scale=1.0 if rope_scale is None else float(rope_scale),
-        rope_theta=1e4 if rope_theta is None else float(rope_theta),
+        sm_scale=_params.sm_scale(sm_scale, head_dim), causal=bool(causal),
+        logits_soft_cap=_params.logits_soft_cap(logits_soft_cap), window_left=_params.window_left(window_left),
+        pos_encoding_mode=pos_encoding_mode, rope_scale=_params.rope("rope_scale", rope_scale),
+        rope_theta=_params.rope("rope_theta", rope_theta),
     )
 
 
@@ -293,6 +262,20 @@ def reject_extra(name: str, args: tuple) -> None:
     if args:
         raise TypeError(f"{name}: got {len(args)} unexpected extra positional argument(s); "
                         f"pass options by keyword")
+
+
+def settled_positional(where: str, args: tuple, after: str, settled: Sequence[str], keyword: Sequence[str]
+                       ) -> Dict[str, object]:
+    """Map the positional ``args`` given after parameter ``after`` onto ``settled``, the names whose
+    position attncore shares with FlashInfer 0.2.14; one more raises a ``TypeError`` naming the
+    ``keyword`` parameters that must be passed by keyword (docs/semantics.md, "Parameters": a
+    positional argument is never read as another parameter)."""
+    if len(args) > len(settled):
+        n = f"{len(args)} positional argument{'s' * (len(args) != 1)}"
+        read = f"only {', '.join(settled)} may follow it" if settled else "nothing may follow it"
+        raise TypeError(f"{where}: got {n} after {after}, but {read} by position (FlashInfer releases order "
+                        f"the rest differently); pass {', '.join(keyword)} by keyword")
+    return dict(zip(settled, args))
 
 
 # ----------------------------------------------------------------------------- batches

@@ -7,19 +7,24 @@ themselves, unless xqa's ``mask`` says otherwise.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
 from . import _api
+from . import params as _params
 from .backend import BatchMeta, RunArgs
 from .prefill import _BatchWrapper, single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
 
-_PLAN_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
-                    "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
-                    "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+# plan()'s options after page_size that sit at the same position in FlashInfer 0.2.14 and in the other
+# releases attncore follows; 0.2.14 continues with data_type, sm_scale, rope_scale, rope_theta while
+# others put o_data_type first, so everything after kv_data_type is keyword-only (a later issue settles
+# the signatures).
+_PLAN_SETTLED = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type")
+_PLAN_KEYWORD = ("o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                 "fixed_split_size", "disable_split_kv", "q_len_per_req")
 
 
 def single_decode_with_kv_cache(
@@ -73,26 +78,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
              disable_split_kv: bool = False, q_len_per_req: int = 1) -> None:
         """Plan a decode batch: ``indptr [B+1]``, ``indices``, ``last_page_len [B]`` (int32).
         ``q_len_per_req`` rows per request (speculative decoding)."""
-        if args:  # FlashInfer's legacy positional options after page_size
-            if len(args) > len(_PLAN_POSITIONAL):
-                _api.reject_extra("plan", args[len(_PLAN_POSITIONAL):])
-            loc = dict(zip(_PLAN_POSITIONAL, args))
+        if args:  # FlashInfer's positional options after page_size, as far as the releases agree
+            loc = _api.settled_positional("BatchDecodeWithPagedKVCacheWrapper.plan", args, "page_size",
+                                          _PLAN_SETTLED, _PLAN_KEYWORD)
             pos_encoding_mode = loc.get("pos_encoding_mode", pos_encoding_mode)
             window_left = loc.get("window_left", window_left)
             logits_soft_cap = loc.get("logits_soft_cap", logits_soft_cap)
             q_data_type = loc.get("q_data_type", q_data_type)
             kv_data_type = loc.get("kv_data_type", kv_data_type)
-            o_data_type = loc.get("o_data_type", o_data_type)
-            data_type = loc.get("data_type", data_type)
-            sm_scale = loc.get("sm_scale", sm_scale)
-            rope_scale = loc.get("rope_scale", rope_scale)
-            rope_theta = loc.get("rope_theta", rope_theta)
-            non_blocking = loc.get("non_blocking", non_blocking)
-            block_tables = loc.get("block_tables", block_tables)
-            seq_lens = loc.get("seq_lens", seq_lens)
-            fixed_split_size = loc.get("fixed_split_size", fixed_split_size)
-            disable_split_kv = loc.get("disable_split_kv", disable_split_kv)
-            q_len_per_req = loc.get("q_len_per_req", q_len_per_req)
         if block_tables is not None or seq_lens is not None:
             raise ValueError("block_tables/seq_lens: attncore's plan() takes the page table as indptr/indices/"
                              "last_page_len; convert with attncore.page.block_tables_to_indptr")
@@ -133,13 +126,36 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         if args:
             _api.reject_extra("run", args)
         planned = self._require_plan()
-        if window_left is not None and window_left != planned.meta.params.window_left:
+        if window_left is not None and _params.window_left(window_left) != planned.meta.params.window_left:
             raise ValueError(f"window_left: got {window_left} in run(), but plan() used "
                              f"{planned.meta.params.window_left}; plan again to change it")
         self._check_q(q)
         k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
+
+
+def _check_seq_lens(seq_lens: Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
+    """xqa's seq_lens as host ints, each within ``[q_len_per_req, max_seq_len]`` (one read of the tensor:
+    a device-to-host copy when it lives on a device)."""
+    host = seq_lens.cpu().to(torch.int64).tolist()
+    for i, n in enumerate(host):
+        if not q_len <= n <= max_seq_len:
+            raise ValueError(
+                f"seq_lens: got seq_lens[{i}] = {n} (request {i}), expected q_len_per_req ({q_len}) <= seq_len <= "
+                f"max_seq_len ({max_seq_len}); each block_tables row holds {pages * page_size} tokens "
+                f"({pages} pages of {page_size})")
+    return host
+
+
+class _XqaBatch(BatchMeta):
+    """xqa's batch: ``seq_lens`` are checked where a backend first reads them on the host."""
+
+    def host_kv_lens(self) -> List[int]:
+        if self.kv_lens_host is None:
+            self.kv_lens_host = _check_seq_lens(self.seq_lens, self.q_len_per_req, self.max_seq_len,
+                                                self.block_tables.shape[1], self.page_size)
+        return self.kv_lens_host
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -190,11 +206,21 @@ def xqa_batch_decode_with_kv_cache(
     if block_tables.shape[1] * page_size < max_seq_len:
         raise ValueError(f"block_tables: {block_tables.shape[1]} pages of {page_size} tokens cannot hold "
                          f"max_seq_len {max_seq_len}")
+    # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
+    # checked without adding a device sync to this latency-critical call (often CUDA-graph captured):
+    # on the CPU they are read here (no copy; backends then reuse the host list), on a device they are
+    # checked by _XqaBatch.host_kv_lens() when a backend reads them on the host anyway (that one
+    # device-to-host copy, e.g. the reference backend's). The triton and xqa kernels read seq_lens on the
+    # device only (planned for max_seq_len): device seq_lens reaching them are not checked, as a check
+    # there would cost one sync per call.
+    seq_host = _check_seq_lens(seq_lens, q_len, max_seq_len, block_tables.shape[1], page_size) \
+        if seq_lens.device.type == "cpu" else None
     if mask is not None:
         words = ((q_len + 31) // 32) * 2
         _api.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,
                           what="([batch_size, q_len_per_req, ceil(q_len/32)*2] uint16)")
-    sm_scale = _api.scale_value("bmm1_scale", bmm1_scale)
+    # bmm1_scale is the whole QK scale (1/sqrt(D) included): a float or a 1-element tensor (params.scale)
+    sm_scale = _params.scale("bmm1_scale", bmm1_scale)
     params = _api.make_params(head_dim=d, sm_scale=sm_scale, causal=True, logits_soft_cap=None,
                               window_left=window_left, pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
     out_dtype = query.dtype
@@ -203,12 +229,13 @@ def xqa_batch_decode_with_kv_cache(
                           dtype=(query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     qo_host = [i * q_len for i in range(b + 1)]
-    meta = BatchMeta(batch_size=b, qo_indptr=_api.small_index(qo_host, device),
+    meta = _XqaBatch(batch_size=b, qo_indptr=_api.small_index(qo_host, device),
                      qo_indptr_host=qo_host, block_tables=block_tables, seq_lens=seq_lens,
-                     kv_lens=seq_lens.to(torch.int32), max_seq_len=max_seq_len, page_size=page_size,
-                     params=params, q_len_per_req=q_len, device=device, workspace=workspace_buffer)
+                     kv_lens=seq_lens.to(torch.int32), kv_lens_host=seq_host, max_seq_len=max_seq_len,
+                     page_size=page_size, params=params, q_len_per_req=q_len, device=device,
+                     workspace=workspace_buffer)
     sinks = _api.check_sinks(sinks, hq, device)
-    v_scale, o_scale = _api.scale_value("bmm2_scale", bmm2_scale), _api.scale_value("o_scale", o_scale)
+    v_scale, o_scale = _params.scale("bmm2_scale", bmm2_scale), _params.scale("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
     problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _api
+from . import params as _params
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _single_prefill
 
@@ -79,9 +80,19 @@ class PODWithPagedKVCacheWrapper:
         if custom_mask_d is not None or packed_custom_mask_d is not None:
             raise ValueError("custom_mask_d: the decode side takes no custom mask (each decode row sees its "
                              "whole request, within the planned window)")
+        # every scalar is checked by its rule (attncore.params) under the name it was given; the prefill
+        # side's are checked again, under their plain names, by the single prefill
+        sm_scale_p = _params.sm_scale(sm_scale_p, None, "sm_scale_p")
+        window_left_p = _params.window_left(window_left_p, "window_left_p")
+        rope_scale_p = _params.rope("rope_scale_p", rope_scale_p, fill=False)
+        rope_theta_p = _params.rope("rope_theta_p", rope_theta_p, fill=False)
+        sm_scale_d = _params.sm_scale(sm_scale_d, None, "sm_scale_d")
+        window_left_d = None if window_left_d is None else _params.window_left(window_left_d, "window_left_d")
+        rope_scale_d = _params.rope("rope_scale_d", rope_scale_d, fill=False)
+        rope_theta_d = _params.rope("rope_theta_d", rope_theta_d, fill=False)
         _same("kv_layout_d", kv_layout_d, self._kv_layout)
         _same("pos_encoding_mode_d", pos_encoding_mode_d, params.pos_encoding_mode)
-        _same("sm_scale_d", None if sm_scale_d is None else float(sm_scale_d), params.sm_scale)
+        _same("sm_scale_d", sm_scale_d, params.sm_scale)
         _same("window_left_d", window_left_d, params.window_left)
         if params.pos_encoding_mode == "ROPE_LLAMA":
             _same("rope_scale_d", rope_scale_d, params.rope_scale)

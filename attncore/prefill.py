@@ -1,6 +1,8 @@
 """Prefill / append attention: single request and batches (paged or ragged KV).
 
-FlashInfer-compatible signatures (positional order included).  Beyond FlashInfer, every entry
+FlashInfer-compatible signatures.  The wrappers' plan() options after the head sizes are keyword-only
+(FlashInfer releases order them differently: a positional one raises ``TypeError``, it is never read
+as another parameter).  Beyond FlashInfer, every entry
 point takes ``backend=`` ("auto" or a backend name) and keyword-only ``sinks``, ``q_scale``,
 ``k_scale``, ``v_scale``, ``out`` and ``lse``; the chosen backend is visible as ``.backend``
 (wrappers) or through ``attncore.explain``.
@@ -13,6 +15,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import _api
+from . import params as _params
 from .backend import BatchMeta, RunArgs
 
 Tensor = torch.Tensor
@@ -55,7 +58,7 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
         meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = _api.pack_batch_mask(
             custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
     sinks = _api.check_sinks(sinks, hq, device)
-    scales = [_api.scale_value(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
+    scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
     problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
                                  num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind, params=params,
@@ -231,8 +234,8 @@ class _BatchWrapper:
         lse_t = _api.alloc_lse(lse, rows, p.num_qo_heads, self._device) if return_lse else None
         planned.run(RunArgs(
             q=q, k=k, v=v, out=out, lse=lse_t, sinks=_api.check_sinks(sinks, p.num_qo_heads, self._device),
-            q_scale=_api.scale_value("q_scale", q_scale), k_scale=_api.scale_value("k_scale", k_scale),
-            v_scale=_api.scale_value("v_scale", v_scale)))
+            q_scale=_params.scale("q_scale", q_scale), k_scale=_params.scale("k_scale", k_scale),
+            v_scale=_params.scale("v_scale", v_scale)))
         return (out, lse_t) if return_lse else out
 
     # FlashInfer's legacy names
@@ -263,6 +266,13 @@ def _mask_setup(wrapper, meta, qo_host, custom_mask, packed_custom_mask, causal)
     return "custom"
 
 
+# What follows the head sizes in the prefill plan()s: keyword-only (FlashInfer 0.2.14 inserts head_dim_vo
+# first, older releases do not, so no position is shared).
+_PREFILL_PLAN_KEYWORDS = ("custom_mask", "packed_custom_mask", "causal", "pos_encoding_mode", "sm_scale",
+                          "window_left", "logits_soft_cap", "rope_scale", "rope_theta", "q_data_type",
+                          "kv_data_type", "...")
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
     """Batch prefill/append attention over a paged KV cache (FlashInfer-compatible)."""
 
@@ -279,13 +289,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
 
     def plan(self, qo_indptr: Tensor, paged_kv_indptr: Tensor, paged_kv_indices: Tensor,
              paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-             custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None, causal: bool = False,
-             pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
-             window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
-             rope_theta: Optional[float] = None, q_data_type="float16", kv_data_type=None,
-             non_blocking: bool = False, *, o_data_type=None) -> None:
+             *args, custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None,
+             causal: bool = False, pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False,
+             sm_scale: Optional[float] = None, window_left: int = -1, logits_soft_cap: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type="float16",
+             kv_data_type=None, non_blocking: bool = False, o_data_type=None) -> None:
         """Plan a batch over a paged cache.  See FlashInfer's documentation; index tensors are int32
-        (host or device), ``1 <= last_page_len <= page_size`` (0 only for an empty request)."""
+        (host or device), ``1 <= last_page_len <= page_size`` (0 only for an empty request).
+
+        Everything after ``page_size`` is keyword-only (a positional one raises ``TypeError``):
+        FlashInfer 0.2.14 puts ``head_dim_vo`` there, other releases ``custom_mask``."""
+        _api.settled_positional("BatchPrefillWithPagedKVCacheWrapper.plan", args, "page_size", (),
+                                _PREFILL_PLAN_KEYWORDS)
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
@@ -332,13 +347,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("qk_indptr_buf", qk_indptr_buf)))
 
     def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-             custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None, causal: bool = False,
-             pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False, window_left: int = -1,
-             logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+             *args, custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None,
+             causal: bool = False, pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False,
+             window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
              rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type="float16",
-             kv_data_type=None, *, o_data_type=None, non_blocking: bool = False) -> None:
+             kv_data_type=None, o_data_type=None, non_blocking: bool = False) -> None:
         """Plan a ragged batch: request i has q rows ``qo_indptr[i]:qo_indptr[i+1]`` and keys
-        ``kv_indptr[i]:kv_indptr[i+1]`` (int32 indptrs)."""
+        ``kv_indptr[i]:kv_indptr[i+1]`` (int32 indptrs).
+
+        Everything after ``head_dim`` is keyword-only (a positional one raises ``TypeError``):
+        FlashInfer 0.2.14 puts ``head_dim_vo`` there, other releases ``custom_mask``."""
+        _api.settled_positional("BatchPrefillWithRaggedKVCacheWrapper.plan", args, "head_dim", (),
+                                _PREFILL_PLAN_KEYWORDS)
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         has_mask = custom_mask is not None or packed_custom_mask is not None
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, causal=causal and not has_mask,

@@ -175,3 +175,277 @@ def test_pod_decode_args_conflicting_with_plan_raise():
             w.run(qp, kp, kp, qd, cache, **kw)
     # matching values are accepted
     w.run(qp, kp, kp, qd, cache, sm_scale_d=0.125, window_left_d=-1, pos_encoding_mode_d="NONE")
+
+
+# ----------------------------------------------------------------------------- xqa seq_lens (issue 13)
+def _xqa_case():
+    """Two requests, block tables of 3 pages of 4 tokens (room for 12 each)."""
+    q = torch.randn(2, 4, 64).half()
+    cache = torch.randn(6, 2, 4, 2, 64).half()
+    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    return q, cache, torch.zeros(8, dtype=torch.uint8), bt
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "auto"])
+def test_xqa_seq_len_past_max_seq_len_raises(backend):
+    """Reproduction: seq_lens [13, 5] with max_seq_len 9 and room for 12 tokens used to attend over
+    what fits."""
+    q, cache, ws, bt = _xqa_case()
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 13 \(request 0\), expected q_len_per_req "
+                                         r"\(1\) <= seq_len <= max_seq_len \(9\); each block_tables row holds 12 "
+                                         r"tokens \(3 pages of 4\)"):
+        attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([13, 5], dtype=torch.int32), 9,
+                                                backend=backend)
+
+
+def test_xqa_seq_lens_range():
+    q, cache, ws, bt = _xqa_case()
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[1\] = 10 \(request 1\), expected q_len_per_req "
+                                         r"\(1\) <= seq_len <= max_seq_len \(9\)"):
+        attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([9, 10], dtype=torch.uint32), 9)
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[1\] = -2 \(request 1\), expected q_len_per_req "
+                                         r"\(1\) <= seq_len"):
+        attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([3, -2], dtype=torch.int32), 9)
+    q2 = torch.randn(4, 4, 64).half()
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 1 \(request 0\), expected q_len_per_req "
+                                         r"\(2\) <= seq_len <= max_seq_len \(12\)"):
+        attncore.xqa_batch_decode_with_kv_cache(q2, cache, ws, bt, torch.tensor([1, 5], dtype=torch.int32), 12,
+                                                q_len_per_req=2)
+    # the bounds themselves are accepted
+    attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([1, 9], dtype=torch.int32), 9)
+
+
+def test_xqa_seq_lens_checked_where_read_on_the_host():
+    """Device seq_lens are checked when a backend first reads them on the host (no extra sync)."""
+    from attncore.decode import _XqaBatch
+
+    bt = torch.zeros(2, 3, dtype=torch.int32)
+    meta = _XqaBatch(batch_size=2, qo_indptr=torch.tensor([0, 1, 2], dtype=torch.int32), qo_indptr_host=[0, 1, 2],
+                     block_tables=bt, seq_lens=torch.tensor([13, 5], dtype=torch.int32), max_seq_len=9,
+                     page_size=4)
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 13 \(request 0\)"):
+        meta.host_kv_lens()
+    meta.seq_lens = torch.tensor([9, 5], dtype=torch.int32)
+    assert meta.host_kv_lens() == [9, 5]
+
+
+# ----------------------------------------------------------------------------- scalar parameters (issue 13)
+_K = torch.randn(5, 2, 64).half()
+
+
+def _single_prefill(**kw):
+    attncore.single_prefill_with_kv_cache(torch.randn(3, 4, 64).half(), _K, _K, **kw)
+
+
+def _single_decode(**kw):
+    attncore.single_decode_with_kv_cache(torch.randn(4, 64).half(), _K, _K, **kw)
+
+
+def _paged_plan(**kw):
+    _plan_paged(_paged_wrapper(), **kw)
+
+
+def _ragged_plan(**kw):
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16))
+    w.plan(torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32), 4, 2, 64, **kw)
+
+
+def _decode_table():
+    return torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32), \
+        torch.tensor([3], dtype=torch.int32)
+
+
+def _decode_plan(**kw):
+    attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16)).plan(*_decode_table(), 4, 2, 64, 16, **kw)
+
+
+def _pod_plan(**kw):
+    attncore.PODWithPagedKVCacheWrapper(torch.empty(16)).plan(*_decode_table(), 4, 2, 64, 16, **kw)
+
+
+def _batch_pod_plan(**kw):
+    qo_p, qo_d = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(16)).plan(qo_p, *_decode_table(), qo_d, *_decode_table(),
+                                                                   4, 2, 64, 16, **kw)
+
+
+_PLANS = {"single_prefill": _single_prefill, "single_decode": _single_decode, "paged_plan": _paged_plan,
+          "ragged_plan": _ragged_plan, "decode_plan": _decode_plan, "pod_plan": _pod_plan,
+          "batch_pod_plan": _batch_pod_plan}
+_NO_CAP = {"pod_plan", "batch_pod_plan"}  # POD takes no soft cap
+
+_NAN, _INF = float("nan"), float("inf")
+_BAD = [
+    ("sm_scale", _NAN, r"sm_scale: got nan, expected None \(1/sqrt\(head_dim\)\) or a finite number > 0"),
+    ("sm_scale", 0.0, r"sm_scale: got 0.0, expected None \(1/sqrt\(head_dim\)\) or a finite number > 0"),
+    ("sm_scale", -0.5, r"sm_scale: got -0.5, expected"),
+    ("sm_scale", _INF, r"sm_scale: got inf, expected"),
+    ("logits_soft_cap", -1.0, r"logits_soft_cap: got -1.0, expected None, 0 or inf \(no cap\), or a finite number > 0"),
+    ("logits_soft_cap", _NAN, r"logits_soft_cap: got nan, expected None, 0 or inf \(no cap\)"),
+    ("logits_soft_cap", -_INF, r"logits_soft_cap: got -inf, expected"),
+    ("rope_scale", 0.0, r"rope_scale: got 0.0, expected None \(1\) or a finite number > 0"),
+    ("rope_scale", _NAN, r"rope_scale: got nan, expected None \(1\) or a finite number > 0"),
+    ("rope_theta", -1e4, r"rope_theta: got -10000.0, expected None \(10000\) or a finite number > 0"),
+    ("rope_theta", _INF, r"rope_theta: got inf, expected None \(10000\)"),
+    ("window_left", -2, r"window_left: got -2, expected -1 \(off\) or an int >= 0"),
+    ("window_left", 2.5, r"window_left: got 2.5, expected -1 \(off\) or an int >= 0"),
+]
+
+
+@pytest.mark.parametrize("entry, name, value, pat", [
+    (e, n, v, p) for e in _PLANS for n, v, p in _BAD if not (n == "logits_soft_cap" and e in _NO_CAP)],
+    ids=[f"{e}-{n}={v}" for e in _PLANS for n, v, _ in _BAD if not (n == "logits_soft_cap" and e in _NO_CAP)])
+def test_scalar_parameters_are_checked_at_every_entry_point(entry, name, value, pat):
+    with pytest.raises(ValueError, match=pat):
+        _PLANS[entry](**{name: value})
+
+
+_BAD_SCALES = [
+    (_NAN, ValueError, r"{}: got nan, expected None or a finite number > 0"),
+    (0.0, ValueError, r"{}: got 0.0, expected None or a finite number > 0"),
+    (-2.0, ValueError, r"{}: got -2.0, expected None or a finite number > 0"),
+    (torch.tensor([_INF]), ValueError, r"{}: got inf, expected None or a finite number > 0"),
+    (torch.ones(2), ValueError, r"{}: got a tensor of shape \[2\], expected a float or a 1-element tensor"),
+    (torch.ones(1, dtype=torch.int32), TypeError, r"{}: got a tensor of dtype int32, expected a float or a "
+                                                  r"1-element float32/float16/bfloat16/float64 tensor"),
+]
+
+
+@pytest.mark.parametrize("value, exc, pat", _BAD_SCALES, ids=lambda x: None)
+def test_scales_are_checked(value, exc, pat):
+    q, k = torch.randn(3, 4, 64).half(), torch.randn(5, 2, 64).half()
+    for name in ("q_scale", "k_scale", "v_scale"):
+        with pytest.raises(exc, match=pat.format(name)):
+            attncore.single_prefill_with_kv_cache(q, k, k, **{name: value})
+        with pytest.raises(exc, match=pat.format(name)):
+            attncore.single_decode_with_kv_cache(q[0], k, k, **{name: value})
+    w = _paged_wrapper()
+    _plan_paged(w, causal=True)
+    cache = torch.randn(4, 2, 16, 2, 64).half()
+    for name in ("q_scale", "k_scale", "v_scale"):
+        with pytest.raises(exc, match=pat.format(name)):
+            w.run(torch.randn(6, 4, 64).half(), cache, **{name: value})
+    d = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16))
+    d.plan(*_decode_table(), 4, 2, 64, 16)
+    with pytest.raises(exc, match=pat.format("k_scale")):
+        d.run(torch.randn(1, 4, 64).half(), torch.randn(1, 2, 16, 2, 64).half(), k_scale=value)
+    qx, cx, ws, bt = _xqa_case()
+    seq = torch.tensor([5, 9], dtype=torch.int32)
+    for name in ("bmm1_scale", "bmm2_scale", "o_scale"):
+        with pytest.raises(exc, match=pat.format(name)):
+            attncore.xqa_batch_decode_with_kv_cache(qx, cx, ws, bt, seq, 9, **{name: value})
+
+
+def test_xqa_window_left_is_checked():
+    q, cache, ws, bt = _xqa_case()
+    with pytest.raises(ValueError, match=r"window_left: got -5, expected -1 \(off\) or an int >= 0"):
+        attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([5, 9], dtype=torch.int32), 9,
+                                                window_left=-5)
+
+
+def test_pod_run_scalars_are_checked_under_their_names():
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(16))
+    w.plan(*_decode_table(), 4, 2, 64, 16, data_type=torch.float16)
+    qp, kp = torch.randn(3, 4, 64).half(), torch.randn(3, 2, 64).half()
+    qd, cache = torch.randn(1, 4, 64).half(), torch.randn(1, 2, 16, 2, 64).half()
+    for kw, pat in ((dict(sm_scale_p=_NAN), r"sm_scale_p: got nan, expected None \(1/sqrt\(head_dim\)\)"),
+                    (dict(sm_scale_d=_NAN), r"sm_scale_d: got nan, expected None \(1/sqrt\(head_dim\)\)"),
+                    (dict(window_left_p=-4), r"window_left_p: got -4, expected -1 \(off\)"),
+                    (dict(window_left_d=-4), r"window_left_d: got -4, expected -1 \(off\)"),
+                    (dict(rope_theta_p=0.0), r"rope_theta_p: got 0.0, expected None \(10000\)"),
+                    (dict(rope_scale_d=_NAN), r"rope_scale_d: got nan, expected None \(1\)"),
+                    (dict(v_scale=-1.0), r"v_scale: got -1.0, expected None or a finite number > 0")):
+        with pytest.raises(ValueError, match=pat):
+            w.run(qp, kp, kp, qd, cache, **kw)
+
+
+@pytest.fixture
+def with_sdpa():
+    import os
+    import sys
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "attncore-sdpa")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    from attncore import registry
+    from attncore_sdpa import SdpaBackend
+
+    if "sdpa" not in registry.available_backends():
+        registry.register_backend(SdpaBackend(), origin="test")
+        yield
+        registry.unregister_backend("sdpa")
+    else:
+        yield
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "sdpa", "auto"])
+def test_sm_scale_nan_raises_on_every_backend(with_sdpa, backend):
+    """Reproduction: sm_scale=nan gave NaN on reference/triton and finite numbers on sdpa."""
+    q, k = torch.randn(3, 4, 64).half(), torch.randn(5, 2, 64).half()
+    with pytest.raises(ValueError, match=r"sm_scale: got nan, expected None \(1/sqrt\(head_dim\)\) or a finite"):
+        attncore.single_prefill_with_kv_cache(q, k, k, sm_scale=float("nan"), backend=backend)
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16), backend=backend)
+    with pytest.raises(ValueError, match=r"sm_scale: got nan, expected"):
+        w.plan(torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32), 4, 2, 64,
+               sm_scale=float("nan"))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_logits_soft_cap_inf_is_no_cap(backend):
+    """Reproduction: logits_soft_cap=inf computed inf * tanh(x / inf) = NaN everywhere."""
+    from attncore import params
+
+    if backend not in attncore.available_backends():
+        pytest.skip(f"backend {backend} is not available here")
+
+    assert params.logits_soft_cap(float("inf")) == params.logits_soft_cap(0) == params.logits_soft_cap(None) == 0.0
+    q, k, v = torch.randn(3, 4, 64).half(), torch.randn(5, 2, 64).half(), torch.randn(5, 2, 64).half()
+    capped = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, logits_soft_cap=float("inf"),
+                                                   backend=backend)
+    assert torch.equal(capped, attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend))
+    d = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16), backend=backend)
+    cache = torch.randn(1, 2, 16, 2, 64).half()
+    qd = torch.randn(1, 4, 64).half()
+    outs = []
+    for cap in (float("inf"), None):
+        d.plan(*_decode_table(), 4, 2, 64, 16, logits_soft_cap=cap)
+        outs.append(d.run(qd, cache))
+    assert not torch.isnan(outs[0]).any() and torch.equal(outs[0], outs[1])
+
+
+# ----------------------------------------------------------------------------- positional arguments (issue 13)
+def test_flashinfer_0_2_14_positional_decode_plan_raises():
+    """Reproduction: 0.2.14's order after page_size is pos_encoding_mode, window_left, logits_soft_cap,
+    q_data_type, kv_data_type, data_type, sm_scale, rope_scale, rope_theta; attncore read 8.0 as
+    sm_scale and 5e5 as rope_scale."""
+    indptr = torch.tensor([0, 1], dtype=torch.int32)
+    indices = torch.tensor([0], dtype=torch.int32)
+    last = torch.tensor([3], dtype=torch.int32)
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16))
+    with pytest.raises(TypeError, match=r"BatchDecodeWithPagedKVCacheWrapper.plan: got 9 positional arguments "
+                                        r"after page_size, but only pos_encoding_mode, window_left, logits_soft_cap, "
+                                        r"q_data_type, kv_data_type may follow it by position .*; pass o_data_type, "
+                                        r"data_type, sm_scale, rope_scale, rope_theta, .* by keyword"):
+        w.plan(indptr, indices, last, 4, 2, 64, 16, "ROPE_LLAMA", -1, None, "float32", None, None, None, 8.0, 5e5)
+    with pytest.raises(TypeError, match=r"got 6 positional arguments after page_size"):
+        w.plan(indptr, indices, last, 4, 2, 64, 16, "NONE", -1, None, "float16", "float16", "float16")
+    # up to kv_data_type, positions are read as both orders agree
+    w.plan(indptr, indices, last, 4, 2, 64, 16, "ROPE_LLAMA", 7, 30.0, "float32", "float32")
+    p = w._planned.meta.params
+    assert (p.pos_encoding_mode, p.window_left, p.logits_soft_cap) == ("ROPE_LLAMA", 7, 30.0)
+    assert w.problem.q_dtype == w.problem.kv_dtype == torch.float32
+
+
+def test_prefill_plans_take_options_by_keyword_only():
+    """FlashInfer 0.2.14 puts head_dim_vo right after the head sizes, other releases custom_mask."""
+    w = _paged_wrapper()
+    qo, indptr = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    idx, last = torch.tensor([0], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"BatchPrefillWithPagedKVCacheWrapper.plan: got 4 positional arguments after "
+                                        r"page_size, but nothing may follow it by position .*; pass custom_mask, "
+                                        r"packed_custom_mask, causal, .* by keyword"):
+        w.plan(qo, indptr, idx, last, 4, 2, 64, 16, 64, None, None, True)
+    r = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16))
+    with pytest.raises(TypeError, match=r"BatchPrefillWithRaggedKVCacheWrapper.plan: got 1 positional argument after "
+                                        r"head_dim, but nothing may follow it by position"):
+        r.plan(qo, torch.tensor([0, 5], dtype=torch.int32), 4, 2, 64, None)

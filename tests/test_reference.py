@@ -192,3 +192,104 @@ def test_spec_mask_packing_round_trips():
             rows = spec_mask_rows(words, i, q_len, q_len + 5)
             assert rows[:, :5].all() and torch.equal(rows[:, 5:], bits[i])
             assert torch.equal(_dense_spec_rows(words[i], q_len, q_len + 5), rows)
+
+
+# ----------------------------------------------------------------------------- non-finite inputs (docs/semantics.md)
+NAN = float("nan")
+
+
+def _nan_rows_only(out, lse, clean_out, clean_lse, nan_rows):
+    """Rows in ``nan_rows`` are NaN (out and LSE, every head), every other row equals the clean run."""
+    others = [i for i in range(out.shape[0]) if i not in nan_rows]
+    assert torch.isnan(out[nan_rows]).all() and torch.isnan(lse[nan_rows]).all()
+    assert torch.equal(out[others], clean_out[others]) and torch.equal(lse[others], clean_lse[others])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("chunk", [1024, 3])
+def test_nan_left_of_the_window_and_nan_query_rows(monkeypatch, causal, chunk):
+    """Keys left of every row's window never matter, even NaN (they are zeroed, not only masked: 0 * NaN
+    is NaN); a NaN query row gives NaN out and LSE and touches no other row, also across KV chunks
+    (the NaN survives the running max and the rescaling)."""
+    monkeypatch.setattr(core, "KV_CHUNK", chunk)
+    q, k, v = _rand(6, 4, 16), _rand(20, 2, 16), _rand(20, 2, 16)
+    clean = attncore.single_prefill_with_kv_cache(q, k, v, causal=causal, window_left=4, return_lse=True,
+                                                  backend="reference")
+    # row 0 sits at position 14: with a window of 4 no row sees keys 0..9
+    kn, vn = k.clone(), v.clone()
+    kn[:10], vn[:10] = NAN, NAN
+    out, lse = attncore.single_prefill_with_kv_cache(q, kn, vn, causal=causal, window_left=4, return_lse=True,
+                                                     backend="reference")
+    assert torch.equal(out, clean[0]) and torch.equal(lse, clean[1])
+    qn = q.clone()
+    qn[0], qn[5] = NAN, NAN  # row 5 sees keys 15..19 only: chunks [15, 18) and [18, 20) with chunk 3
+    out, lse = attncore.single_prefill_with_kv_cache(qn, kn, vn, causal=causal, window_left=4, return_lse=True,
+                                                     backend="reference")
+    _nan_rows_only(out, lse, clean[0], clean[1], [0, 5])
+
+
+def test_nan_query_in_one_head_stays_in_that_head():
+    q, k, v = _rand(3, 4, 16), _rand(7, 2, 16), _rand(7, 2, 16)
+    clean, clean_lse = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True,
+                                                             backend="reference")
+    q[1, 2, 5] = NAN
+    out, lse = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True, backend="reference")
+    bad = torch.zeros(3, 4, dtype=torch.bool)
+    bad[1, 2] = True
+    assert torch.isnan(out[bad]).all() and torch.isnan(lse[bad]).all()
+    assert torch.equal(out[~bad], clean[~bad]) and torch.equal(lse[~bad], clean_lse[~bad])
+
+
+def test_nan_query_row_that_sees_no_key_gives_zero_and_minus_inf():
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8), backend="reference")
+    w.plan(torch.tensor([0, 2, 7], dtype=torch.int32), torch.tensor([0, 0, 2], dtype=torch.int32), 2, 1, 16,
+           causal=True)
+    q, k, v = _rand(7, 2, 16), _rand(2, 1, 16), _rand(2, 1, 16)
+    q[0] = NAN  # request 0 has no keys
+    q[3] = NAN  # request 1: qo 5 > kv 2, its rows 0..2 see no key
+    q[6] = NAN  # request 1's last row sees both keys
+    out, lse = w.run(q, k, v, return_lse=True)
+    for r in (0, 3):
+        assert torch.all(out[r] == 0) and torch.isneginf(lse[r]).all()
+    assert torch.isnan(out[6]).all() and torch.isnan(lse[6]).all()
+    assert not torch.isnan(out[:6]).any() and not torch.isnan(lse[:6]).any()
+
+
+def test_nan_outside_the_kv_range_and_left_of_the_window_in_paged_caches():
+    """Slots past kv_len, pages outside the page table and keys left of the window (decode: all but
+    the last window_left + 1) never matter: batch prefill, batch decode and xqa."""
+    page, hkv, d = 4, 2, 16
+    cache = _rand(8, 2, page, hkv, d)
+    # request 0: pages 1, 2, 3 (kv 10: page 3 holds 2 tokens); request 1: pages 5, 6 (kv 7)
+    indptr = torch.tensor([0, 3, 5], dtype=torch.int32)
+    indices = torch.tensor([1, 2, 3, 5, 6], dtype=torch.int32)
+    last = torch.tensor([2, 3], dtype=torch.int32)
+    poisoned = cache.clone()
+    poisoned[[0, 4, 7]] = NAN  # pages in no page table
+    poisoned[3, :, 2:] = NAN  # past request 0's kv_len
+    poisoned[6, :, 3:] = NAN  # past request 1's kv_len
+    poisoned[1] = NAN  # request 0's keys 0..3: left of every row's window below
+    poisoned[5, :, :2] = NAN  # request 1's keys 0..1
+
+    def prefill(c):
+        w = attncore.BatchPrefillWithPagedKVCacheWrapper(torch.empty(8), backend="reference")
+        w.plan(torch.tensor([0, 3, 5], dtype=torch.int32), indptr, indices, last, 4, hkv, d, page, causal=True,
+               window_left=2)  # request 0: first row at position 7 sees 5..7; request 1: row 0 at 5 sees 3..5
+        return w.run(torch.ones(5, 4, d).half(), c, return_lse=True)
+
+    def decode(c):
+        w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8), backend="reference")
+        w.plan(indptr, indices, last, 4, hkv, d, page, window_left=3, q_data_type=DT)
+        return w.run(torch.ones(2, 4, d).half(), c, return_lse=True)
+
+    def xqa(c):
+        bt = torch.tensor([[1, 2, 3], [5, 6, 0]], dtype=torch.int32)  # request 1's third entry is unused
+        return attncore.xqa_batch_decode_with_kv_cache(torch.ones(2, 4, d).half(), c, torch.zeros(8, dtype=torch.uint8),
+                                                       bt, torch.tensor([10, 7], dtype=torch.int32), 10,
+                                                       window_left=3, backend="reference"), None
+
+    for fn in (prefill, decode, xqa):
+        (out, lse), (clean, clean_lse) = fn(poisoned), fn(cache)
+        assert not torch.isnan(out).any(), fn.__name__
+        assert torch.equal(out, clean), fn.__name__
+        assert lse is None or torch.equal(lse, clean_lse)

@@ -103,6 +103,40 @@ def test_batch_ragged_qo_longer_than_kv(sdpa):
     assert torch.isfinite(lse[2:4]).all()
 
 
+@pytest.mark.parametrize("qo, kv, causal", [(6, 6, False), (6, 6, True), (3, 7, True), (4, 9, False), (16, 16, True)])
+def test_nan_query_row_gives_nan_and_touches_no_other_row(sdpa, qo, kv, causal):
+    """docs/semantics.md, "Non-finite inputs", rule 3.  torch's CPU flash kernel returns 0 (LSE 0) for a
+    NaN query row at some lengths (kv < 8); the backend puts the NaN back."""
+    g = torch.Generator().manual_seed(qo * 10 + kv)
+    q = torch.randn(qo, 4, 64, generator=g)
+    k = torch.randn(kv, 2, 64, generator=g)
+    v = torch.randn(kv, 2, 64, generator=g)
+    clean, clean_lse = attncore.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend="sdpa")
+    q[0] = float("nan")
+    q[qo - 1, 1, 3] = float("nan")  # one head of the last row
+    bad = torch.zeros(qo, 4, dtype=torch.bool)
+    bad[0], bad[qo - 1, 1] = True, True
+    for return_lse in (False, True):
+        res = attncore.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=return_lse, backend="sdpa")
+        out = res[0] if return_lse else res
+        assert torch.isnan(out[bad]).all() and torch.equal(out[~bad], clean[~bad])
+        if return_lse:
+            assert torch.isnan(res[1][bad]).all() and torch.equal(res[1][~bad], clean_lse[~bad])
+
+
+def test_nan_query_row_that_sees_no_key_gives_zero_and_minus_inf(sdpa):
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend="sdpa")
+    w.plan(torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32), 4, 2, 64, causal=True,
+           q_data_type=torch.float32)
+    q = torch.randn(4, 4, 64)
+    q[0] = float("nan")  # qo 4 > kv 2: rows 0 and 1 see no key
+    q[3] = float("nan")
+    o, lse = w.run(q, torch.randn(2, 2, 64), torch.randn(2, 2, 64), return_lse=True)
+    assert torch.equal(o[0], torch.zeros_like(o[0])) and torch.isneginf(lse[0]).all()
+    assert torch.isnan(o[3]).all() and torch.isnan(lse[3]).all()
+    assert torch.isneginf(lse[1]).all() and torch.isfinite(lse[2]).all() and not torch.isnan(o[:3]).any()
+
+
 def test_forced_sdpa_refuses_with_reasons(sdpa):
     q = torch.randn(3, 4, 64).half()
     k = torch.randn(5, 2, 64).half()

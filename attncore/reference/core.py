@@ -3,6 +3,10 @@
 The score matrix is never materialised whole: keys are processed in chunks with an online
 softmax, and query rows in blocks sized so one block's scores stay under ``SCORE_BUDGET``
 elements, so a 32k-token prefill with 32 heads fits in memory.
+
+Non-finite inputs (docs/semantics.md): keys no row of a block sees are zeroed before the math, so a
+NaN left of the window never reaches a result; a NaN query row that sees a key gives NaN output and
+LSE (NaN goes through the running max and the rescaling unchanged), one that sees none 0 and -inf.
 """
 
 from __future__ import annotations
@@ -69,10 +73,17 @@ def attend(
             if keep is not None and not bool(keep.any()):
                 continue
             kf = k[k0:k1].float()
+            vf = v[k0:k1].float()
+            if keep is not None:
+                # keys no row of this block sees (left of every row's window, hidden by the mask) are
+                # zeroed: masking their logits is not enough, a NaN there would reach P @ V as 0 * NaN
+                # (docs/semantics.md, "Non-finite inputs", rule 2)
+                unseen = ~keep.any(dim=0)[:, None, None]
+                kf, vf = kf.masked_fill(unseen, 0.0), vf.masked_fill(unseen, 0.0)
             if rope is not None:
                 kf = rope_llama(kf, torch.arange(k0, k1, device=dev), rope[0], rope[1])
             kf = kf.permute(1, 0, 2)  # [Hkv, n, D]
-            vf = v[k0:k1].float().permute(1, 0, 2)
+            vf = vf.permute(1, 0, 2)
             s = torch.einsum("hgqd,hkd->hgqk", qf, kf) * sm_scale
             if logits_soft_cap > 0:
                 s = logits_soft_cap * torch.tanh(s / logits_soft_cap)

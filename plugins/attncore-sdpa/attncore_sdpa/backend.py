@@ -20,6 +20,11 @@ SDPA's ``is_causal`` is *top-left*.  They agree only when ``qo == kv``, so plan(
 * ``qo > kv``: the first ``qo - kv`` rows see no key (output 0, LSE -inf, written directly); the
   remaining ``kv`` rows form a square block, ``is_causal=True``.
 
+Non-finite inputs (docs/semantics.md).  Keys outside a request's range are never sliced in, and no
+window is claimed.  Every row of an SDPA call sees at least one key (rows that see none are written
+directly: 0 and LSE -inf), so a query row holding NaN gives NaN output and LSE; run() enforces it,
+as torch's CPU flash kernel drops such a row to 0 for some lengths.
+
 LSE.  The public SDPA returns no LSE; the aten kernels behind it do, in natural log:
 ``_scaled_dot_product_flash_attention_for_cpu`` on CPU and ``_scaled_dot_product_efficient_attention``
 on CUDA.  We call those when the LSE is requested and multiply by ``log2(e)`` (attncore's LSE is
@@ -151,11 +156,16 @@ class SdpaBackend(Backend):
             else:
                 k = args.k[pc.k0:pc.k1].transpose(0, 1).unsqueeze(0)
                 v = args.v[pc.k0:pc.k1].transpose(0, 1).unsqueeze(0)
+            # every row of a piece sees >= 1 key, so a NaN query row must give NaN (out and LSE); torch's
+            # CPU flash kernel returns 0 for some lengths (e.g. kv < 8), so the NaN is put back here
+            nan_q = q.isnan().any(dim=-1, keepdim=True)  # [1, Hq, qo, 1]
             if args.lse is None:
                 o = self._sdpa(q, k, v, pc, scale)
             else:
                 o, lse_e = self._sdpa_lse(q, k, v, pc, scale, plan)
-                args.lse[pc.q0:pc.q1].copy_(lse_e[0, :, : pc.q1 - pc.q0].transpose(0, 1).float() * LOG2E)
+                lse_e = lse_e[..., : pc.q1 - pc.q0].masked_fill(nan_q[..., 0], float("nan"))
+                args.lse[pc.q0:pc.q1].copy_(lse_e[0].transpose(0, 1).float() * LOG2E)
+            o = o.masked_fill(nan_q, float("nan"))
             if out_scale != 1.0:
                 o = o * out_scale
             args.out[pc.q0:pc.q1].copy_(o[0].transpose(0, 1))
