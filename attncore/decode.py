@@ -206,15 +206,14 @@ def xqa_batch_decode_with_kv_cache(
     if block_tables.shape[1] * page_size < max_seq_len:
         raise ValueError(f"block_tables: {block_tables.shape[1]} pages of {page_size} tokens cannot hold "
                          f"max_seq_len {max_seq_len}")
-    # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
-    # checked without adding a device sync to this latency-critical call (often CUDA-graph captured):
-    # on the CPU they are read here (no copy; backends then reuse the host list), on a device they are
-    # checked by _XqaBatch.host_kv_lens() when a backend reads them on the host anyway (that one
-    # device-to-host copy, e.g. the reference backend's). The triton and xqa kernels read seq_lens on the
-    # device only (planned for max_seq_len): device seq_lens reaching them are not checked, as a check
-    # there would cost one sync per call.
-    seq_host = _check_seq_lens(seq_lens, q_len, max_seq_len, block_tables.shape[1], page_size) \
-        if seq_lens.device.type == "cpu" else None
+    # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too):
+    # a mismatch is an error naming the request, never "attend over what fits" (issue 13). On the
+    # CPU they are read here without a copy; on a device, one copy of B ints (a device sync, the price
+    # of that guarantee), and backends then reuse the host list. Inside CUDA-graph capture nothing can
+    # be read back: there the values are the caller's responsibility (docs/semantics.md).
+    seq_host = None
+    if seq_lens.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
+        seq_host = _check_seq_lens(seq_lens, q_len, max_seq_len, block_tables.shape[1], page_size)
     if mask is not None:
         words = ((q_len + 31) // 32) * 2
         _api.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,

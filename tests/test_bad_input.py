@@ -215,8 +215,23 @@ def test_xqa_seq_lens_range():
     attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([1, 9], dtype=torch.int32), 9)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "xqa", "auto"])
+def test_xqa_device_seq_lens_past_max_seq_len_raise(backend):
+    """Device seq_lens reach kernels that read them on the device only: the API checks them first."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, cache, ws, bt = (t.cuda() for t in _xqa_case())
+    if backend != "auto" and not attncore.registry.get_entry(backend).is_available:
+        pytest.skip(f"{backend} unavailable")
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 13 \(request 0\)"):
+        attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([13, 5], dtype=torch.int32).cuda(), 9,
+                                                backend=backend)
+
+
 def test_xqa_seq_lens_checked_where_read_on_the_host():
-    """Device seq_lens are checked when a backend first reads them on the host (no extra sync)."""
+    """seq_lens not read by the API (inside CUDA-graph capture) are checked when a backend first reads
+    them on the host."""
     from attncore.decode import _XqaBatch
 
     bt = torch.zeros(2, 3, dtype=torch.int32)
