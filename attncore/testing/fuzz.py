@@ -170,7 +170,8 @@ def _describe(p: AttentionProblem, b: Optional[runner.Built], backend: str) -> T
 
 def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = None, configs: Optional[int] = None,
          worker: Tuple[int, int] = (0, 1), progress: Optional[Callable[[str], None]] = None) -> FuzzReport:
-    """Run problems ``i = worker[0], worker[0] + worker[1], ...`` of an N-problem run."""
+    """Run the problems of an N-problem run whose configuration ``i % configs`` falls to ``worker``
+    ``(w, jobs)`` (``w == (i % configs) % jobs``)."""
     dev = device or pick_device(backend)[0]
     if dev is None:
         raise ValueError(f"{backend.name}: {pick_device(backend)[1]}")
@@ -180,7 +181,9 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
     configs = configs or default_configs(n, dev)
     rep = FuzzReport(backend.name, dev, seed, configs=min(configs, n))
     t0 = time.perf_counter()
-    for i in range(worker[0], n, worker[1]):
+    for i in range(n):
+        if (i % configs) % worker[1] != worker[0]:  # a worker owns whole configurations: each compiles once
+            continue
         s = replay_seed(seed, i, configs)
         p, b, errs = run_one(pools, s)
         rep.run += 1

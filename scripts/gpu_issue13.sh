@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call for issue 13 (no silent wrong results): install, build cuda_fa2's libraries in
+# parallel, the defect scripts of each backend, the GPU tests that touch the fixes, the conformance
+# suites of the GPU backends (sharded), then `attncore check --fuzz` per backend.  Logs under $OUT.
+# Usage on the device machine: bash scripts/gpu_issue13.sh [FUZZ_N] [PHASES]
+#   PHASES: any of "defects tests conformance fuzz" (default: all)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+N=${1:-10000}
+PHASES=${2:-"defects tests conformance fuzz"}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+python3 scripts/prebuild_conformance.py 2>&1 | tail -1
+stamp "cuda_fa2 libraries built"
+LOG="$OUT/issue13.log"; : > "$LOG"
+if has defects; then
+  for s in scripts/gpu_triton_issue13.py scripts/gpu_cuda_issue13.py; do
+    [ -f "$s" ] || continue
+    python3 "$s" >> "$LOG" 2>&1; echo "$s: exit $?" | tee -a "$LOG"
+  done
+  grep -h "FAIL" "$LOG" | head -20
+  stamp "defect scripts done"
+fi
+if has tests; then
+  python3 -m pytest -q -p no:cacheprovider -x tests/test_bad_input.py tests/test_triton_backend.py tests/test_cuda_fa2.py \
+    tests/test_xqa.py tests/test_fuzz.py tests/test_reference.py tests/test_sdpa_plugin.py >> "$LOG" 2>&1
+  echo "GPU tests: $(tail -1 "$LOG")"
+  stamp "tests done"
+fi
+if has conformance; then
+  S=4
+  for b in cuda_fa2 triton xqa; do
+    for ((i = 0; i < S; i++)); do
+      python3 -m attncore.cli conformance "$b" -q -p no:cacheprovider -rfE --attncore-shard "$i/$S" \
+        > "/tmp/conf_${b}_$i.txt" 2>&1 &
+    done
+  done
+  wait
+  for b in cuda_fa2 triton xqa; do
+    for ((i = 0; i < S; i++)); do echo "conformance $b $i/$S: $(tail -1 /tmp/conf_${b}_$i.txt)"; done
+    grep -h "^FAILED\|^ERROR" /tmp/conf_"${b}"_*.txt | head -12
+  done | tee -a "$LOG"
+  cat /tmp/conf_*.txt > "$OUT/conformance.txt"
+  stamp "conformance done"
+fi
+if has fuzz; then
+  for b in triton cuda_fa2 xqa; do
+    s=$(date +%s)
+    python3 -m attncore.cli check --fuzz "$N" --seed 13 --backend "$b" --jobs 8 --json "$OUT/fuzz_$b.json" \
+      > "/tmp/fuzz_$b.txt" 2> "/tmp/fuzz_${b}_err.txt"
+    echo "fuzz $b: exit $? in $(( $(date +%s) - s )) s"; head -12 "/tmp/fuzz_$b.txt"
+  done | tee -a "$LOG"
+  cat /tmp/fuzz_*_err.txt | grep -A3 MISMATCH | head -60 > "$OUT/fuzz_mismatches.txt"
+  stamp "fuzz done"
+fi
