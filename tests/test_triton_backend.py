@@ -2,8 +2,11 @@
 
 CPU cases run through Triton's interpreter on small shapes (fp16 / fp32; the interpreter's bf16 is
 broken); ``@pytest.mark.gpu`` cases run on CUDA (bf16, fp16, fp8 KV) and skip without it.
-Tolerance rule: max error vs the fp64 golden <= 2 x the error of the same dense torch math done in
-the backend dtype + a small atol.  Outputs are poisoned with NaN before every run.
+Tolerance rule: ``attncore.testing.golden.tolerance`` (max error vs the fp64 golden <= 2 x the error
+of the same dense torch math done in the backend dtype + a small atol).  Outputs are poisoned with
+NaN before every run, and so is every K/V slot and padding element a kernel must not read
+(docs/semantics.md, "Non-finite inputs", rule 1); ``run_case(nan_q=..., nan_window=...)`` also
+poisons query rows and keys left of the window (rules 2-4).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ triton = pytest.importorskip("triton")
 
 from attncore.backend import AttnParams, BatchMeta, RunArgs  # noqa: E402
 from attncore.problem import AttentionProblem  # noqa: E402
-from attncore.testing.golden import dtype_attention, golden_attention  # noqa: E402
+from attncore.testing.golden import dtype_attention, golden_attention, tolerance  # noqa: E402
 from attncore.backends.triton.backend import TritonBackend  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -44,13 +47,14 @@ def _pack_lsb(bits: torch.Tensor) -> torch.Tensor:
 
 
 def _strided(shape, dt, device, noncontig, fill=None):
-    """A tensor of ``shape``, optionally a non-contiguous view (padded middle/leading dims)."""
+    """A tensor of ``shape``, optionally a non-contiguous view (padded middle/leading dims; the
+    padding holds NaN, which a kernel must never read)."""
     if not noncontig:
         t = torch.empty(shape, dtype=dt, device=device)
     else:
         big = [s + (1 if i < len(shape) - 1 else 0) for i, s in enumerate(shape)]
         big[-1] = shape[-1] + 16
-        t = torch.empty(big, dtype=dt, device=device)[tuple(slice(0, s) for s in shape)]
+        t = torch.full(big, float("nan"), dtype=dt, device=device)[tuple(slice(0, s) for s in shape)]
     if fill is not None:
         t.fill_(fill)
     return t
@@ -59,7 +63,16 @@ def _strided(shape, dt, device, noncontig, fill=None):
 def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv_dtype=None,
              page_size=None, layout="NHD", causal=False, custom=False, window_left=-1, soft_cap=0.0,
              pos="NONE", sinks=False, scales=(1.0, 1.0, 1.0, 1.0), return_lse=True, noncontig=False,
-             spec=False, device="cpu", seed=0, backend=None, sm_scale=None, check=True, kv_views="same"):
+             spec=False, device="cpu", seed=0, backend=None, sm_scale=None, check=True, kv_views="same",
+             nan_q=(), nan_window=False, nan_reqs=()):
+    """Build a batch, run the backend twice (the second run takes the cached launch path) and
+    check against the fp64 golden.  Non-finite inputs (docs/semantics.md): ``nan_q`` lists
+    (request, token, head) query rows that get a NaN; ``nan_window`` puts NaN in the K and V of
+    every key left of the window of all rows of its request; ``nan_reqs`` lists requests whose
+    K/V rows are all NaN (give them no query rows: they are "other requests' rows").  With any
+    of these, the first run gets clean inputs and the second the poisoned ones, which must give
+    the same bits except in the ``nan_q`` rows: NaN out and LSE where the row sees a key, else
+    exactly 0 and -inf."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     kv_dtype = kv_dtype or dtype
@@ -121,6 +134,10 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
             kc, vc = kc.transpose(0, 1), vc.transpose(0, 1)
         k.copy_(kc.to(device))
         v.copy_(vc.to(device))
+
+        def kv_slot(b, t):  # index of key t of request b in k / v
+            r = kv_indptr_h[b] + t
+            return (r,) if layout == "NHD" else (slice(None), r)
         meta_kw = dict(kv_indptr=torch.tensor(kv_indptr_h, **i32), kv_indptr_host=kv_indptr_h,
                        kv_lens=torch.tensor(kv_lens, **i32), kv_lens_host=list(kv_lens))
     else:
@@ -152,6 +169,10 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
                 else:
                     k[pg, :, sl] = ks[b][t].to(device)
                     v[pg, :, sl] = vs[b][t].to(device)
+
+        def kv_slot(b, t):
+            pg, sl = indices[indptr_h[b] + t // page_size], t % page_size
+            return (pg, sl) if layout == "NHD" else (pg, slice(None), sl)
         if op == "xqa_decode":
             maxp = max(npages + [1])
             bt = torch.zeros(B, maxp, dtype=torch.int32)
@@ -196,18 +217,32 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale,
                    spec_mask=spec_mask.to(device) if spec else None)
     be.run(plan, args)
+    # non-finite inputs for the second run (rules 1-3): keys left of every row's window, other
+    # requests' rows, one element of some query rows
+    for b in range(B):
+        hidden = kv_lens[b] - qo_lens[b] - window_left if nan_window else 0  # left of row 0's window
+        for t in range(kv_lens[b] if b in nan_reqs else max(0, min(hidden, kv_lens[b]))):
+            k[kv_slot(b, t)] = float("nan")
+            v[kv_slot(b, t)] = float("nan")
+    bad = torch.zeros(nnz, hq, dtype=torch.bool)  # rows whose query holds a NaN
+    for b, t, h in nan_q:
+        q[qo_indptr_h[b] + t, h, (t + h) % d] = float("nan")
+        bad[qo_indptr_h[b] + t, h] = True
     # a second run of the same plan (cached launch path) into fresh poisoned buffers: same result
     out2 = torch.full_like(out, float("nan"))
     lse2 = torch.full_like(lse, float("nan")) if lse is not None else None
     be.run(plan, dataclasses.replace(args, out=out2, lse=lse2))
-    assert torch.equal(out2.isnan(), out.isnan()) and torch.equal(out2.nan_to_num(), out.nan_to_num())
+    good = ~bad.to(out.device)
+    assert torch.equal(out2[good].isnan(), out[good].isnan())
+    assert torch.equal(out2[good].nan_to_num(), out[good].nan_to_num()), "poisoned keys changed the output"
     if lse is not None:
-        assert torch.equal(lse2.nan_to_num(), lse.nan_to_num())
+        assert torch.equal(lse2[good].nan_to_num(), lse[good].nan_to_num()), "poisoned keys changed the LSE"
     if not check:
         return plan
     out_c, lse_c = out.cpu(), (lse.cpu() if lse is not None else None)
     dt_ref = dtype
     atol = {torch.float16: 2e-3, torch.bfloat16: 4e-3, torch.float32: 2e-5}[dtype]
+    o2, l2 = out2.cpu().double(), (lse2.cpu().double() if lse2 is not None else None)
     for b in range(B):
         r0, r1 = qo_indptr_h[b], qo_indptr_h[b + 1]
         kw = dict(causal=causal or (decode and not spec and qlen > 1),
@@ -220,9 +255,15 @@ def run_case(op, *, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.float16, kv
         o = out_c[r0:r1].double()
         assert not torch.isnan(o).any(), f"request {b}: NaN in output (unwritten or masked-row NaN)"
         err = (o - go).abs().max().item() if o.numel() else 0.0
-        ref_err = (ro - go).abs().max().item() if o.numel() else 0.0
-        assert err <= 2 * ref_err + atol * max(1.0, go.abs().max().item() if o.numel() else 1.0), (
-            f"request {b}: out err {err:.3g} vs dtype-math err {ref_err:.3g}")
+        tol = tolerance(ro, go, out_dtype) if o.numel() else 0.0
+        assert err <= tol, f"request {b}: out err {err:.3g} > tolerance {tol:.3g}"
+        for t, h in bad[r0:r1].nonzero().tolist():  # NaN query rows (rules 3-4), second run
+            if torch.isfinite(gl[t, h]):  # sees a key
+                assert o2[r0 + t, h].isnan().all(), f"request {b} row {t} head {h}: NaN query, non-NaN out"
+                assert l2 is None or l2[r0 + t, h].isnan(), f"request {b} row {t} head {h}: LSE not NaN"
+            else:  # sees no key: exactly 0 and -inf, whatever the query holds
+                assert (o2[r0 + t, h] == 0).all(), f"request {b} row {t} head {h}: unseen row not 0"
+                assert l2 is None or l2[r0 + t, h] == float("-inf"), f"request {b} row {t} head {h}: LSE"
         if lse_c is not None:
             l = lse_c[r0:r1].double()
             assert not torch.isnan(l).any(), f"request {b}: NaN in lse"
@@ -538,6 +579,228 @@ def test_run_rejects_other_dtype():
         be.run(plan, dataclasses.replace(good, out=torch.empty(4, 4, 16, dtype=torch.float16)))
     with pytest.raises(ValueError, match="lse must be float32"):
         be.run(plan, dataclasses.replace(good, lse=torch.empty(4, 3)))
+
+
+# ----------------------------------------------------------------------------- issue 13
+# GQA groups that do not divide the tile: packed row p is token p // G, so a tile's last token is
+# (end - 1) // G; the kernel took end // G - 1 (one short when G does not divide end) and cut the
+# causal / window KV range of the tile's last token (groups 3, 5, 7: wrong output, no error).
+ODD_GROUPS = [3, 5, 6, 7, 12]
+TILES16 = dict(block_m=16, block_n=16, num_warps=1, num_stages=1, prefetch=True)
+DENSE16 = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, warp_specialize=False, one_loop=True,
+               branch=True)
+
+
+def _tiles(qo, kv, G, bm, bn, causal, window, old=False):
+    """The KV tiles (start, masked) each row tile of a request visits: a Python mirror of
+    _attn_fwd's range code ("KV range of this item"); ``old``: with the last-token slip."""
+    tdiv = lambda a, b: a // b if a >= 0 else -(-a // b)  # noqa: E731  (Triton truncates)
+    out = []
+    for row0 in range(0, qo * G, bm):
+        end = min(row0 + bm, qo * G)
+        q_first = row0 // G
+        q_last = max(end // G - 1 if old else (end - 1) // G, q_first)
+        off = kv - qo
+        lo, hi, f_lo = 0, kv, 0
+        f_hi = kv // bn * bn
+        if causal:
+            hi = min(hi, q_last + off + 1)
+            f_hi = min(f_hi, tdiv(q_first + off + 1, bn) * bn)
+        if window >= 0:
+            lo = max(lo, max(q_first + off - window, 0) // bn * bn)
+            f_lo = max(lo, (max(q_last + off - window, 0) + bn - 1) // bn * bn)
+        hi = max(hi, lo)
+        f_lo = min(max(f_lo, lo), (hi + bn - 1) // bn * bn)
+        f_hi = max(f_hi, f_lo)
+        out.append([(a, m) for a, b, m in ((lo, f_lo, 1), (f_lo, f_hi, 0), (f_hi, hi, 1))
+                    for a in range(a, b, bn)])
+    return out
+
+
+def _slips(qo, kv, G, bm, bn, causal=True, window=-1):
+    """Whether the old last-token formula planned other KV tiles for this request (a tile cut off
+    under causal, or a tile run unmasked past the last row's window)."""
+    return _tiles(qo, kv, G, bm, bn, causal, window) != _tiles(qo, kv, G, bm, bn, causal, window, old=True)
+
+
+def _slip_request(G, bm, bn, longer_kv, causal=True, window=-1):
+    """A (qo, kv) request, kv > qo or kv < qo, that the slip got wrong (most shapes do not)."""
+    for qo in range(2, 64):
+        for kv in (range(qo + 1, qo + 2 * bn + 1) if longer_kv else range(1, qo)):
+            if _slips(qo, kv, G, bm, bn, causal, window):
+                return qo, kv
+    raise AssertionError("no shape")
+
+
+@cpu_only
+def test_issue13_repro_public_api():
+    import attncore
+    from attncore.testing.golden import max_error
+    g = torch.Generator().manual_seed(13)
+    q, k, v = torch.randn(21, 7, 16, generator=g), torch.randn(76, 1, 16, generator=g), torch.randn(76, 1, 16, generator=g)
+    out = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="triton")
+    go, _ = golden_attention(q, k, v, causal=True)
+    ro, _ = dtype_attention(q, k, v, dtype=torch.float32, causal=True)
+    assert max_error(out, go) <= tolerance(ro, go, torch.float32)
+
+
+@cpu_only
+@pytest.mark.parametrize("group", ODD_GROUPS)
+@pytest.mark.parametrize("longer_kv", [True, False])
+@pytest.mark.parametrize("op,layout,page_size", [
+    ("single_prefill", "NHD", None), ("batch_prefill_ragged", "NHD", None),
+    ("batch_prefill_ragged", "HND", None), ("batch_prefill_paged", "NHD", 5),
+    ("batch_prefill_paged", "HND", 16)])
+def test_odd_groups_causal(group, longer_kv, op, layout, page_size):
+    # the interpreter's config: 64-row x 32-key tiles once a request has 64+ packed rows.  Lengths
+    # at multiples of 16 / 32 / 64 and one off, qo < kv or qo > kv (top rows see no key), plus a
+    # request the slip got wrong (a row tile's last token needs one more KV tile, or key 0)
+    hkv = 1 if group >= 7 else 2
+    slip = _slip_request(group, 64, 32, longer_kv)
+    if op == "single_prefill":
+        qo_lens, kv_lens = [slip[0]], [slip[1]]
+    elif longer_kv:
+        qo_lens, kv_lens = [16, 33, 1, slip[0]], [31, 65, 128, slip[1]]
+    else:
+        qo_lens, kv_lens = [17, 64, 5, slip[0]], [16, 63, 0, slip[1]]
+    plan = run_case(op, qo_lens=qo_lens, kv_lens=kv_lens, page_size=page_size, layout=layout, causal=True,
+                    hq=group * hkv, hkv=hkv, d=16, seed=group * 7 + len(qo_lens))
+    assert (plan.cfg.block_m, plan.cfg.block_n) == (64, 32), plan.cfg  # what _slip_request assumed
+
+
+@cpu_only
+@pytest.mark.parametrize("group", ODD_GROUPS)
+@pytest.mark.parametrize("causal,window", [(True, -1), (True, 20), (False, 6)])
+def test_odd_groups_small_tiles(group, causal, window):
+    # 16 x 16 tiles: a group straddles most tile ends.  With a window the unmasked range starts at
+    # the last token's window bound, so the slip ran a tile unmasked that the last row sees part of
+    qo_lens, kv_lens = [17, 32, 3, 9], [48, 32, 64, 4]
+    for longer in (True, False):
+        qo, kv = _slip_request(group, 16, 16, longer, causal, window)
+        qo_lens, kv_lens = qo_lens + [qo], kv_lens + [kv]
+    run_case("batch_prefill_paged", qo_lens=qo_lens, kv_lens=kv_lens, page_size=16, causal=causal,
+             window_left=window, hq=group, hkv=1, d=16, backend=TritonBackend(config=TILES16), seed=group)
+
+
+@cpu_only
+@pytest.mark.parametrize("group", [3, 5, 7, 12])
+def test_odd_groups_decode_split(group):
+    # q_len 3 decode (causal within the draft) on 16-row tiles, split KV and the merge.  Groups 7
+    # and 12 pack 21 / 36 rows: row tiles end inside a group, and kv 65 (kv 17 for 12) was hit
+    be = TritonBackend(config=TILES16, kv_chunk=32)
+    kv_lens = [65, 3, 127, 17]
+    plan = run_case("batch_decode", qo_lens=[3] * 4, kv_lens=kv_lens, page_size=16, hq=group * 2, hkv=2,
+                    backend=be, sinks=True, seed=group)
+    assert plan.max_splits > 1
+    assert (group * 3 <= 16) or any(_slips(3, kv, group, 16, 16) for kv in kv_lens)
+
+
+@cpu_only
+@pytest.mark.parametrize("group", [3, 7, 12])
+@pytest.mark.parametrize("qo_lens,kv_lens", [([15, 17, 33], [64, 16, 31]), ([32, 1], [31, 33])])
+def test_odd_groups_dense_kernel(group, qo_lens, kv_lens):
+    # the Hopper dense kernel (one program per query head, no packing) with the same shapes
+    be = TritonBackend(dense=DENSE16)
+    plan = run_case("batch_prefill_ragged", qo_lens=qo_lens, kv_lens=kv_lens, causal=True, hq=group,
+                    hkv=1, d=64, backend=be, seed=group)
+    assert plan.dense and "dense_failed" not in plan.stats, plan.stats
+
+
+# Non-finite inputs (docs/semantics.md): every run_case poisons K/V slots past kv_len, spare
+# pages and view padding with NaN (rule 1); these add keys left of the window (rule 2), query rows
+# with a NaN (rules 3-4) and NaN rows of other requests.  The interpreter warns on NaN math.
+nan_ok = pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning",
+                                    "ignore:invalid value encountered:RuntimeWarning")
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("op,kw", [
+    ("batch_prefill_paged", dict(page_size=16, causal=True, backend=TritonBackend(config=TILES16))),
+    ("batch_prefill_paged", dict(page_size=7, causal=False)),
+    ("batch_prefill_ragged", dict(causal=True, layout="HND", noncontig=True)),
+    ("batch_prefill_ragged", dict(causal=False, backend=TritonBackend(config=TILES16))),
+])
+@pytest.mark.parametrize("window", [2, 19])
+def test_nan_left_of_window_prefill(op, kw, window):
+    # request 0 (kv 90, qo 5): window 2 hides whole 16- and 32-key tiles (never visited) and part of
+    # the first tile visited; 19 only keys 0-65, so part of the tile at 64
+    run_case(op, qo_lens=[5, 20, 0, 3], kv_lens=[90, 40, 12, 3], window_left=window, hq=6, hkv=2,
+             nan_window=True, seed=window, **kw)
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("kv_chunk", [None, 32])
+@pytest.mark.parametrize("qlen,window", [(1, 0), (1, 9), (4, 5)])
+def test_nan_left_of_window_decode(kv_chunk, qlen, window):
+    # split partitions wholly left of the window merge as empty; the NaN never reaches P.V
+    be = TritonBackend(kv_chunk=kv_chunk) if kv_chunk else TritonBackend()
+    run_case("batch_decode", qo_lens=[qlen] * 3, kv_lens=[100, 33, qlen], page_size=8, hq=6, hkv=2,
+             window_left=window, nan_window=True, sinks=True, backend=be, seed=qlen + window)
+    run_case("xqa_decode", qo_lens=[qlen] * 2, kv_lens=[70, 9], page_size=16, hq=4, hkv=1,
+             window_left=window, nan_window=True, backend=be, seed=3)
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("op,kw,dense", [
+    ("batch_prefill_paged", dict(page_size=16), False),  # unused slots of the last pages, spare pages
+    ("batch_prefill_paged", dict(page_size=16, backend=TritonBackend(config=TILES16), layout="HND"), False),
+    # the gather copies whole pages (NaN slots too): the dense kernel must read none past kv_len
+    ("batch_prefill_paged", dict(page_size=16, d=64, backend=TritonBackend(dense=DENSE16, gather=True)), True),
+    ("batch_prefill_ragged", dict(noncontig=True), False),  # request 1's rows NaN, view padding NaN
+    ("batch_prefill_ragged", dict(d=64, backend=TritonBackend(dense=DENSE16)), True),  # TMA tiles past kv_len
+])
+def test_nan_outside_kv_range_prefill(op, kw, dense):
+    # request 1 has no query rows and NaN K/V: "other requests' rows" right after request 0's
+    plan = run_case(op, qo_lens=[17, 0, 33, 5], kv_lens=[33, 31, 48, 1], causal=True, hq=6, hkv=2,
+                    nan_reqs=[1], seed=21, **kw)
+    assert bool(plan.dense) == dense and "dense_failed" not in plan.stats, plan.stats
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("op,kw", [
+    ("batch_decode", dict(page_size=16, backend=TritonBackend(kv_chunk=32))),
+    ("batch_decode", dict(page_size=3)),
+    ("xqa_decode", dict(page_size=16, backend=TritonBackend(kv_chunk=32))),
+])
+def test_nan_outside_kv_range_decode(op, kw):
+    # last pages 1/16 and 15/16 used (NaN in the rest), spare pages NaN, a split past a short request
+    run_case(op, qo_lens=[1] * 4, kv_lens=[33, 1, 47, 64], hq=8, hkv=2, sinks=True, seed=22, **kw)
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("op,kw", [
+    ("batch_prefill_ragged", dict(causal=True)),
+    ("batch_prefill_ragged", dict(causal=True, backend=TritonBackend(config=TILES16), sinks=True)),
+    ("batch_prefill_ragged", dict(causal=True, d=64, sinks=True, backend=TritonBackend(dense=DENSE16))),
+    ("batch_prefill_paged", dict(page_size=4, window_left=3, causal=True, pos="ROPE_LLAMA")),
+    ("batch_prefill_paged", dict(page_size=4, custom=True, soft_cap=4.0, pos="ALIBI")),
+])
+def test_nan_query_row_prefill(op, kw):
+    # request 0: qo > kv, so rows 0-4 see no key (causal): a NaN there gives 0 / -inf; row 9 sees
+    # keys: NaN out and LSE, and only there (other heads of the token, other tokens exact).
+    # Custom mask: request 0 row 0 is fully masked.  Request 2: kv 0.
+    nan_q = [(0, 0, 1), (0, 9, 2), (0, 15, 5), (1, 0, 0), (1, 20, 3), (2, 1, 4)]
+    run_case(op, qo_lens=[16, 21, 2], kv_lens=[11, 40, 0], hq=6, hkv=2, nan_q=nan_q, seed=23, **kw)
+
+
+@cpu_only
+@nan_ok
+@pytest.mark.parametrize("kv_chunk", [None, 16])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_nan_query_row_decode(kv_chunk, sinks):
+    # split: every partial of the NaN row is NaN (or -inf where the window hides the split);
+    # the merge must keep NaN, and give 0 / -inf to a row that saw nothing (request 2: kv 0)
+    be = TritonBackend(kv_chunk=kv_chunk) if kv_chunk else TritonBackend()
+    nan_q = [(0, 0, 1), (1, 0, 0), (1, 0, 5), (2, 0, 2)]
+    run_case("batch_decode", qo_lens=[1] * 3, kv_lens=[70, 40, 0], page_size=8, hq=6, hkv=2,
+             window_left=20, sinks=sinks, nan_q=nan_q, backend=be, seed=24)
+    run_case("xqa_decode", qo_lens=[2] * 2, kv_lens=[50, 2], page_size=16, hq=6, hkv=3, sinks=sinks,
+             spec=True, nan_q=[(0, 1, 4), (1, 0, 0)], backend=be, seed=25)
 
 
 # ----------------------------------------------------------------------------- GPU

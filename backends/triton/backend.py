@@ -345,7 +345,7 @@ class TritonBackend(Backend):
                 merge_splits.extend([ns] * qo)
             for b in range(nblocks[i]):
                 r0 = b * BM
-                last_tok = min(r0 + BM, qo * G) // G - 1 if G <= BM else r0 // G
+                last_tok = (min(r0 + BM, qo * G) - 1) // G  # token of the block's last row
                 if ns == 1:
                     cost = min(kv, last_tok + kv - qo + 1) if causal else kv
                     items.append((cost, i, r0, 0, kv, -1))

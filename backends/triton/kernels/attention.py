@@ -68,7 +68,8 @@ def _kv_rows(KvIndices, page_base, tok, kv_len, stride_kp, stride_ks, stride_vp,
 @triton.jit
 def with_sink(lse, seen, l_safe, sink_logit):
     """Fold a natural-log sink logit into each row's softmax denominator: returns the output scale
-    (1 / denominator, 0 for a row that saw no key) and the base-2 LSE including the sink."""
+    (1 / denominator, 0 for a row that saw no key) and the base-2 LSE including the sink.  A NaN
+    ``lse`` (a NaN query row, counted as seen) gives a NaN scale and LSE."""
     sink = sink_logit * 1.4426950408889634
     m2 = tl.maximum(lse, sink)
     l2 = tl.exp2(lse - m2) + tl.exp2(sink - m2)
@@ -79,7 +80,7 @@ def with_sink(lse, seen, l_safe, sink_logit):
 def _kv_step(
     acc, l_i, m_i, q, q2, start_n, k_row, v_row,
     Kh, Vh, kv_len,
-    q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+    q_tok, row_ok, off, window_left, win_lo, qk_scale, cap_inv, cap_l2, slope,
     MaskBytes, mask_base, spec_row, inv_freq,
     offs_n, offs_d, offs_h,
     MASKED: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -155,11 +156,14 @@ def _kv_step(
     l_i = l_i * alpha + tl.sum(p, 1)
     # ---- values
     if MASKED:
+        v_ok = tok_ok  # keys past kv_len load as 0: their p is 0, but 0 * NaN would be NaN
+        if HAS_WINDOW:  # so do keys left of the window of every row of the tile (its first
+            v_ok = v_ok & (tok >= win_lo)  # token's bound; docs/semantics.md rule 2)
         if BLOCK_D != HEAD_DIM:
             v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
-                        mask=tok_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                        mask=v_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         else:
-            v = tl.load(Vh + v_row[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+            v = tl.load(Vh + v_row[:, None] + offs_d[None, :], mask=v_ok[:, None], other=0.0)
     else:
         if BLOCK_D != HEAD_DIM:
             v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
@@ -176,7 +180,7 @@ def _kv_loop(
     acc, l_i, m_i, q, q2, lo, hi,
     Kh, Vh, KvIndices, page_base, kv_len,
     stride_kp, stride_ks, stride_vp, stride_vs,
-    q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+    q_tok, row_ok, off, window_left, win_lo, qk_scale, cap_inv, cap_l2, slope,
     MaskBytes, mask_base, spec_row, inv_freq,
     offs_n, offs_d, offs_h,
     MASKED: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -198,7 +202,7 @@ def _kv_loop(
                                     stride_ks, stride_vp, stride_vs, PAGE, MASKED, KV_ADDR)
         acc, l_i, m_i = _kv_step(
             acc, l_i, m_i, q, q2, start_n, k_row, v_row, Kh, Vh, kv_len,
-            q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+            q_tok, row_ok, off, window_left, win_lo, qk_scale, cap_inv, cap_l2, slope,
             MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
             MASKED, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, MASK_MODE,
             HAS_WINDOW, SOFT_CAP, ALIBI, ROPE)
@@ -276,8 +280,9 @@ def _attn_fwd(
         inv_freq = offs_h.to(tl.float32)  # unused
         qm = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
         q = tl.load(Q + q_row[:, None] + offs_d[None, :], mask=qm, other=0.0)
-        if DOT_F16:
-            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
+        if DOT_F16:  # the clamp keeps a NaN query NaN (maximum / minimum drop NaN by default)
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0, propagate_nan=tl.PropagateNan.ALL),
+                           65504.0, propagate_nan=tl.PropagateNan.ALL)
         q = q.to(DT)
         qb = q  # unused
     if ALIBI:
@@ -297,13 +302,16 @@ def _attn_fwd(
     Vh = V + hkv.to(tl.int64) * stride_vh
 
     # ---- KV range of this item, cut to what some row of the tile can see
+    # packed row p is token p // G: the tile's last token is that of its last valid row, not
+    # (end // G) - 1, which is one token short when G does not divide the row end (G = 3, 5, 7..)
     q_first = row0 // G
-    q_last = tl.minimum(row0 + BLOCK_M, qo_len * G) // G  # one past the last row's token...
-    q_last = tl.maximum(q_last - 1, q_first)  # ...so this is the last token (clamped)
+    q_last = (tl.minimum(row0 + BLOCK_M, qo_len * G) - 1) // G
+    q_last = tl.maximum(q_last, q_first)
     lo = kv_lo
     hi = tl.minimum(kv_hi, kv_len)
     f_hi = (hi // BLOCK_N) * BLOCK_N  # tiles below f_hi hold only valid keys...
     f_lo = lo
+    w_lo = q_first + off - window_left  # keys below: left of every row's window (HAS_WINDOW)
     if MASK_MODE == 1:
         hi = tl.minimum(hi, q_last + off + 1)
         f_hi = tl.minimum(f_hi, ((q_first + off + 1) // BLOCK_N) * BLOCK_N)
@@ -312,7 +320,6 @@ def _attn_fwd(
     if MASK_MODE == 3:
         f_hi = tl.minimum(f_hi, (off // BLOCK_N) * BLOCK_N)  # the prefix is always visible
     if HAS_WINDOW:
-        w_lo = q_first + off - window_left
         lo = tl.maximum(lo, (tl.maximum(w_lo, 0) // BLOCK_N) * BLOCK_N)
         w_full = q_last + off - window_left
         f_lo = tl.maximum(lo, ((tl.maximum(w_full, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
@@ -341,13 +348,15 @@ def _attn_fwd(
         acc, l_i, m_i = _kv_loop(
             acc, l_i, m_i, q, qb, a, b, Kh, Vh, KvIndices, page_base, kv_len,
             stride_kp, stride_ks, stride_vp, stride_vs,
-            q_tok, row_ok, off, window_left, qk_scale, cap_inv, cap_l2, slope,
+            q_tok, row_ok, off, window_left, w_lo, qk_scale, cap_inv, cap_l2, slope,
             MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
             seg != 1, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
             HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR)
 
-    # ---- epilogue: a row that saw no key has l_i == 0 -> out 0, lse -inf
-    seen = l_i > 0
+    # ---- epilogue: a row that saw no key has l_i == 0 -> out 0, lse -inf.  A NaN query row that
+    # saw a key has l_i NaN and must give NaN out and LSE (docs/semantics.md, non-finite inputs):
+    # `!= 0` counts it as seen where `> 0` did not
+    seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
     if ROPE:
@@ -359,7 +368,7 @@ def _attn_fwd(
     else:
         is_part = False
     if is_part:
-        o = acc / l_safe[:, None]
+        o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
         t_row = slot.to(tl.int64) * stride_ts + (qo_start + q_tok).to(tl.int64) * stride_tt + head * stride_th
         tl.store(TmpO + t_row[:, None] + offs_d[None, :], o, mask=om)
         u_row = slot.to(tl.int64) * stride_us + (qo_start + q_tok).to(tl.int64) * stride_ut + head * stride_uh
@@ -369,7 +378,7 @@ def _attn_fwd(
             scale, lse = with_sink(lse, seen, l_safe, tl.load(Sinks + head))
         else:
             scale = 1.0 / l_safe
-        o = acc * (scale * out_scale)[:, None]
+        o = tl.where(seen[:, None], acc * (scale * out_scale)[:, None], 0.0)  # exactly 0 unseen
         o_row = (qo_start + q_tok).to(tl.int64) * stride_ot + head * stride_oh
         tl.store(Out + o_row[:, None] + offs_d[None, :], o.to(Out.dtype.element_ty), mask=om)
         if STORE_LSE:

@@ -124,15 +124,16 @@ def _dense_fwd(
         acc, l_i, m_i = _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, f_hi, hi, f_hi, m0, kv_len, off,
                                     qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, False, DT)
 
-    # epilogue: a row that saw no key gets out 0 and LSE -inf (the sink does not apply to it)
-    seen = l_i > 0
+    # epilogue: a row that saw no key gets out 0 and LSE -inf (the sink does not apply to it); a
+    # NaN query row that saw a key has l_i NaN and keeps NaN out and LSE (`!= 0`, not `> 0`)
+    seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
     if HAS_SINKS:
         scale, lse = with_sink(lse, seen, l_safe, tl.load(Sinks + h))
     else:
         scale = 1.0 / l_safe
-    o = acc * (scale * out_scale)[:, None]
+    o = tl.where(seen[:, None], acc * (scale * out_scale)[:, None], 0.0)
     desc_o = tl.make_tensor_descriptor(Out + qo_start * stride_ot + h * stride_oh, shape=[qo_len, HEAD_DIM],
                                        strides=[stride_ot, 1], block_shape=[BLOCK_M, HEAD_DIM])
     desc_o.store([m0, 0], o.to(Out.dtype.element_ty))  # rows past qo_len are clipped by the copy

@@ -6,7 +6,8 @@ Notation
   TmpO     [S_max, nnz_q, Hq, D] fp32, each split's normalized partial output (no v/o scale)
   TmpLse   [S_max, nnz_q, Hq] fp32 base-2 LSE of each partial (-inf: the split saw no key)
 Out = sum_s 2^(lse_s) o_s / (sum_s 2^(lse_s) + 2^(sink)) * out_scale; LSE = log2 of the denominator.
-A row whose partials are all -inf gets out 0 and LSE -inf (sinks do not apply to it).
+A row whose partials are all -inf gets out 0 and LSE -inf (sinks do not apply to it); a row with
+a NaN partial LSE (a NaN query row that saw a key in that split) gets NaN out and LSE.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def _merge_splits(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK_S], tl.int32)
     for s0 in range(0, ns, BLOCK_S):
         s = s0 + offs_s
         ls = tl.load(TmpLse + s.to(tl.int64) * stride_us + row * stride_ut + h * stride_uh,
                      mask=s < ns, other=float("-inf"))
         m = tl.maximum(m, ls)
-    m_all = tl.max(m, 0)
+        nan = tl.maximum(nan, (ls != ls).to(tl.int32))
+    m_all = tl.max(m, 0)  # max drops NaN: a NaN partial (NaN query row) is counted apart
     if HAS_SINKS:
         sink = tl.load(Sinks + h) * 1.4426950408889634
         m_ref = tl.maximum(m_all, sink)
@@ -57,7 +60,7 @@ def _merge_splits(
                     + offs_d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
         acc += tl.sum(o * w[:, None], 0)
     l_tot = tl.sum(lsum, 0)
-    seen = m_all > float("-inf")
+    seen = (m_all > float("-inf")) | (tl.max(nan, 0) > 0)  # NaN partials: out and LSE NaN
     if HAS_SINKS:
         l_tot += tl.exp2(sink - m_ref)
     l_safe = tl.where(seen, l_tot, 1.0)
