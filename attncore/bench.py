@@ -55,6 +55,18 @@ WORKLOADS = [
     Workload("P4", "paged_prefill", 16, 512, 4096),
 ]
 
+
+def select_workloads(ids: Optional[Sequence[str]] = None) -> List[Workload]:
+    """The workloads named by ``ids`` (an id, or its prefix before "-": "P1" is every P1-*); all
+    when empty.  An id that names none is a ValueError listing the known ones."""
+    if not ids:
+        return list(WORKLOADS)
+    unknown = [i for i in ids if not any(i in (w.id, w.id.split("-")[0]) for w in WORKLOADS)]
+    if unknown:
+        raise ValueError(f"unknown workload {', '.join(unknown)}; known: {', '.join(w.id for w in WORKLOADS)}")
+    return [w for w in WORKLOADS if w.id in ids or w.id.split("-")[0] in ids]
+
+
 CPU_SCALE = {"qo": 64, "kv": 256, "batch": 2}
 
 
@@ -193,7 +205,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     names = list(backends) if backends else ["auto"]
-    wls = [w for w in WORKLOADS if not ids or w.id in ids or w.id.split("-")[0] in ids]  # "P1" = all P1-*
+    wls = select_workloads(ids)
     if device != "cuda":
         progress("no CUDA GPU: running small shapes on the CPU; the figures only show the paths run")
         wls = [_shrink(w) for w in wls]

@@ -7,12 +7,12 @@ the problem is claimed.  Backends may add reasons the schema cannot express (``e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .problem import AttentionProblem, dtype_name
+from .problem import OPS, PAGED_OPS, AttentionProblem, dtype_name
 
 ANY = None  # an axis left as ANY accepts every value
 
@@ -39,12 +39,16 @@ class Reason:
         return s
 
 
-def _fmt(values) -> str:
+def _names(values) -> str:
     out = []
     numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     for v in sorted(values, key=lambda v: (0, v, "") if numeric(v) else (1, 0, str(v))):
         out.append(dtype_name(v) if isinstance(v, torch.dtype) else str(v))
-    return "{" + ", ".join(out) + "}"
+    return ", ".join(out)
+
+
+def _fmt(values) -> str:
+    return "{" + _names(values) + "}"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,15 @@ class Capabilities:
     features: FrozenSet[str] = frozenset()
     max_q_len_per_req: Optional[int] = None
     kv_dtype_must_match_q: bool = False  # kv dtype == q dtype unless kv is fp8
+
+    def head_dims_text(self) -> str:
+        """The head dims served, in words (refusals and ``attncore info``)."""
+        if self.head_dims is not ANY:
+            return _names(self.head_dims)
+        text = f"multiples of {self.head_dim_multiple}" if self.head_dim_multiple > 1 else ""
+        if self.max_head_dim:
+            text += (" " if text else "") + f"up to {self.max_head_dim}"
+        return text or "any"
 
     def reasons(self, p: AttentionProblem) -> List[Reason]:
         r: List[Reason] = []
@@ -105,10 +118,7 @@ class Capabilities:
             else:
                 bad = d % self.head_dim_multiple != 0 or (self.max_head_dim and d > self.max_head_dim)
                 if bad:
-                    sup = f"multiples of {self.head_dim_multiple}"
-                    if self.max_head_dim:
-                        sup += f" up to {self.max_head_dim}"
-                    r.append(Reason(name, str(d), sup))
+                    r.append(Reason(name, str(d), self.head_dims_text()))
         if self.same_head_dim_vo and p.head_dim_vo != p.head_dim_qk:
             r.append(Reason("head_dim_vo", str(p.head_dim_vo), f"equal to head_dim_qk ({p.head_dim_qk})"))
         if self.max_group_size is not None and p.group_size > self.max_group_size:
@@ -127,34 +137,47 @@ class Capabilities:
 
 
 def check(entries: Sequence[Capabilities], problem: AttentionProblem) -> List[Reason]:
-    """Reasons the problem is refused by every entry claiming its op (fewest reasons shown)."""
+    """Reasons the problem is refused by every entry claiming its op.
+
+    The reasons shown are those of the entries for the problem's device (fewest reasons first):
+    a backend whose CUDA entry claims bf16 and whose CPU entry does not refuses bf16 on the CPU
+    for its dtype, not for the device.  They say which device they are for when the backend has
+    entries for other devices too.
+    """
     claiming = [e for e in entries if problem.op in e.ops]
     if not claiming:
         all_ops = sorted({op for e in entries for op in e.ops})
         return [Reason("op", problem.op, _fmt(all_ops))]
+    here = [e for e in claiming if problem.device_type in e.devices]
     best: Optional[List[Reason]] = None
-    for e in claiming:
+    for e in here or claiming:
         rs = e.reasons(problem)
         if not rs:
             return []
         if best is None or len(rs) < len(best):
             best = rs
+    if here and len(here) < len(claiming):
+        on = f" on {problem.device_type}"
+        best = [replace(r, supported=r.supported + on) if r.supported else r for r in best]
     return best or []
 
 
 def summarize(entries: Iterable[Capabilities]) -> List[str]:
-    """One readable line per entry, for ``attncore info``."""
+    """Two readable lines per entry (ops and devices; what they accept), for ``attncore info``."""
     lines = []
     for e in entries:
-        hd = _fmt(e.head_dims) if e.head_dims is not ANY else (
-            f"x{e.head_dim_multiple}" + (f"<={e.max_head_dim}" if e.max_head_dim else ""))
-        ps = _fmt(e.page_sizes) if e.page_sizes is not ANY else "any"
-        cc = ""
-        if e.min_compute_capability:
-            cc = " sm>=%d%d" % tuple(e.min_compute_capability)
-        lines.append(
-            f"{','.join(sorted(e.ops))} | {','.join(sorted(e.devices))}{cc} | q {_fmt(e.q_dtypes)} "
-            f"kv {_fmt(e.kv_dtypes)} | d {hd} | pages {ps} | masks {_fmt(e.masks)} | "
-            f"features {_fmt(e.features) if e.features else '{}'}"
-        )
+        where = _names(e.devices)
+        if e.min_compute_capability and e.max_compute_capability:
+            where += " sm%d%d" % tuple(e.min_compute_capability) + " to sm%d%d" % tuple(e.max_compute_capability)
+        elif e.min_compute_capability:
+            where += " sm%d%d+" % tuple(e.min_compute_capability)
+        elif e.max_compute_capability:
+            where += " up to sm%d%d" % tuple(e.max_compute_capability)
+        ops = [op for op in OPS if op in e.ops] + sorted(e.ops - set(OPS))
+        accepts = [f"q dtypes: {_names(e.q_dtypes)}", f"kv dtypes: {_names(e.kv_dtypes)}",
+                   f"head dims: {e.head_dims_text()}"]
+        if e.ops & set(PAGED_OPS):  # page sizes mean nothing to a backend without a paged op
+            accepts.append("page sizes: " + ("any" if e.page_sizes is ANY else _names(e.page_sizes)))
+        accepts += [f"masks: {_names(e.masks)}", "features: " + (_names(e.features) or "none")]
+        lines += [f"{', '.join(ops)} on {where}:", "  " + "; ".join(accepts)]
     return lines

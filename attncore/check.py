@@ -281,7 +281,11 @@ def format_table(results: List[CheckResult]) -> str:
     cases = list(dict.fromkeys(r.case for r in results))
     by = {(r.backend, r.case): r for r in results}
     w = max(len(c) for c in cases) + 2 if cases else 10
-    lines = ["case".ljust(w) + "".join(b.ljust(22) for b in backends)]
+    lines = ["each cell: status, max abs error / tolerance of the case's worst request (output or LSE),",
+             "against the fp64 golden; tolerance = 2x the error of the same math in the backend's dtype",
+             "+ a rounding atol (LSE: a fixed bound); n/a: the backend refuses the case",
+             "",
+             "case".ljust(w) + "".join(b.ljust(24) for b in backends)]
     for c in cases:
         row = c.ljust(w)
         for b in backends:
@@ -289,11 +293,11 @@ def format_table(results: List[CheckResult]) -> str:
             if r is None:
                 cell = "-"
             elif r.status in ("pass", "FAIL"):
-                cell = f"{r.status} {r.max_err:.1e}"
+                cell = f"{r.status} {r.max_err:.1e} / {r.tol:.1e}"
             else:
                 cell = r.status
-            row += cell.ljust(22)
-        lines.append(row)
+            row += cell.ljust(24)
+        lines.append(row.rstrip())
     fails = [r for r in results if r.status in ("FAIL", "ERROR")]
     lines.append("")
     lines.append(f"{sum(r.status == 'pass' for r in results)} passed, {len(fails)} failed, "

@@ -11,6 +11,27 @@ import sys
 from typing import List, Optional
 
 
+class UsageError(Exception):
+    """A bad argument found after parsing: main() reports it as argparse does (usage, exit 2)."""
+
+
+def _known_backend(name: str) -> None:
+    from . import registry
+
+    try:
+        registry.get_entry(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _runnable_device(device: Optional[str]) -> None:
+    """check and bench run on ``device`` (explain only describes a problem on it)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device cuda: no CUDA GPU here (torch {torch.__version__})")
+
+
 def _versions() -> List[str]:
     import torch
 
@@ -64,26 +85,30 @@ def cmd_info(args) -> int:
 def _problem_from_args(a):
     import torch
 
-    from ._api import to_dtype
+    from ._api import check_heads
     from .problem import AttentionProblem
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cc = None
     if device == "cuda":
         if a.cc:
-            cc = tuple(int(x) for x in a.cc.split("."))
+            cc = a.cc
         elif torch.cuda.is_available():
             cc = tuple(torch.cuda.get_device_capability())
         else:
             cc = (9, 0)
-    hq, hkv = (int(x) for x in a.heads.split("/"))
-    q_dtype = to_dtype(a.q_dtype, "--q-dtype")
-    kv_dtype = to_dtype(a.kv_dtype, "--kv-dtype", q_dtype)
+    hq, hkv = a.heads
+    try:  # the API's own rule, so explain never shows a problem the API would reject
+        check_heads(hq, hkv, a.head_dim)
+    except ValueError as e:
+        raise UsageError(f"--heads {hq}/{hkv}: {e}") from None
+    q_dtype = a.q_dtype
+    kv_dtype = a.kv_dtype or q_dtype
     paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode")
     mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
     return AttentionProblem(
         op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
-        out_dtype=to_dtype(a.out_dtype, "--out-dtype", q_dtype), num_qo_heads=hq, num_kv_heads=hkv,
+        out_dtype=a.out_dtype or q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
         head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
@@ -93,6 +118,8 @@ def _problem_from_args(a):
 def cmd_explain(a) -> int:
     from .selector import explain
 
+    if a.backend != "auto":
+        _known_backend(a.backend)
     ex = explain(_problem_from_args(a), a.backend)
     print(ex)
     return 0 if ex.chosen else 1
@@ -134,19 +161,26 @@ def cmd_check(a) -> int:
     from . import registry
     from .check import format_table, run_check
 
+    _runnable_device(a.device)
     if a.fuzz is not None or a.replay is not None:
         from .testing import resolve_backend
 
         names = a.backend or sorted(registry.available_backends())
         for n in names:  # a registered name or module:attr, like `attncore conformance`
-            _, unavailable = resolve_backend(n)
+            try:
+                _, unavailable = resolve_backend(n)
+            except (ImportError, AttributeError, TypeError, ValueError) as e:
+                raise UsageError(f"--backend {n}: {e}") from None
             if unavailable:
-                raise ValueError(f"backend {n!r} is unavailable here: " + "; ".join(map(str, unavailable)))
+                raise UsageError(f"backend {n!r} is unavailable here: " + "; ".join(map(str, unavailable)))
         return cmd_fuzz(a, names)
     names = a.backend or None
     if names:
         for n in names:
-            registry.get_backend(n)  # unknown/unavailable: a clear error now, not per case
+            try:
+                registry.get_backend(n)  # unknown/unavailable: a clear error now, not per case
+            except ValueError as e:
+                raise UsageError(str(e)) from None
     else:
         es = registry.entries()
         for n, e in sorted(es.items()):
@@ -168,6 +202,9 @@ def cmd_check(a) -> int:
 def cmd_bench(a) -> int:
     from .bench import format_table, run_bench
 
+    _runnable_device(a.device)
+    for n in a.backend or ():
+        _known_backend(n)  # an unavailable one gets an n/a row with its reasons
     info = run_bench(a.backend or None, ids=a.workload or None, device=a.device, page_order=a.page_order,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(info))
@@ -182,6 +219,15 @@ def cmd_build(a) -> int:
     from .registry import canonical_name
 
     backend = canonical_name(a.backend)
+    # names and URIs first: a typo is reported as such, also where nothing can be built
+    try:
+        jit.list_specs(backend, a.arch)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        specs = [jit.parse_uri(backend, u) for u in a.spec]
+    except ValueError as e:  # the first line: a URI grammar may follow
+        raise UsageError(str(e).splitlines()[0] + f" (attncore build {backend} --list shows the URIs)") from None
     if a.list:
         for s in jit.list_specs(backend, a.arch):
             print(f"{s.uri_for(jit.default_arch(a.arch))}  {s.text()}")
@@ -190,7 +236,7 @@ def cmd_build(a) -> int:
     if rs:
         print("cannot build: " + "; ".join(map(str, rs)), file=sys.stderr)
         return 1
-    for r in jit.build(backend, a.spec or None, arch=a.arch, force=a.force):
+    for r in jit.build(backend, specs or None, arch=a.arch, force=a.force):
         state = f"built in {r.seconds:.1f} s" if r.built else "cached"
         print(f"{r.spec.uri_for(r.arch)}: {state} -> {r.path}")
     return 0
@@ -199,6 +245,8 @@ def cmd_build(a) -> int:
 def cmd_conformance(a, extra: List[str]) -> int:
     from .testing import run_conformance
 
+    if ":" not in a.name:  # module:attr is resolved (and its errors shown) by the suite
+        _known_backend(a.name)
     return run_conformance(a.name, extra)
 
 
@@ -212,32 +260,95 @@ def _positive(text: str) -> int:
     return n
 
 
+def _heads(text: str) -> tuple:
+    try:
+        hq, hkv = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (query heads / KV heads, e.g. 32/8; 32/32 "
+                                         f"without GQA), got {text!r}") from None
+    return hq, hkv
+
+
+def _cc(text: str) -> tuple:
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MAJOR.MINOR, e.g. 9.0, got {text!r}") from None
+    return major, minor
+
+
+def _window(text: str) -> int:
+    from .params import window_left
+
+    try:
+        return window_left(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected -1 (off) or an int >= 0, got {text!r}") from None
+
+
+def _dtype(kind: str):
+    """A converter for dtype names, accepting those the API accepts for ``kind`` (q or kv)."""
+
+    def convert(text: str):
+        from ._api import _DTYPE_ALIASES, SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES
+
+        allowed = SUPPORTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
+        dtype = _DTYPE_ALIASES.get(text.replace("torch.", ""))
+        if dtype not in allowed:
+            names = ", ".join(n for n, d in _DTYPE_ALIASES.items() if d in allowed)
+            raise argparse.ArgumentTypeError(f"expected one of {names}; got {text!r}")
+        return dtype
+
+    convert.__name__ = f"{kind} dtype"
+    return convert
+
+
+def _workload(text: str) -> str:
+    from .bench import select_workloads
+
+    try:
+        select_workloads([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _arch(text: str) -> str:
+    from .jit import default_arch
+
+    arch = default_arch(text)
+    if not arch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an SM arch such as 90, sm90 or sm_90, got {text!r}")
+    return arch
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="attncore", description="attncore: attention backends, checked")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="device, versions and every backend with its state and capabilities")
 
-    e = sub.add_parser("explain", help="which backend serves a problem, and why the others refuse")
+    e = sub.add_parser("explain", help="which backend serves a problem, and why the others refuse",
+                       usage="%(prog)s [options]")
     e.add_argument("--op", default="batch_decode",
                    choices=["single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode",
                             "xqa_decode"])
     e.add_argument("--device", choices=["cpu", "cuda"])
-    e.add_argument("--cc", help="compute capability for cuda, e.g. 9.0")
-    e.add_argument("--q-dtype", default="bfloat16")
-    e.add_argument("--kv-dtype")
-    e.add_argument("--out-dtype")
-    e.add_argument("--heads", default="32/8", help="Hq/Hkv")
-    e.add_argument("--head-dim", type=int, default=128)
-    e.add_argument("--page-size", type=int, default=16)
+    e.add_argument("--cc", type=_cc, help="compute capability for cuda, e.g. 9.0")
+    e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16", help="float16, bfloat16 or float32")
+    e.add_argument("--kv-dtype", type=_dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
+    e.add_argument("--out-dtype", type=_dtype("kv"), help="default: the q dtype")
+    e.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv, e.g. 32/8")
+    e.add_argument("--head-dim", type=_positive, default=128)
+    e.add_argument("--page-size", type=_positive, default=16)
     e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
     e.add_argument("--mask", choices=["none", "causal", "custom"])
-    e.add_argument("--window", type=int, default=-1)
+    e.add_argument("--window", type=_window, default=-1, help="sliding window (keys left of the diagonal); -1: off")
     e.add_argument("--soft-cap", action="store_true")
     e.add_argument("--pos", default="NONE", choices=["NONE", "ROPE_LLAMA", "ALIBI"])
     e.add_argument("--sinks", action="store_true")
     e.add_argument("--fp8-scales", action="store_true")
     e.add_argument("--lse", action="store_true")
-    e.add_argument("--q-len", type=int, default=1)
+    e.add_argument("--q-len", type=_positive, default=1)
     e.add_argument("--spec-mask", action="store_true")
     e.add_argument("--cuda-graph", action="store_true")
     e.add_argument("--backend", default="auto")
@@ -256,9 +367,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "GPU, N on the CPU)")
     c.add_argument("--jobs", type=_positive, metavar="J", help="--fuzz worker processes (default 1)")
 
+    from .bench import WORKLOADS
+
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
     b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
-    b.add_argument("--workload", action="append", help="workload id, e.g. D1, P1 (repeatable)")
+    b.add_argument("--workload", action="append", type=_workload,
+                   help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
+                        + ", ".join(w.id for w in WORKLOADS) + "; default: all")
     b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
                    help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
     b.add_argument("--device", choices=["cpu", "cuda"])
@@ -268,7 +383,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bl.add_argument("backend", nargs="?", default="cuda_fa2")
     bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
     bl.add_argument("--list", action="store_true", help="list the specializations instead")
-    bl.add_argument("--arch", help="target arch, e.g. 90 (default: the current GPU, else 90)")
+    bl.add_argument("--arch", type=_arch, help="target arch, e.g. 90 (default: the current GPU, else 90)")
     bl.add_argument("--force", action="store_true", help="rebuild even if cached")
 
     cf = sub.add_parser("conformance", help="run the conformance suite on one backend (extra args go to pytest)")
@@ -277,17 +392,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args, extra = p.parse_known_args(argv)
     if extra and args.cmd != "conformance":
         p.error("unrecognized arguments: " + " ".join(extra))
-    if args.cmd == "info":
-        return cmd_info(args)
-    if args.cmd == "explain":
-        return cmd_explain(args)
-    if args.cmd == "check":
-        return cmd_check(args)
-    if args.cmd == "bench":
-        return cmd_bench(args)
-    if args.cmd == "build":
-        return cmd_build(args)
-    return cmd_conformance(args, extra)
+    commands = {"info": cmd_info, "explain": cmd_explain, "check": cmd_check, "bench": cmd_bench,
+                "build": cmd_build}
+    try:
+        if args.cmd == "conformance":
+            return cmd_conformance(args, extra)
+        return commands[args.cmd](args)
+    except UsageError as err:
+        sub.choices[args.cmd].error(str(err))  # exits 2
 
 
 if __name__ == "__main__":

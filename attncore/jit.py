@@ -440,25 +440,29 @@ def register_specs(backend: str, list_fn: Callable[[str], List[Spec]],
         _ALIASES[a] = backend
 
 
+def _import_specs(name: str) -> None:
+    """Built-in backends register their specializations when their ``specs`` module is imported."""
+    try:
+        importlib.import_module(f"attncore.backends.{name}.specs")
+    except ImportError:
+        pass
+
+
 def _provider(backend: str) -> _Provider:
     name = _ALIASES.get(backend, backend)
     if name not in _PROVIDERS:
-        try:
-            importlib.import_module(f"attncore.backends.{name}.specs")
-        except ImportError:
-            pass
+        _import_specs(name)
         name = _ALIASES.get(backend, name)
     if name not in _PROVIDERS:
-        raise ValueError(f"backend {backend!r} registers no JIT specializations; known: {sorted(_PROVIDERS)}")
+        raise ValueError(f"backend {backend!r} registers no JIT specializations; known: "
+                         + ", ".join(_known_backends()))
     return _PROVIDERS[name]
 
 
 def _known_backends() -> List[str]:
     for name in ("cuda_fa2", "xqa"):
-        try:
-            _provider(name)
-        except ValueError:
-            pass
+        if name not in _PROVIDERS:
+            _import_specs(name)
     return sorted(_PROVIDERS)
 
 

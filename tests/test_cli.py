@@ -1,4 +1,4 @@
-"""The attncore command, run as a subprocess the way users run it."""
+"""The attncore command, run as a subprocess the way users run it (argument errors: main() in-process)."""
 
 import json
 import os
@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def _run(*args, timeout=600, env=None):
@@ -117,3 +118,108 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     assert "refused by sdpa:" in r.stdout and "op: got batch_decode" in r.stdout
     r = _run("info", env={"ATTNCORE_PLUGINS": ""})  # the allow-list can switch third-party plugins off
     assert r.returncode == 0 and "sdpa [plugin" not in r.stdout
+
+
+# ---- issue 14: what a newcomer ran into
+
+@pytest.mark.parametrize("args, says", [
+    (["explain", "--op", "batch_decode", "--heads", "32"], "argument --heads: expected Hq/Hkv"),
+    (["explain", "--heads", "a/b"], "argument --heads"),
+    (["explain", "--heads", "32/7"], "multiple of num_kv_heads"),
+    (["explain", "--heads", "0/1"], "num_qo_heads: got 0"),
+    (["explain", "--q-dtype", "foo"], "argument --q-dtype: expected one of float16"),
+    (["explain", "--q-dtype", "e4m3"], "argument --q-dtype"),
+    (["explain", "--kv-dtype", "int8"], "argument --kv-dtype"),
+    (["explain", "--head-dim", "-1"], "argument --head-dim"),
+    (["explain", "--page-size", "0"], "argument --page-size"),
+    (["explain", "--q-len", "0"], "argument --q-len"),
+    (["explain", "--window", "-5"], "argument --window"),
+    (["explain", "--device", "cuda", "--cc", "x"], "argument --cc: expected MAJOR.MINOR"),
+    (["explain", "--backend", "nosuch"], "known backends: "),
+    (["check", "--backend", "nosuch"], "known backends: "),
+    (["check", "--backend", "nosuch", "--fuzz", "2"], "known backends: "),
+    (["check", "--backend", "no_such_module:X", "--fuzz", "2"], "no_such_module"),
+    (["bench", "--workload", "ZZ"], "known: D1, "),
+    (["bench", "--backend", "nosuch", "--workload", "D1"], "known backends: "),
+    (["build", "nosuch", "--list"], "known: cuda_fa2, xqa"),
+    (["build", "cuda_fa2", "bogus"], "not a cuda_fa2 specialization URI: 'bogus'"),
+    (["build", "--arch", "x", "--list"], "argument --arch"),
+    (["conformance", "nosuch"], "known backends: "),
+])
+def test_a_bad_argument_is_a_usage_error(args, says, capsys):
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    assert says in line and line.startswith(f"attncore {args[0]}: error:"), err
+    if "known backends" in says:
+        assert "reference" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("cmd", ["check", "bench"])
+def test_device_cuda_without_a_gpu_is_a_usage_error(cmd, capsys):
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--device", "cuda"])
+    assert e.value.code == 2 and "--device cuda: no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_bench_help_lists_the_workloads(capsys):
+    from attncore.bench import WORKLOADS, select_workloads
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert e.value.code == 0 and all(w.id in out for w in WORKLOADS)
+    assert [w.id for w in select_workloads(["P1"])] == ["P1-causal", "P1-full"]
+    with pytest.raises(ValueError, match="unknown workload ZZ; known: D1"):
+        select_workloads(["D1", "ZZ"])
+
+
+def test_explain_names_the_dtype_not_the_device_for_bf16_on_cpu(capsys):
+    from attncore import registry
+    from attncore.cli import main
+
+    if not registry.entries()["triton"].is_available:
+        pytest.skip("triton unavailable here")
+    main(["explain", "--op", "single_prefill", "--device", "cpu", "--q-dtype", "bfloat16", "--heads", "4/4",
+          "--head-dim", "64"])
+    out = capsys.readouterr().out
+    refusal = out.split("refused by triton:")[1].split("\n  ")[0]
+    assert "q_dtype: got bf16, supported {fp16, fp32} on cpu" in out and "device" not in refusal, out
+
+
+def test_check_table_says_what_its_numbers_are():
+    from attncore.check import CheckResult, format_table
+
+    table = format_table([CheckResult("reference", "single-causal-float16", "pass", 3.6e-4, 3.3e-3),
+                          CheckResult("sdpa", "single-causal-float16", "n/a")])
+    assert "max abs error / tolerance" in table and "fp64 golden" in table and "2x the error" in table
+    row = [x for x in table.splitlines() if x.startswith("single-causal-float16")][0]
+    assert "pass 3.6e-04 / 3.3e-03" in row and row.endswith("n/a")
+
+
+def test_info_says_capabilities_in_words():
+    r = _run("info")
+    assert r.returncode == 0, r.stderr
+    assert "head dims: multiples of 16 up to 256" in r.stdout  # triton
+    assert " d x" not in r.stdout and "pages any" not in r.stdout
+    if "  sdpa [" in r.stdout:  # no paged op: no page sizes
+        sdpa = r.stdout.split("  sdpa [")[1].split("\n  triton [")[0]
+        assert "head dims: any" in sdpa and "page sizes" not in sdpa
+
+
+def test_numpy_is_a_runtime_dependency():
+    """Triton's CPU interpreter imports numpy: without it, `pip install -e . && attncore check`
+    on a CPU checks the reference backend only."""
+    tomllib = pytest.importorskip("tomllib")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    assert any(d.split(";")[0].strip().startswith("numpy") for d in deps), deps

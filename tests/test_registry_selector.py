@@ -235,3 +235,41 @@ def test_cuda_device_refuses_other_devices_by_name():
 
     with pytest.raises(ValueError, match="xqa: device cpu is not a CUDA device"):
         cuda_device("cpu", "xqa")
+
+
+def test_refusal_reasons_come_from_the_entry_for_the_problems_device():
+    """A CUDA entry claiming bf16 and a CPU entry without it: bf16 on the CPU is refused for its
+    dtype (on cpu), not for the device (issue 14)."""
+    both = Capabilities(ops=frozenset({"single_prefill"}), devices=frozenset({"cuda"}),
+                        q_dtypes=frozenset({torch.float16, torch.bfloat16}),
+                        kv_dtypes=frozenset({torch.float16, torch.bfloat16}))
+    cpu = Capabilities(ops=frozenset({"single_prefill"}), devices=frozenset({"cpu"}),
+                       q_dtypes=frozenset({torch.float16}), kv_dtypes=frozenset({torch.float16}))
+    b = Fake("split")
+    b.capabilities = (both, cpu)
+    bf16 = P.replace(q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    assert [(r.axis, r.supported) for r in b.reasons(bf16)] == [("q_dtype", "{fp16} on cpu"),
+                                                                ("kv_dtype", "{fp16} on cpu")]
+    assert b.reasons(P) == []
+    # no entry for the device: the device is the reason
+    assert [r.axis for r in b.reasons(P.replace(device_type="mps"))] == ["device"]
+    # a single entry: its limits hold everywhere, nothing to say "on cpu" about
+    (r,) = Fake("d128", head_dims=[128]).reasons(P)
+    assert r.supported == "{128}"
+
+
+def test_summarize_is_plain_words():
+    from attncore.capabilities import summarize
+
+    dense = Capabilities(ops=frozenset({"single_prefill"}), devices=frozenset({"cuda"}),
+                         min_compute_capability=(8, 0), head_dim_multiple=16, max_head_dim=256)
+    paged = Capabilities(ops=frozenset({"batch_decode"}), head_dims=frozenset({64, 128}),
+                         page_sizes=frozenset({1, 16}), features=frozenset({"sinks"}))
+    head, body = summarize([dense])
+    assert head == "single_prefill on cuda sm80+:"
+    assert "head dims: multiples of 16 up to 256" in body and "page" not in body
+    assert "features: none" in body and "q dtypes: bf16, fp16" in body
+    head, body = summarize([paged])
+    assert "head dims: 64, 128" in body and "page sizes: 1, 16" in body and "features: sinks" in body
+    anyd = Capabilities(ops=frozenset({"batch_decode"}))
+    assert "head dims: any; page sizes: any" in summarize([anyd])[1]

@@ -73,6 +73,23 @@ def test_priority():
     assert b.priority(_p(device_type="cuda", compute_capability=(9, 0), return_lse=True)) < 55
 
 
+def test_priority_ranks_as_the_plugin_readme_says():
+    """plugins/attncore-sdpa/README.md: first for dense prefill without LSE on sm80+ GPUs; with the
+    LSE, above the reference and below the built-in CUDA backends."""
+    from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+    from attncore.backends.triton.backend import TritonBackend
+    from attncore.reference.backend import ReferenceBackend
+
+    b, builtins = SdpaBackend(), (CudaFa2Backend(), TritonBackend())
+    for op in ("single_prefill", "batch_prefill_ragged"):
+        for cc in ((8, 0), (9, 0)):
+            p = _p(op=op, device_type="cuda", compute_capability=cc, mask="causal", q_dtype=torch.bfloat16,
+                   kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+            assert all(b.priority(p) > o.priority(p) for o in builtins), p.describe()
+            lse = p.replace(return_lse=True)
+            assert all(ReferenceBackend().priority(lse) < b.priority(lse) < o.priority(lse) for o in builtins)
+
+
 @pytest.mark.parametrize("qo, kv", [(5, 5), (3, 11), (1, 1)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_public_api_matches_reference(sdpa, qo, kv, causal):
