@@ -363,7 +363,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--seed", type=int, default=0, help="seed of the --fuzz run (default 0)")
     c.add_argument("--replay", type=int, metavar="SEED", help="replay one problem that --fuzz printed")
     c.add_argument("--configs", type=_positive, metavar="C",
-                   help="kernel configurations the N problems share (default: N/40 within 4..256 on a "
+                   help="kernel configurations the N problems share (default: N/150 within 4..128 on a "
                         "GPU, N on the CPU)")
     c.add_argument("--jobs", type=_positive, metavar="J", help="--fuzz worker processes (default 1)")
 

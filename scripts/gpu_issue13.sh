@@ -50,10 +50,11 @@ fi
 if has fuzz; then
   for b in triton cuda_fa2 xqa; do
     s=$(date +%s)
-    python3 -m attncore.cli check --fuzz "$N" --seed 13 --backend "$b" --jobs 8 --json "$OUT/fuzz_$b.json" \
-      > "/tmp/fuzz_$b.txt" 2> "/tmp/fuzz_${b}_err.txt"
+    timeout "${FUZZ_T:-200}" python3 -m attncore.cli check --fuzz "$N" --seed "${SEED:-13}" --backend "$b" \
+      --jobs "${JOBS:-8}" --json "$OUT/fuzz_$b.json" > "/tmp/fuzz_$b.txt" 2> "/tmp/fuzz_${b}_err.txt"
     echo "fuzz $b: exit $? in $(( $(date +%s) - s )) s"; head -12 "/tmp/fuzz_$b.txt"
-  done | tee -a "$LOG"
-  cat /tmp/fuzz_*_err.txt | grep -A3 MISMATCH | head -60 > "$OUT/fuzz_mismatches.txt"
+    grep "problems," "/tmp/fuzz_${b}_err.txt" | tail -8
+  done >> "$LOG" 2>&1
+  cat /tmp/fuzz_*_err.txt | grep -v "problems,\|Warning\|val = self" | head -150 > "$OUT/fuzz_err.txt"
   stamp "fuzz done"
 fi

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -192,7 +193,7 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
             rep.mismatches.append(Mismatch(s, desc, shapes, errs[:6]))
             if progress:
                 progress(f"MISMATCH {backend.name} --replay {s}: {desc} {shapes}\n  " + "\n  ".join(errs[:3]))
-        if progress and rep.run % 500 == 0:
+        if progress and rep.run % 250 == 0:
             progress(f"{backend.name}: {rep.run} problems, {len(rep.mismatches)} mismatches, "
                      f"{time.perf_counter() - t0:.0f} s")
     rep.seconds = time.perf_counter() - t0
@@ -200,9 +201,10 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
 
 
 def default_configs(n: int, device: str) -> int:
-    """On a GPU, problems share configurations so that kernels compile once per ~40 problems; the
-    CPU (Triton's interpreter, the reference) compiles nothing, so each problem gets its own."""
-    return n if device == "cpu" else max(4, min(256, n // 40))
+    """On a GPU, problems share configurations so that each kernel compiles once per ~150 problems
+    (a Triton or nvcc build takes seconds, a problem milliseconds); the CPU (Triton's interpreter,
+    the reference) compiles nothing, so each problem gets its own."""
+    return n if device == "cpu" else max(4, min(128, n // 150))
 
 
 def _worker(args):
@@ -210,7 +212,8 @@ def _worker(args):
     from . import resolve_backend
 
     backend, _ = resolve_backend(name)
-    return fuzz(backend, n, seed=seed, device=device, configs=configs, worker=(w, jobs))
+    say = lambda m: print(f"[worker {w}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    return fuzz(backend, n, seed=seed, device=device, configs=configs, worker=(w, jobs), progress=say)
 
 
 def fuzz_parallel(name: str, n: int, *, seed: int = 0, device: Optional[str] = None, configs: Optional[int] = None,
