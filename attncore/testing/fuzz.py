@@ -211,6 +211,9 @@ def _worker(args):
     name, n, seed, device, configs, w, jobs = args
     from . import resolve_backend
 
+    # each worker's host math on its own cores: J processes x all-core thread pools thrash
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
+
     backend, _ = resolve_backend(name)
     say = lambda m: print(f"[worker {w}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     return fuzz(backend, n, seed=seed, device=device, configs=configs, worker=(w, jobs), progress=say)
