@@ -104,7 +104,18 @@ def tile_shapes(p: AttentionProblem, rng: random.Random) -> Tuple[List[int], Lis
 
     def below_above():  # (qo, kv) with 21 <= qo <= kv
         qo = rng.choice(big)
-        return qo, rng.choice([n for n in TILE_LENS if n >= qo])
+        if rng.random() < 0.5:
+            return qo, rng.choice([n for n in TILE_LENS if n >= qo])
+        # Or a kv that puts, for some row tile (bm rows) ending at packed row r, the key just past its
+        # last token's causal bound on a key-tile (bn) boundary: a tile range one token short (issue
+        # 13's slip) then misses a whole key tile instead of being rescued by the masked tail tile.
+        g = p.group_size
+        bm, bn = rng.choice((16, 32, 64, 128)), rng.choice((32, 64, 128))
+        ends = [r for r in range(bm, qo * g, bm) if r % g]
+        if not ends:
+            return qo, rng.choice([n for n in TILE_LENS if n >= qo])
+        r = rng.choice(ends)
+        return qo, qo + (-(r // g)) % bn + bn * rng.randint(0, 1)
 
     if p.op in DECODE_OPS:
         b = rng.randint(1, 3)
