@@ -687,3 +687,29 @@ def gpu_test_uris() -> List[str]:
     if HAS_CUDA and torch.cuda.get_device_capability() == (9, 0):
         u += [k.uri for k in specs.sm90_keys()]
     return sorted(set(u))
+
+
+@pytest.mark.parametrize("backend,device,dtype", [
+    ("reference", "cpu", torch.float32), ("triton", "cpu", torch.float16),
+    pytest.param("cuda_fa2", "cuda", torch.bfloat16, marks=gpu)])
+def test_sink_far_above_alibi_logits_keeps_lse_finite(backend, device, dtype):
+    """Found by `attncore check --fuzz` (cuda_fa2, H100): ALiBi put a row's logits ~190 (base 2) below
+    its sink; folding the sink as ex2(sink - row max) overflowed to inf, so LSE was +inf (the output,
+    ~0, hid it). qo > kv, non-causal, window, as drawn."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import attncore
+    from attncore.testing.golden import max_error
+
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(222, 6, 64, generator=g).to(dtype)
+    k = torch.randn(21, 2, 64, generator=g).to(dtype)
+    v = torch.randn(21, 2, 64, generator=g).to(dtype)
+    sinks = torch.randn(6, generator=g).float() + 1
+    kw = dict(pos_encoding_mode="ALIBI", window_left=24, return_lse=True)
+    out, lse = attncore.single_prefill_with_kv_cache(q.to(device), k.to(device), v.to(device), sinks=sinks.to(device),
+                                                     backend=backend, **kw)
+    go, gl = golden_attention(q, k, v, sinks=sinks, window_left=24, pos_encoding_mode="ALIBI")
+    assert torch.isfinite(lse).all(), lse[~torch.isfinite(lse)][:4]
+    assert max_error(lse.float(), gl) < 1e-2
+    assert max_error(out.float(), go) < 1e-2

@@ -94,6 +94,18 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// Folds a sink's base-2 logit into a row's softmax denominator L (kept relative to the row max Mu):
+// against the larger of the two, since ex2(sink - Mu) overflows to inf when ALiBi puts a row's
+// logits 128+ below its sink.  Mu becomes that max; returns the factor that rescales O (relative to
+// the old Mu).  When the row max is the larger (the usual case) this is L += ex2(sink - Mu), bit for bit.
+__device__ __forceinline__ float fold_sink(float& L, float& Mu, float sink_log2) {
+  const float mt = fmaxf(Mu, sink_log2);
+  const float f = ex2(Mu - mt);
+  L = L * f + ex2(sink_log2 - mt);
+  Mu = mt;
+  return f;
+}
+
 // fp8 (1 byte) -> two 16-bit values of T, exact (e4m3/e5m2 fit fp16 and bf16).
 template <typename T, int KVKIND> __device__ __forceinline__ uint32_t fp8x2_to(uint16_t v) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, KVKIND == 1 ? __NV_E4M3 : __NV_E5M2);
@@ -576,7 +588,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     float M = kNegInf;
 #pragma unroll
     for (int w = 0; w < Cfg::NWKV; ++w) M = fmaxf(M, eM[w * CTA_Q + r]);
-    const float Mu = M == kNegInf ? 0.f : M;
+    float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -594,9 +606,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     // L == 0: the row saw no key (0, -inf).  A NaN query gives NaN L (its m stays -inf: fmaxf drops
     // NaN), and NaN != 0 lets it reach the output and LSE (semantics.md, non-finite inputs rule 3).
     if (L != 0.f) {
-      if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
+      float f = 1.f;
+      if (final_out && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
       lse_v = Mu + log2f(L);
-      scale = (final_out ? p.out_scale : 1.f) / L;
+      scale = (final_out ? p.out_scale : 1.f) * f / L;
     }
     if (final_out) {
       T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h + c * 8;
@@ -636,7 +649,7 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
   float M = kNegInf;
 #pragma unroll 8
   for (int s = 0; s < ns; ++s) M = fmaxf(M, lp[s * rs]);
-  const float Mu = M == kNegInf ? 0.f : M;
+  float Mu = M == kNegInf ? 0.f : M;
   float L = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const float* op = p.o_part + (base * p.num_qo_heads + h) * D + c * 4;
@@ -649,9 +662,10 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
   }
   float lse_v = kNegInf, scale = 0.f;
   if (L != 0.f) {  // as in the main epilogue: 0 = no key in any split; NaN (a NaN query) propagates
-    if (p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
+    float f = 1.f;
+    if (p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
     lse_v = Mu + log2f(L);
-    scale = p.out_scale / L;
+    scale = p.out_scale * f / L;
   }
   T* dst = reinterpret_cast<T*>(p.o) + (int64_t)n * p.o_stride_n + (int64_t)h * p.o_stride_h + c * 4;
   uint2 pk;

@@ -372,12 +372,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
       if (lr >= rows_here) continue;
       const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
-      const float Mu = m[h2] == kNegInf ? 0.f : m[h2];
+      float Mu = m[h2] == kNegInf ? 0.f : m[h2];
       float lse_v = kNegInf, scale = 0.f;
       if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
-        if (final_out && p.sinks != nullptr) L += ex2(p.sinks[h] * kLog2e - Mu);
+        float f = 1.f;
+        if (final_out && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
         lse_v = Mu + log2f(L);
-        scale = (final_out ? p.out_scale : 1.f) / L;
+        scale = (final_out ? p.out_scale : 1.f) * f / L;
       }
       if (final_out) {
         T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h +
