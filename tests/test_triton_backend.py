@@ -1007,3 +1007,22 @@ def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
     assert kind == "fast" and a[:4] == (4, 1, 1, 0) and a[-3:] == (x, 7, 32) and fl.fast_calls == 1
     fl(x[1:], 7)  # 2-byte offset: not 16-byte aligned
     assert calls[-1][0] == "plain" and fl.fast_calls == 1
+
+
+def test_unavailable_hint_names_the_missing_module(monkeypatch):
+    """Triton's interpreter imports numpy: without it the hint must say numpy, not triton."""
+    import builtins
+    import sys
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "triton":
+            raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
+        return real(name, *a, **k)
+
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setattr(builtins, "__import__", fake)
+    reasons = TritonBackend().available()
+    assert [r.hint for r in reasons] == ["pip install numpy"], reasons
+    assert "No module named 'numpy'" in str(reasons[0])

@@ -178,8 +178,10 @@ class TritonBackend(Backend):
         try:
             import triton  # noqa: F401
         except Exception as e:  # ImportError, or a broken install
+            # name the module that is really missing (numpy, which Triton's interpreter imports, say)
+            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
             return [Reason("import", f"triton not importable ({type(e).__name__}: {e})",
-                           "triton >= 3.0", "pip install triton")]
+                           "triton >= 3.0", f"pip install {missing or 'triton'}")]
         if _interpreting():
             return []
         try:
