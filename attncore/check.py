@@ -100,11 +100,12 @@ def _rand(shape, dtype, device, gen, scale=1.0):
 def _paged(ks, vs, page_size, layout, device, gen):
     """Scatter per-request dense K/V into a shuffled paged cache."""
     counts = [(k.shape[0] + page_size - 1) // page_size for k in ks]
-    total = sum(counts) + 2  # spare pages hold garbage nobody may read
+    total = sum(counts) + 2  # spare pages nobody may read
     hkv, d = ks[0].shape[1], ks[0].shape[2]
     perm = torch.randperm(total, generator=gen)[: sum(counts)].to(torch.int32)
     dtype = ks[0].dtype
-    cache = _rand((total, 2, page_size, hkv, d), torch.float32, "cpu", gen).to(dtype)
+    # spare pages and the rest of each last page hold NaN: no result may depend on them (docs/semantics.md)
+    cache = torch.full((total, 2, page_size, hkv, d), float("nan")).to(dtype)
     indptr, last, pos = [0], [], 0
     for k, v, n in zip(ks, vs, counts):
         for j in range(n):

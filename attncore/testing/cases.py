@@ -12,10 +12,14 @@ How the cases are chosen, for each op the backend claims on the test device:
    case; a probe it refuses becomes a ``refusal`` case.  So a backend is tested on exactly what it
    claims, and everything just outside the claim must be refused;
 3. *edge* shapes at the base problem (kv_len 0, qo_len > kv_len, one token, page_size 1, last page
-   full, non-contiguous views, fully masked rows), always included;
+   full or holding one token, non-contiguous views, fully masked rows), always included, and *tiles*
+   shapes (lengths at multiples of 16/32/64/128 and one off, qo < kv and qo > kv) with every claimed
+   GQA group that does not divide a tile (3, 5, 6, 7, 12);
 4. a reproducible random sample of multi-axis combinations of claimed values (``--attncore-full``
    draws many more);
-5. ``merge`` (LSE merging) and ``cuda_graph`` (replay equals eager) cases where claimed.
+5. ``nonfinite`` (NaN in a query row and left of the window: ``docs/semantics.md``), ``merge`` (LSE
+   merging) and ``cuda_graph`` (replay equals eager) cases where claimed.  Every case fills the K/V
+   slots no request may read with NaN.
 
 Case ids read like ``reference-batch_prefill_paged-fp16-d128-g4-p16-causal-lse-edge`` so that
 ``-k`` selects them and ``Backend.known_failures`` substrings match them.
