@@ -63,6 +63,19 @@ def test_builtins_are_discovered_through_entry_points(clean_registry):
     assert es["reference"].is_available
 
 
+@pytest.mark.parametrize("name,module", [("xqa", "attncore.backends.xqa.backend"),
+                                         ("cuda_fa2", "attncore.backends.cuda_fa2.backend"),
+                                         ("triton", "attncore.backends.triton.backend")])
+def test_builtin_whose_import_fails_is_listed_unavailable(clean_registry, monkeypatch, name, module):
+    """A built-in backend that cannot import is shown with the reason, not silently dropped."""
+    monkeypatch.setitem(sys.modules, module, None)  # `from .backend import X` now raises ImportError
+    registry.reload()
+    entry = registry.entries()[name]
+    assert entry.backend is None and not entry.is_available
+    assert "ModuleNotFoundError" in entry.load_error and module in entry.load_error
+    assert any(module in str(r) for r in entry.unavailable_reasons())
+
+
 def test_auto_picks_highest_priority_and_explains(clean_registry):
     registry.register_backend(Recording("fast", prio=50))
     registry.register_backend(Recording("slow", prio=30))

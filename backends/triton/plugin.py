@@ -1,7 +1,8 @@
 """Registers the Triton backend with attncore (entry point ``attncore.backends: triton``).
 
-Imports cheaply and never raises: triton itself is imported lazily (``available()`` reports a
-missing or broken install).  On a machine without a CUDA GPU, Triton's interpreter is switched on
+Imports cheaply: triton itself is imported lazily (``available()`` reports a missing or broken
+install); an error importing the backend module reaches the registry, which lists the backend as
+unavailable with that reason.  On a machine without a CUDA GPU, Triton's interpreter is switched on
 (``TRITON_INTERPRET=1``) unless the variable is already set: Triton reads it when ``@triton.jit``
 decorates a function (``triton.knobs.runtime.interpret``, an env-backed knob read at access time in
 triton 3.9, checked here; the same knob exists since 3.4), and our kernel modules are imported only
@@ -30,10 +31,8 @@ def _maybe_enable_interpreter() -> None:
 
 @hookimpl
 def attncore_backends():
-    try:
-        _maybe_enable_interpreter()
-        from .backend import TritonBackend
+    _maybe_enable_interpreter()
+    # an import error propagates: the registry lists triton as unavailable with the reason
+    from .backend import TritonBackend
 
-        return [TritonBackend()]
-    except Exception:  # never break attncore's import; the registry shows no triton backend
-        return []
+    return [TritonBackend()]

@@ -1,13 +1,11 @@
-"""pluggy entry point of the built-in xqa backend.  Cheap to import; never raises."""
+"""pluggy entry point of the built-in xqa backend.  Cheap to import."""
 
 from attncore.hooks import hookimpl
 
 
 @hookimpl
 def attncore_backends():
-    try:
-        from .backend import XqaBackend
+    # an import error propagates: the registry lists the backend as unavailable with the reason
+    from .backend import XqaBackend
 
-        return [XqaBackend()]
-    except Exception:  # a broken install must not break attncore's import
-        return []
+    return [XqaBackend()]
