@@ -136,7 +136,7 @@ def default_problem(op: str, device_type: str, cc=None) -> AttentionProblem:
         page_size=16 if op in PAGED_OPS else None, kv_layout="NHD", mask="none")
 
 
-def _claimed(backend: Backend, p: AttentionProblem) -> bool:
+def claims(backend: Backend, p: AttentionProblem) -> bool:
     return not backend.reasons(p)
 
 
@@ -175,7 +175,7 @@ def find_base(backend: Backend, op: str, device_type: str, cc, dtypes) -> Option
                                         q_dtype=qd, kv_dtype=kd, out_dtype=qd, head_dim_qk=d, head_dim_vo=d,
                                         kv_layout=layout, mask=mask, page_size=page, q_len_per_req=ql)
                                     p = normalize(p)
-                                    if _claimed(backend, p):
+                                    if claims(backend, p):
                                         return p
     return None
 
@@ -221,6 +221,21 @@ def _sweep(base: AttentionProblem, dtypes) -> List[Tuple[str, AttentionProblem]]
     if base.op == "xqa_decode":
         out.append(("spec_mask", base.replace(q_len_per_req=max(2, base.q_len_per_req), spec_mask=True)))
     return [(a, normalize(p)) for a, p in out]
+
+
+def sweep_claims(backend: Backend, base: AttentionProblem, dtypes
+                 ) -> Tuple[Dict[str, List[AttentionProblem]], List[Tuple[str, AttentionProblem]]]:
+    """The one-axis variations of ``base``: per axis those the backend claims, and the refused ones
+    as (axis, problem).  The suite computes the first and checks the refusal of the second; the
+    fuzzer (``fuzz.py``) combines the first."""
+    claimed: Dict[str, List[AttentionProblem]] = {}
+    refused: List[Tuple[str, AttentionProblem]] = []
+    for axis, p in _sweep(base, dtypes):
+        if claims(backend, p):
+            claimed.setdefault(axis, []).append(p)
+        else:
+            refused.append((axis, p))
+    return claimed, refused
 
 
 def _thin(values: Sequence, keep: int, rng: random.Random) -> List:
@@ -309,12 +324,9 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
             continue
         found_any = True
         numerics: List[Tuple[AttentionProblem, str]] = [(base, "")]
-        axis_values: Dict[str, List[AttentionProblem]] = {}
-        for axis, p in _sweep(base, dtypes):
-            if _claimed(backend, p):
-                axis_values.setdefault(axis, []).append(p)
-            else:
-                add("refusal", p, note=axis)
+        axis_values, refused = sweep_claims(backend, base, dtypes)
+        for axis, p in refused:
+            add("refusal", p, note=axis)
         for axis, ps in axis_values.items():
             if not full and axis in ("head_dim", "group", "page_size", "q_len_per_req", "kv_dtype", "out_dtype"):
                 ps = _thin(ps, 3, rng)
@@ -324,7 +336,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         for p in masks:
             numerics.append((p, "edge"))
             pl = p.replace(return_lse=True)
-            if pl != p and _claimed(backend, pl):
+            if pl != p and claims(backend, pl):
                 numerics.append((pl, "edge"))
         numerics.append((base, "strided"))
         numerics.append((base, "tok1"))
@@ -339,7 +351,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         tile_mask = next((p.mask for p in masks if p.mask == "causal"), base.mask)
         for p in [base] + [p for p in axis_values.get("group", []) if p.group_size in ODD_GROUPS]:
             pt = normalize(p.replace(mask=tile_mask))
-            if _claimed(backend, pt):
+            if claims(backend, pt):
                 numerics.append((pt, "tiles"))
         # Random multi-axis combinations of claimed values.
         pools = {axis: ps for axis, ps in axis_values.items()}
@@ -354,14 +366,14 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
                 opts = pools.get(axis)
                 if opts and rng.random() < 0.5:
                     v = rng.choice(opts)
-                    p = _copy_axis(p, v, axis)
+                    p = copy_axis(p, v, axis)
             for f in claimed_features:
                 if rng.random() < 0.35:
                     p = with_feature(p, f)
             if base.op == "xqa_decode" and "spec_mask" in pools and rng.random() < 0.3:
                 p = p.replace(spec_mask=True, q_len_per_req=max(2, p.q_len_per_req))
             p = normalize(p)
-            if _claimed(backend, p):
+            if claims(backend, p):
                 made += 1
                 numerics.append((p, f"r{made}"))
         for p, tag in numerics:
@@ -370,18 +382,18 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         # window of every row where a window is claimed (every case already poisons out-of-range keys).
         for p in [base] + axis_values.get("window", []):
             pl = p.replace(return_lse=True)
-            add("nonfinite", pl if _claimed(backend, pl) else p, tag="nf")
+            add("nonfinite", pl if claims(backend, pl) else p, tag="nf")
         # LSE merging: split the keys, merge the two partial states, compare with the full golden.
         if op in ("single_prefill", "batch_prefill_ragged"):
             pm = base.replace(mask="none", return_lse=True, sinks=False)
-            if _claimed(backend, pm):
+            if claims(backend, pm):
                 add("merge", pm)
         # CUDA graphs.
         pg = base.replace(cuda_graph=True)
-        if _claimed(backend, pg):
+        if claims(backend, pg):
             add("cuda_graph", pg, tag="edge")
             pgl = pg.replace(return_lse=True)
-            if _claimed(backend, pgl):
+            if claims(backend, pgl):
                 add("cuda_graph", pgl, tag="edge")
     if not found_any and not unavailable:
         add("fail", None, cid=f"{name}-no-cases",
@@ -393,7 +405,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
     return fams
 
 
-def _copy_axis(p: AttentionProblem, src: AttentionProblem, axis: str) -> AttentionProblem:
+def copy_axis(p: AttentionProblem, src: AttentionProblem, axis: str) -> AttentionProblem:
     if axis == "q_dtype":
         kd = p.kv_dtype if p.kv_dtype in FP8_DTYPES else src.q_dtype
         return p.replace(q_dtype=src.q_dtype, out_dtype=src.q_dtype, kv_dtype=kd)

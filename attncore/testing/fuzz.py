@@ -26,8 +26,8 @@ import torch
 from ..backend import Backend
 from ..problem import DECODE_OPS, AttentionProblem
 from . import runner
-from .cases import TESTED_OPS, _claimed, _copy_axis, _sweep, find_base, float_dtypes, normalize, pick_device
-from .cases import problem_id, with_feature
+from .cases import (TESTED_OPS, claims, copy_axis, find_base, float_dtypes, normalize, pick_device, problem_id,
+                    sweep_claims, with_feature)
 
 # Longest sequence and largest batch drawn: on a GPU, tiles of up to 128 rows are crossed twice; the
 # CPU (the reference in float64, Triton's interpreter) gets smaller problems so that CI stays fast.
@@ -72,10 +72,7 @@ class Pools:
             base = find_base(backend, op, device, cc, dtypes)
             if base is None:
                 continue
-            pools: Dict[str, List[AttentionProblem]] = {}
-            for axis, p in _sweep(base, dtypes):
-                if _claimed(backend, p):
-                    pools.setdefault(axis, []).append(p)
+            pools, _ = sweep_claims(backend, base, dtypes)
             features = [a for a in pools if a not in AXES and a != "spec_mask"]
             self.ops[op] = (base, pools, features)
 
@@ -87,7 +84,7 @@ class Pools:
             p = base
             for axis in AXES:
                 if pools.get(axis) and rng.random() < 0.5:
-                    p = _copy_axis(p, rng.choice(pools[axis]), axis)
+                    p = copy_axis(p, rng.choice(pools[axis]), axis)
             for f in features:
                 if rng.random() < 0.3:
                     p = with_feature(p, f)
@@ -98,7 +95,7 @@ class Pools:
             if rng.random() < 0.5:
                 p = p.replace(return_lse=True)
             p = normalize(p)
-            if _claimed(self.backend, p):
+            if claims(self.backend, p):
                 return p
         return base
 
@@ -154,10 +151,10 @@ def run_one(pools: Pools, seed: int) -> Tuple[AttentionProblem, Optional[runner.
     except Exception as e:  # the harness's own bug: report it, never hide it as a pass
         return p, None, [f"building inputs failed: {type(e).__name__}: {e}"]
     try:
-        snap = runner._snapshot(b)
+        snap = runner.snapshot(b)
         plan = be.plan(p, b.meta)
         be.run(plan, b.args)
-        runner._sync(pools.device)
+        runner.sync(pools.device)
     except Exception as e:
         return p, b, [f"{type(e).__name__}: {e}"]
     what = "with NaN in a query row and left of the window: " if nonfinite else ""

@@ -412,7 +412,7 @@ def expected(b: Built):
 # ---------------------------------------------------------------------------------------------
 # Checking
 # ---------------------------------------------------------------------------------------------
-def _snapshot(b: Built):
+def snapshot(b: Built):
     ts = list(b.storages)
     m = b.meta
     for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.kv_last_page_len, m.kv_lens, m.packed_mask, m.mask_indptr,
@@ -528,7 +528,7 @@ def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optiona
     return errs
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -550,16 +550,16 @@ def run_numerics(case) -> None:
     be, p = case.backend, case.problem
     b = build(p, case.tag, case.seed, case.device)
     exp = expected(b)
-    snap = _snapshot(b)
+    snap = snapshot(b)
     plan = be.plan(p, b.meta)
     be.run(plan, b.args)
-    _sync(case.device)
+    sync(case.device)
     errs = check_inputs_unchanged(snap) + check_result(b, exp)
     _fail(case, errs, b)
     if case.tag == "edge":  # a second "layer": same plan, new tensors
         b2 = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 104729)
         be.run(plan, b2.args)
-        _sync(case.device)
+        sync(case.device)
         _fail(case, check_result(b2, expected(b2), what="second run() with the same plan: "), b2)
 
 
@@ -569,7 +569,7 @@ def run_nonfinite(case) -> None:
     b = build(p, case.tag, case.seed, case.device, nonfinite=True)
     plan = be.plan(p, b.meta)
     be.run(plan, b.args)
-    _sync(case.device)
+    sync(case.device)
     _fail(case, check_result(b, expected(b), what="with NaN in a query row and left of the window: "), b)
 
 
@@ -664,7 +664,7 @@ def run_merge(case) -> None:
         b = build(p, "", case.seed + (11 if lo else 13), case.device, reqs=reqs)
         plan = be.plan(p, b.meta)
         be.run(plan, b.args)
-        _sync(case.device)
+        sync(case.device)
         parts.append(b)
     a, c = parts
     try:
