@@ -1,4 +1,4 @@
-"""``attncore bench``: the standard workloads of performance.md through the public API.
+"""``attncore bench``: the standard workloads of docs/performance.md through the public API.
 
 Ceilings (read-only bandwidth, device copy, bf16 matmul) and torch SDPA are measured in the same
 run.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode inputs rotate among several

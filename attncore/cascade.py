@@ -2,7 +2,7 @@
 
 An attention *state* over a set of keys is the pair ``(v, s)``: ``v`` the softmax-weighted sum of
 values over those keys (the attention output) and ``s`` the base-2 log-sum-exp of the logits,
-``s = logsumexp_e(logits) * log2(e)`` (``shared/docs/semantics.md``). The state over the union of two
+``s = logsumexp_e(logits) * log2(e)`` (``docs/semantics.md``). The state over the union of two
 disjoint key sets is
 
     s = log2(2**s_a + 2**s_b),    v = (2**s_a * v_a + 2**s_b * v_b) / 2**s

@@ -1,6 +1,6 @@
 """Paged KV-cache utilities (FlashInfer-compatible ``flashinfer.page`` plus converters).
 
-Page table rules (``shared/docs/semantics.md``):
+Page table rules (``docs/semantics.md``):
 
 * ``kv_indptr[B+1]`` (page counts, CSR, ``kv_indptr[0] = 0``), ``kv_indices[kv_indptr[-1]]`` (page
   ids; a longer buffer is allowed), ``kv_last_page_len[B]`` with ``1 <= last_page_len <= page_size``

@@ -3,7 +3,7 @@
 ``packbits`` is bit-exact with ``numpy.packbits(x.ravel(), bitorder=...)``.
 ``segment_packbits`` packs each segment of a 1-D array separately so that every segment starts on a
 byte boundary; this is how a batch custom mask is packed (attncore reads packed masks with
-``bitorder="little"``, see ``shared/docs/semantics.md``).
+``bitorder="little"``, see ``docs/semantics.md``).
 
 Both functions use plain torch ops and run on the device of their inputs.
 """

@@ -5,7 +5,7 @@ helpers beyond plain torch), so the two cross-check each other.  One request at 
 
     golden_attention(q [qo, Hq, D], k [kv, Hkv, D], v [kv, Hkv, Dv], ...) -> (out [qo, Hq, Dv], lse [qo, Hq])
 
-All math in float64 on the CPU.  Semantics: ``shared/docs/semantics.md``.
+All math in float64 on the CPU.  Semantics: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
