@@ -174,5 +174,22 @@ class Backend:
         """Launch only: write ``args.out`` (and ``args.lse`` when given)."""
         raise NotImplementedError
 
+    def jit_specs(self, arch: str) -> list:
+        """CUDA kernel specializations (``attncore.jit.Spec``) that ``attncore build`` prebuilds by
+        default for ``arch`` ("90", "80"...).  Backends that build kernels with ``attncore.jit``
+        override this and ``parse_jit_spec``; the others offer none."""
+        return []
+
+    def parse_jit_spec(self, uri: str):
+        """The ``attncore.jit.Spec`` a URI names (with or without ``_sm<arch>``); ``ValueError`` if
+        unknown.  Default: looked up among ``jit_specs`` of the current arch."""
+        from . import jit
+
+        arch = jit.default_arch()
+        for s in self.jit_specs(arch):
+            if uri in (s.uri, s.uri_for(arch)):
+                return s
+        raise ValueError(f"unknown specialization {uri!r} for backend {self.name!r}")
+
     def __repr__(self) -> str:
         return f"<attncore backend {self.name} ({self.origin})>"

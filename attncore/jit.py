@@ -30,10 +30,9 @@ Backends:
 * ``compile_check(specs, archs=("80", "90"), jobs=None) -> list[CheckResult]``: compile (``-c``,
   no link, no GPU needed) each spec for each arch; raises :class:`CompileError` on the first
   failure.  For CI on CPU machines.
-* ``register_specs(backend, list_fn, parse_fn=None, aliases=())``: tell the CLI which
-  specializations a backend offers (``list_fn() -> list[Spec]`` for a given arch) and how to turn a
-  URI back into a Spec.  Convention: a backend ``NAME`` calls it from the module
-  ``attncore.backends.NAME.specs``, which :func:`list_specs` / :func:`build` import on demand.
+* A backend offers its specializations through its own ``Backend.jit_specs(arch)`` and
+  ``Backend.parse_jit_spec(uri)``; the CLI finds them through the registry (names and aliases as
+  the registry knows them), so no module here names a backend.
 
 CLI (``attncore build``):
 
@@ -63,12 +62,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from .backend import Backend
 from .capabilities import Reason
 
 __all__ = [
     "Spec", "BuildResult", "CheckResult", "CompileError", "cache_root", "cache_dir", "find_nvcc",
     "nvcc_version", "toolchain_reasons", "gpu_reasons", "current_arch", "library_path", "load",
-    "build_spec", "compile_check", "register_specs", "list_specs", "build", "parse_uri", "default_arch",
+    "build_spec", "compile_check", "list_specs", "build", "parse_uri", "default_arch",
 ]
 
 DEFAULT_FLAGS = (
@@ -420,50 +420,28 @@ def compile_check(specs: Sequence[Spec], archs: Sequence[str] = ("80", "90"), *,
 
 # ------------------------------------------------------------------------- spec registry (CLI)
 
-@dataclass
-class _Provider:
-    list_fn: Callable[[str], List[Spec]]
-    parse_fn: Optional[Callable[[str], Spec]] = None
+def _jit_backend(name: str):
+    """The registered backend ``name`` (aliases resolved by the registry) that builds JIT kernels."""
+    from . import registry
 
-
-_PROVIDERS: Dict[str, _Provider] = {}
-_ALIASES: Dict[str, str] = {}
-
-
-def register_specs(backend: str, list_fn: Callable[[str], List[Spec]],
-                   parse_fn: Optional[Callable[[str], Spec]] = None, aliases: Iterable[str] = ()) -> None:
-    """Declare a backend's specializations.  ``list_fn(arch) -> [Spec]``: the set ``attncore build``
-    prebuilds by default.  ``parse_fn(uri) -> Spec`` (uri with or without ``_sm<arch>``): raises
-    ``ValueError`` for an unknown URI."""
-    _PROVIDERS[backend] = _Provider(list_fn, parse_fn)
-    for a in aliases:
-        _ALIASES[a] = backend
-
-
-def _import_specs(name: str) -> None:
-    """Built-in backends register their specializations when their ``specs`` module is imported."""
     try:
-        importlib.import_module(f"attncore.backends.{name}.specs")
-    except ImportError:
-        pass
-
-
-def _provider(backend: str) -> _Provider:
-    name = _ALIASES.get(backend, backend)
-    if name not in _PROVIDERS:
-        _import_specs(name)
-        name = _ALIASES.get(backend, name)
-    if name not in _PROVIDERS:
-        raise ValueError(f"backend {backend!r} registers no JIT specializations; known: "
+        entry = registry.get_entry(name)
+    except ValueError:
+        raise ValueError(f"backend {name!r} is not a known backend; known: {', '.join(_known_backends())} "
+                         "(the backends that build JIT kernels)") from None
+    if entry.backend is None:
+        raise ValueError(f"backend {entry.name!r} failed to load: {entry.load_error}")
+    if type(entry.backend).jit_specs is Backend.jit_specs:
+        raise ValueError(f"backend {entry.name!r} builds no JIT kernels; those that do: "
                          + ", ".join(_known_backends()))
-    return _PROVIDERS[name]
+    return entry.backend
 
 
 def _known_backends() -> List[str]:
-    for name in ("cuda_fa2", "xqa"):
-        if name not in _PROVIDERS:
-            _import_specs(name)
-    return sorted(_PROVIDERS)
+    from . import registry
+
+    return sorted(n for n, e in registry.entries().items()
+                  if e.backend is not None and type(e.backend).jit_specs is not Backend.jit_specs)
 
 
 def _default_arch(arch: Optional[str]) -> str:
@@ -486,18 +464,12 @@ def list_specs(backend: Optional[str] = None, arch: Optional[str] = None) -> Lis
     names = [backend] if backend else _known_backends()
     out: List[Spec] = []
     for n in names:
-        out += _provider(n).list_fn(arch)
+        out += _jit_backend(n).jit_specs(arch)
     return out
 
 
 def parse_uri(backend: str, uri: str) -> Spec:
-    p = _provider(backend)
-    if p.parse_fn is None:
-        for s in p.list_fn(_default_arch(None)):
-            if uri in (s.uri, s.uri_for(_default_arch(None))):
-                return s
-        raise ValueError(f"unknown specialization {uri!r} for backend {backend!r}")
-    return p.parse_fn(uri)
+    return _jit_backend(backend).parse_jit_spec(uri)
 
 
 def build(backend: str, items: Optional[Sequence[Union[Spec, str]]] = None, *, arch: Optional[str] = None,

@@ -31,9 +31,6 @@ log = logging.getLogger("attncore")
 
 ENTRY_POINT_GROUP = "attncore.backends"
 BUILTIN_DIST = "attncore"
-ALIASES = {"fa2": "cuda_fa2"}
-
-
 @dataclass
 class BackendEntry:
     """A backend as the registry knows it: the object (None if it failed to load) and its state."""
@@ -172,8 +169,6 @@ def unregister_backend(name: str) -> None:
 
 def canonical_name(name: str) -> str:
     name = name.strip()
-    if name in ALIASES:
-        return ALIASES[name]
     for e in entries().values():
         if e.backend is not None and name in getattr(e.backend, "aliases", ()):
             return e.name

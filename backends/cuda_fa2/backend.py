@@ -103,6 +103,17 @@ class CudaFa2Backend(Backend):
     # P4 328 vs 316 for the non-specialized plain loop, same run.
     sm90_ws = True
 
+    def jit_specs(self, arch: str) -> list:
+        """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
+        from . import specs
+
+        return specs.list_specs(arch)
+
+    def parse_jit_spec(self, uri: str):
+        from . import specs
+
+        return specs.parse(uri)
+
     def available(self) -> List[Reason]:
         from attncore import jit
 

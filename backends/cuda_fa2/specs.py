@@ -159,5 +159,3 @@ def representative_keys() -> List[Fa2Key]:
         Fa2Key("decode", "bf16", "e5m2", 128, "causal", rope=True, prefetch=True),
     ]
 
-
-jit.register_specs("cuda_fa2", list_specs, parse, aliases=("fa2",))

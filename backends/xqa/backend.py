@@ -113,6 +113,17 @@ class XqaBackend(Backend):
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
     tune: tuple = ()  # kernel tuning options for every key (specs.XqaKey.tune; tuning runs only)
 
+    def jit_specs(self, arch: str) -> list:
+        """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
+        from . import specs
+
+        return specs.list_specs(arch)
+
+    def parse_jit_spec(self, uri: str):
+        from . import specs
+
+        return specs.parse(uri)
+
     def available(self) -> List[Reason]:
         from attncore import jit
 

@@ -101,5 +101,3 @@ def default_keys() -> List[XqaKey]:
 def list_specs(arch: str) -> List[jit.Spec]:
     return [k.spec() for k in default_keys()]
 
-
-jit.register_specs("xqa", list_specs, parse)
