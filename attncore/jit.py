@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib
 import os
 import shutil
 import subprocess
@@ -60,7 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .backend import Backend
 from .capabilities import Reason
