@@ -5,7 +5,7 @@ helpers beyond plain torch), so the two cross-check each other.  One request at 
 
     golden_attention(q [qo, Hq, D], k [kv, Hkv, D], v [kv, Hkv, Dv], ...) -> (out [qo, Hq, Dv], lse [qo, Hq])
 
-All math in float64 on the CPU.  Semantics: ``docs/semantics.md``.
+All math in float64, on the CPU unless ``device`` names another.  Semantics: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
                     rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0, device="cpu"
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
-    ``softmax_dtype``), on the CPU: the yardstick of the tolerance rule.  Returns (out float64
+    ``softmax_dtype``), on ``device`` (the CPU by default): the yardstick of the tolerance rule.  Returns (out float64
     [qo, Hq, Dv] rounded to ``out_dtype`` (default ``dtype``), lse float64 [qo, Hq] base 2)."""
     out_dtype = out_dtype or dtype
     qo, hq, d = q.shape

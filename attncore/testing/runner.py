@@ -29,7 +29,7 @@ from ..capabilities import Reason
 from ..problem import DECODE_OPS, PAGED_OPS, AttentionProblem
 from ..mask import pack_spec_mask
 from ..quantization import packbits
-from .golden import dtype_attention, golden_attention
+from .golden import dtype_attention, golden_attention, visible
 
 TOL_FACTOR = 2.0
 LN2 = math.log(2.0)
@@ -389,9 +389,11 @@ def _poison_request_values(reqs, window_left: int, rng: random.Random):
         q[rng.randrange(q.shape[0]), rng.randrange(q.shape[1])] = float("nan")
     if window_left >= 0:
         for q, k, v in reqs:
-            hidden = max(0, k.shape[0] - q.shape[0] - window_left)  # left of row 0's window
-            k[:hidden] = float("nan")
-            v[:hidden] = float("nan")
+            if q.shape[0]:  # the keys the window hides from every row (golden.visible: one window rule),
+                # a prefix: sliced, since fp8 tensors take no masked writes
+                hidden = int((~visible(q.shape[0], k.shape[0], window_left=window_left).any(dim=0)).sum())
+                k[:hidden] = float("nan")
+                v[:hidden] = float("nan")
     return reqs
 
 
