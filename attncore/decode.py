@@ -12,8 +12,10 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _api
+from . import ops as _ops
 from . import params as _params
 from .backend import BatchMeta, RunArgs
+from .page import unpack_paged_kv_cache
 from .prefill import _BatchWrapper, single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
@@ -125,14 +127,28 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         match the plan (it is a plan-time choice)."""
         if args:
             _api.reject_extra("run", args)
-        planned = self._require_plan()
-        if window_left is not None and _params.window_left(window_left) != planned.meta.params.window_left:
-            raise ValueError(f"window_left: got {window_left} in run(), but plan() used "
-                             f"{planned.meta.params.window_left}; plan again to change it")
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+            if window_left is not None and self._planned is not None:
+                self._check_window(window_left)
+            k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+            return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
+                                   q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+        self._require_plan()
+        if window_left is not None:
+            self._check_window(window_left)
         self._check_q(q)
         k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
+
+    def _check_window(self, window_left) -> None:
+        planned = self._planned.meta.params.window_left
+        if _params.window_left(window_left) != planned:
+            raise ValueError(f"window_left: got {window_left} in run(), but plan() used {planned}; plan again to "
+                             f"change it")
+
+    def _check_kv(self, k: Tensor, v: Tensor):
+        return self._paged_kv((k, v))
 
 
 def _check_seq_lens(seq_lens: Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _api
+from . import ops as _ops
 from . import params as _params
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _single_prefill
@@ -101,10 +102,14 @@ class PODWithPagedKVCacheWrapper:
             raise ValueError("rope_scale_d/rope_theta_d: given, but the decode side was planned without RoPE")
         if causal_d and planned.meta.q_len_per_req == 1:
             pass  # one query row per request: causal is the same as no mask
-        res_p, self._prefill_backend = _single_prefill(
-            q_p, k_p, v_p, custom_mask_p, packed_custom_mask_p, causal_p, kv_layout_p, pos_encoding_mode_p,
-            sm_scale_p, window_left_p, None, rope_scale_p, rope_theta_p, return_lse_p,
-            backend=self._requested_backend, sinks=None, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None)
+        prefill_args = (q_p, k_p, v_p, custom_mask_p, packed_custom_mask_p, causal_p, kv_layout_p, pos_encoding_mode_p,
+                        sm_scale_p, window_left_p, None, rope_scale_p, rope_theta_p, return_lse_p)
+        prefill_kw = dict(backend=self._requested_backend, sinks=None, q_scale=None, k_scale=None, v_scale=None,
+                          out=None, lse=None)
+        if _ops.compiling():  # the backend is chosen inside attncore::single_prefill: .backend keeps its last value
+            res_p = _ops.single_prefill_traced(*prefill_args, **prefill_kw)
+        else:
+            res_p, self._prefill_backend = _single_prefill(*prefill_args, **prefill_kw)
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                  return_lse=return_lse_d)
         return res_p, res_d
@@ -160,8 +165,13 @@ class BatchPODWithPagedKVCacheWrapper:
         self._prefill_key = None
         self._plan_prefill(False, None, None)
 
+    @staticmethod
+    def _mask_key(causal_p: bool, custom_mask_p, packed_custom_mask_p) -> tuple:
+        return (bool(causal_p), None if custom_mask_p is None else id(custom_mask_p),
+                None if packed_custom_mask_p is None else id(packed_custom_mask_p))
+
     def _plan_prefill(self, causal_p: bool, custom_mask_p, packed_custom_mask_p) -> None:
-        key = (bool(causal_p), id(custom_mask_p), id(packed_custom_mask_p))
+        key = self._mask_key(causal_p, custom_mask_p, packed_custom_mask_p)
         if key == self._prefill_key:
             return
         (qo, kvp, kvi, lpl, hq, hkv, d, page, pe, wl, qdt, kvdt, sm, rs, rt) = self._plan_args
@@ -181,7 +191,17 @@ class BatchPODWithPagedKVCacheWrapper:
         q_scale/k_scale/v_scale apply to the decode side."""
         if self._plan_args is None:
             raise RuntimeError("BatchPODWithPagedKVCacheWrapper.run() called before plan()")
-        self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+        if _ops.compiling():
+            # planning the prefill side's mask is host work that cannot be traced: it must be planned already
+            if custom_mask_p is not None or packed_custom_mask_p is not None:
+                raise RuntimeError("BatchPODWithPagedKVCacheWrapper.run(): a prefill-side custom mask is not supported "
+                                   "under torch.compile yet; run it outside the compiled function")
+            if self._prefill_key != self._mask_key(causal_p, None, None):
+                raise RuntimeError(f"BatchPODWithPagedKVCacheWrapper.run(): under torch.compile the prefill side must "
+                                   f"already be planned with causal_p={bool(causal_p)} (plan() plans causal_p=False); "
+                                   f"call run() once outside the compiled function with the same causal_p first")
+        else:
+            self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
         res_p = self._prefill.run(q_p, paged_kv_cache_p, return_lse=return_lse)
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                  return_lse=return_lse)

@@ -15,8 +15,10 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import _api
+from . import ops as _ops
 from . import params as _params
 from .backend import BatchMeta, RunArgs
+from .page import unpack_paged_kv_cache
 
 Tensor = torch.Tensor
 
@@ -119,6 +121,11 @@ def single_prefill_with_kv_cache(
     -------
     out (``[qo_len, num_qo_heads, head_dim]``, q's dtype), and the LSE when ``return_lse``.
     """
+    if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.ops
+        return _ops.single_prefill_traced(
+            q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
+            logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
+            k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
     return _single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
                            window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend,
                            sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)[0]
@@ -157,6 +164,11 @@ class _BatchWrapper:
         self._requested_backend = backend
         self._planned: Optional[_api.Planned] = None
         self._fixed_batch_size: Optional[int] = None
+        # torch.compile (attncore.ops): the handle that names this wrapper to attncore::run_planned, and
+        # what a traced run() needs from the plan, (handle, num_qo_heads, head_dim_vo, out dtype), or None
+        # before plan(). Compiled graphs guard on this tuple only: a re-plan that keeps it reuses them.
+        self._op_handle = _ops.register(self)
+        self._compile_spec: Optional[tuple] = None
         # In CUDA-graph mode plan() copies into these (the caller's, or allocated on first plan).
         self._graph_buffers: dict = {}
         if self._use_cuda_graph:
@@ -203,6 +215,9 @@ class _BatchWrapper:
             params=meta.params, cuda_graph=self._use_cuda_graph, **problem_kw)
         meta.workspace = self._float_workspace_buffer
         self._planned = _api.Planned(problem, meta, self._requested_backend)
+        if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
+            self._op_handle = _ops.register(self)
+        self._compile_spec = (self._op_handle, problem.num_qo_heads, problem.head_dim_vo, problem.out_dtype)
 
     def _require_plan(self) -> _api.Planned:
         if self._planned is None:
@@ -225,6 +240,40 @@ class _BatchWrapper:
         return _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
                                       head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
                                       device=self._device, max_page_id=planned.meta.max_page_id)
+
+    def _check_kv(self, k: Tensor, v: Tensor):
+        """(k, v) checked against the plan (ragged K/V, or the K and V page caches)."""
+        raise NotImplementedError
+
+    def _run_op(self, q, k, v, *, out, lse, sinks, q_scale, k_scale, v_scale) -> None:
+        """The real implementation of ``attncore::run_planned``: the eager run() into ``out``/``lse``."""
+        self._require_plan()
+        self._check_q(q)
+        k, v = self._check_kv(k, v)
+        self._finish(q, k, v, out=out, lse=lse, return_lse=lse is not None, sinks=sinks, q_scale=q_scale,
+                     k_scale=k_scale, v_scale=v_scale)
+
+    def _check_static(self, q, k, v, *, out, lse, sinks) -> None:
+        """The fake implementation's checks of ``attncore::run_planned``: what does not depend on
+        lengths (dtypes, devices, heads, head dims, page size; out and lse against q's rows)."""
+        planned = self._require_plan()
+        p = planned.problem
+        hq, hkv, d = p.num_qo_heads, p.num_kv_heads, p.head_dim_qk
+        _api.check_tensor("q", q, ndim=3, dtype=p.q_dtype, device=self._device, shape=[None, hq, d],
+                          what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
+        nhd = p.kv_layout == "NHD"
+        if p.page_size is not None:
+            exp = [None, p.page_size, hkv, d] if nhd else [None, hkv, p.page_size, d]
+        else:
+            exp = [None, hkv, d] if nhd else [hkv, None, d]
+        for name, t in (("k", k), ("v", v)):
+            _api.check_tensor(name, t, shape=exp, dtype=p.kv_dtype, device=self._device,
+                              what=f"(as planned, {p.kv_layout})")
+        rows = q.shape[0]
+        _api.check_tensor("out", out, shape=[rows, hq, p.head_dim_vo], dtype=p.out_dtype, device=self._device)
+        if lse is not None:
+            _api.check_tensor("lse", lse, shape=[rows, hq], dtype=torch.float32, device=self._device)
+        _api.check_sinks(sinks, hq, self._device)
 
     def _finish(self, q, k, v, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
         planned = self._planned
@@ -328,11 +377,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             if len(args) > 3:
                 _api.reject_extra("run", args[3:])
             k_scale, v_scale, return_lse = (list(args) + [k_scale, v_scale, return_lse][len(args):])[:3]
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+            k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+            return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
+                                   q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
         self._require_plan()
         self._check_q(q)
         k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
+
+    def _check_kv(self, k: Tensor, v: Tensor):
+        return self._paged_kv((k, v))
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
@@ -385,12 +441,20 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             if len(args) > 1:
                 _api.reject_extra("run", args[1:])
             return_lse = args[0]
-        planned = self._require_plan()
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+            return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
+                                   q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+        self._require_plan()
         self._check_q(q)
+        k, v = self._check_kv(k, v)
+        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+                            k_scale=k_scale, v_scale=v_scale)
+
+    def _check_kv(self, k: Tensor, v: Tensor):
+        planned = self._planned
         p = planned.problem
         n = planned.meta.kv_indptr_host[-1]
         for name, t in (("k", k), ("v", v)):
             _api.check_ragged_kv(name, t, kv_layout=p.kv_layout, n=n, num_kv_heads=p.num_kv_heads,
                                  head_dim=p.head_dim_qk, kv_dtype=p.kv_dtype, device=self._device)
-        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
-                            k_scale=k_scale, v_scale=v_scale)
+        return k, v
