@@ -7,7 +7,7 @@ quantization APIs.  Every entry point takes ``backend=`` ("auto" or a backend na
 
 __version__ = "0.1.0"
 
-from . import cascade, decode, page, pod, prefill, quantization  # noqa: E402
+from . import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402
 from .backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
 from .capabilities import Capabilities, Reason  # noqa: E402
 from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
@@ -27,6 +27,18 @@ from .prefill import (  # noqa: E402
 )
 from .problem import AttentionProblem  # noqa: E402
 from .quantization import packbits, segment_packbits  # noqa: E402
+from .rope import (  # noqa: E402
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)
 from .registry import available_backends, get_backend, register_backend, unregister_backend  # noqa: E402
 from .selector import BackendSelectionError, explain, select  # noqa: E402
 
@@ -38,4 +50,7 @@ __all__ = [
     "get_seq_lens", "hookimpl", "merge_state", "merge_state_in_place", "merge_states", "packbits",
     "register_backend", "segment_packbits", "select", "single_decode_with_kv_cache", "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse", "unregister_backend", "xqa_batch_decode_with_kv_cache",
+    "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace",
 ]
