@@ -426,6 +426,24 @@ def test_gpu_sinks(q_len):
 
 
 @gpu
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_gpu_sink_far_above_row_max_keeps_lse_finite(q_len):
+    """A sink 128+ (base 2, ~88.7 nats) above every logit of its row: folded as ex2(sink - row max) it
+    overflowed to inf (LSE +inf, output 0).  Half the heads get sinks of ~100 nats, the others the
+    usual ones; a short batch (one CTA per row) and one long request (split KV: the merge folds the
+    sink too).  Legal inputs without ALiBi: sinks are any float32, q.k * bmm1_scale is unbounded."""
+    b = _backend()
+    for kw in (dict(B=3, kv_lens=[q_len, 70, 600], seed=43), dict(B=1, kv_lens=[9000], seed=44)):
+        c = Case(q_len=q_len, hq=16, hkv=2, lse=True, sinks=True, **kw)
+        c.sinks_t[0::2] += 100.0
+        out, lse, plan = c.run(b)
+        if kw["B"] == 1:
+            assert plan.num_splits > 1
+        assert torch.isfinite(lse).all(), lse[~torch.isfinite(lse)][:4]
+        c.check(out, lse)
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("group", [4, 8])

@@ -35,7 +35,8 @@
 //   the MMA) and the kernel folds 2^8 into its logit and output scales (FOLD).
 //
 // Epilogue: the 4 warps' (m, l, O) merge through smem.  S == 1: normalise (sinks add exp(sink) to
-// the denominator), scale, write out (and LSE).  S > 1: write the normalised partial O and its LSE
+// the denominator, folded against max(row max, sink) so that a far larger sink cannot overflow),
+// scale, write out (and LSE).  S > 1: write the normalised partial O and its LSE
 // to the workspace; the last CTA of a (request, kv head, m-group) to arrive (atomic counter, which
 // it resets to 0) merges the S partials.  Rows that see no key give 0 and LSE -inf.
 #pragma once
@@ -741,11 +742,27 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     const int qi = rr / G, hh = rr % G;
     p.lse[(int64_t)(b * QL + qi) * p.lse_stride_tok + (int64_t)(kvh * G + hh) * p.lse_stride_head] = v;
   };
-  // Final normaliser of a row given its max M and sum L (base 2): adds the sink.
-  auto sink_term = [&](int r, float M) -> float {
-    if (!p.sinks) return 0.f;
-    const int hh = (row0 + r) % G;
-    return ex2(p.sinks[kvh * G + hh] * log2e - M);
+  // Final normaliser of a row r that saw a key (L != 0), given its max M and its sum L relative to M
+  // (base 2): sets lse and returns the factor for the O accumulated relative to M.  A sink is folded
+  // into the denominator against the larger of M and the sink: ex2(sink - M) overflows to inf when
+  // the sink is 128+ (base 2; ~88.7 nats) above every logit of the row (a large sink, or logits far
+  // below zero: q.k * bmm1_scale is unbounded), which gave LSE +inf and output 0.  With no sink, or
+  // M >= sink, the operations are those of before (1 / (L + ex2(sink - M)), M + log2(L + ...)); a
+  // larger sink gives the same values up to rounding.  A NaN row (NaN L) stays NaN.
+  auto normalise = [&](int r, float M, float L, float& lse) -> float {
+    float den = L;
+    if (p.sinks) {
+      const float sk = p.sinks[kvh * G + (row0 + r) % G] * log2e;
+      if (sk > M) {  // relative to the sink: ex2(M - sk) <= 1 (0 for a NaN row's M = -inf: L keeps it NaN)
+        const float e = ex2(M - sk);
+        den = L * e + 1.f;
+        lse = sk + __log2f(den);
+        return p.out_scale * fold * e / den;
+      }
+      den = L + ex2(sk - M);
+    }
+    lse = M + __log2f(den);
+    return p.out_scale * fold / den;
   };
 
   if (!split_mode) {
@@ -761,14 +778,16 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       }
       // L == 0: no key (0, -inf); a NaN query row has NaN L (its m stays -inf, fmaxf drops NaN),
       // and NaN != 0 carries it to the output and LSE (semantics.md rule 3)
-      float f = 0.f;
-      if (L != 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
+      float f = 0.f, lse_r;
+      if (L != 0.f) f = normalise(r, M, L, lse_r);
       store_out(r, d4, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
     }
     if (p.lse && tid < rows_here) {
       const float* st = sm_stat + tid * (NW + 2);
       const float M = st[NW], L = st[NW + 1];
-      store_lse(tid, L != 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
+      float lse_r = -INFINITY;
+      if (L != 0.f) normalise(tid, M, L, lse_r);
+      store_lse(tid, lse_r);
     }
     return;
   }
@@ -854,13 +873,15 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
       }
     }
-    float f = 0.f;
-    if (L != 0.f) f = p.out_scale * fold / (L + sink_term(r, M));
+    float f = 0.f, lse_r;
+    if (L != 0.f) f = normalise(r, M, L, lse_r);
     store_out(r, d4, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
   }
   if (p.lse && tid < rows_here) {
     const float M = sm_stat[tid * (NW + 2) + NW], L = sm_stat[tid * (NW + 2) + NW + 1];
-    store_lse(tid, L != 0.f ? M + __log2f(L + sink_term(tid, M)) : -INFINITY);
+    float lse_r = -INFINITY;
+    if (L != 0.f) normalise(tid, M, L, lse_r);
+    store_lse(tid, lse_r);
   }
 }
 
