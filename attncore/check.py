@@ -19,6 +19,7 @@ from . import registry
 from .mask import pack_spec_mask
 from .selector import BackendSelectionError
 from .testing.golden import golden_attention, max_error, tolerance
+from .testing.placement import device_type, placed
 
 
 @dataclass(frozen=True)
@@ -253,12 +254,14 @@ def run_case(case: CheckCase, backend: str, device: str, dtype: torch.dtype, see
 
 
 def run_check(backends: Optional[Sequence[str]] = None, *, quick: bool = False, device: Optional[str] = None,
-              dtypes: Optional[Sequence[torch.dtype]] = None, progress: Callable[[str], None] = print
-              ) -> List[CheckResult]:
+              stream: str = "default", dtypes: Optional[Sequence[torch.dtype]] = None,
+              progress: Callable[[str], None] = print) -> List[CheckResult]:
+    """Every case on every backend; ``device`` cpu, cuda or cuda:N, ``stream`` default or side
+    (``attncore.testing.placement``)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtypes is None:
-        dtypes = (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,)
+        dtypes = (torch.float16, torch.bfloat16) if device_type(device) == "cuda" else (torch.float16,)
     names = list(backends) if backends else sorted(registry.available_backends())
     cases = [c for c in CASES if c.quick or not quick]
     results = []
@@ -269,7 +272,11 @@ def run_check(backends: Optional[Sequence[str]] = None, *, quick: bool = False, 
             for c in cases:
                 n += 1
                 t0 = time.perf_counter()
-                r = run_case(c, name, device, dt, seed=n)
+                try:
+                    with placed(device, stream):
+                        r = run_case(c, name, device, dt, seed=n)
+                except AssertionError as e:  # the backend moved the current device
+                    r = CheckResult(name, c.name, "ERROR", detail=str(e)[:300])
                 r.case = f"{c.name}-{str(dt).replace('torch.', '')}"
                 results.append(r)
                 progress(f"[{n}/{total}] {name:10s} {r.case:32s} {r.status:5s} "

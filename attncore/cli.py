@@ -26,10 +26,13 @@ def _known_backend(name: str) -> None:
 
 def _runnable_device(device: Optional[str]) -> None:
     """check and bench run on ``device`` (explain only describes a problem on it)."""
-    import torch
+    from .testing.placement import parse_device
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device cuda: no CUDA GPU here (torch {torch.__version__})")
+    if device is not None:
+        try:
+            parse_device(device)
+        except ValueError as e:
+            raise UsageError(f"--device {e}") from None
 
 
 def _versions() -> List[str]:
@@ -133,7 +136,7 @@ def cmd_fuzz(a, names: List[str]) -> int:
     if a.replay is not None:
         failed = False
         for n in names:
-            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device)
+            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device, stream=a.stream)
             print(f"{n} --replay {a.replay}: {desc} {shapes}: " + ("ok" if not errs else "MISMATCH"))
             for e in errs:
                 print("  " + e)
@@ -142,7 +145,7 @@ def cmd_fuzz(a, names: List[str]) -> int:
     reports = []
     for n in names:
         reports.append(fuzz.fuzz_parallel(n, a.fuzz, seed=a.seed, device=a.device, configs=a.configs,
-                                          jobs=a.jobs or 1, progress=say))
+                                          jobs=a.jobs or 1, progress=say, stream=a.stream))
     print(f"{'backend':12s}{'device':8s}{'problems':>10s}{'configs':>9s}{'mismatches':>12s}{'seconds':>9s}"
           f"{'per s':>8s}   seed {a.seed}")
     for r in reports:
@@ -186,7 +189,7 @@ def cmd_check(a) -> int:
         for n, e in sorted(es.items()):
             if not e.is_available:
                 print(f"skipping {n}: " + "; ".join(map(str, e.unavailable_reasons())), file=sys.stderr)
-    results = run_check(names, quick=a.quick, device=a.device,
+    results = run_check(names, quick=a.quick, device=a.device, stream=a.stream,
                         progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(results))
     if a.json:
@@ -267,6 +270,15 @@ def _heads(text: str) -> tuple:
         raise argparse.ArgumentTypeError(f"expected Hq/Hkv (query heads / KV heads, e.g. 32/8; 32/32 "
                                          f"without GQA), got {text!r}") from None
     return hq, hkv
+
+
+def _device_name(text: str) -> str:
+    from .testing.placement import parse_device
+
+    try:
+        return parse_device(text, present=False)  # presence: _runnable_device, a usage error naming the GPUs
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cc(text: str) -> tuple:
@@ -356,7 +368,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
     c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")
     c.add_argument("--quick", action="store_true", help="a smaller suite")
-    c.add_argument("--device", choices=["cpu", "cuda"])
+    c.add_argument("--device", type=_device_name, help="cpu, cuda or cuda:N (default: cuda when present)")
+    c.add_argument("--stream", choices=["default", "side"], default="default",
+                   help="side: run every case on a fresh stream of the device (the current device left alone)")
     c.add_argument("--json", metavar="FILE")
     c.add_argument("--fuzz", type=_positive, metavar="N",
                    help="N random problems per backend over every claimed axis instead of the fixed cases")

@@ -2,7 +2,8 @@
 # One device call: the conformance suites of the GPU backends, to completion.  cuda_fa2's libraries
 # are built first in parallel (scripts/prebuild_conformance.py), then each suite runs as N shards in
 # parallel processes (--attncore-shard) so Triton's compiles use several cores.
-# Usage on the device machine: bash scripts/gpu_conformance.sh [backend ...]   (default: cuda_fa2 triton xqa)
+# Usage on the device machine: [CONF_ARGS="--attncore-device cuda:1 --attncore-stream side"] [SHARDS=N]
+#   bash scripts/gpu_conformance.sh [backend ...]   (default: cuda_fa2 triton xqa)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +17,8 @@ done
 start=$(date +%s)
 for b in "${BACKENDS[@]}"; do
   for ((i = 0; i < N; i++)); do
-    python3 -m attncore.cli conformance "$b" -q -p no:cacheprovider -rfE --attncore-shard "$i/$N" \
+    # shellcheck disable=SC2086  # CONF_ARGS is a list of pytest options
+    python3 -m attncore.cli conformance "$b" -q -p no:cacheprovider -rfE --attncore-shard "$i/$N" ${CONF_ARGS:-} \
       > "$OUT/conformance_${b}_$i.txt" 2>&1 &
   done
 done

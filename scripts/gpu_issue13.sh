@@ -2,7 +2,8 @@
 # One device call for issue 13 (no silent wrong results): install, build cuda_fa2's libraries in
 # parallel, the defect scripts of each backend, the GPU tests that touch the fixes, the conformance
 # suites of the GPU backends (sharded), then `attncore check --fuzz` per backend.  Logs under $OUT.
-# Usage on the device machine: [FUZZ_T=300] [JOBS=14] bash scripts/gpu_issue13.sh [FUZZ_N] [PHASES]
+# Usage on the device machine: [FUZZ_T=300] [JOBS=14] [FUZZ_ARGS="--device cuda:1 --stream side"]
+#   bash scripts/gpu_issue13.sh [FUZZ_N] [PHASES]
 #   (issue 13's bar: 10,000 problems per backend in under 5 minutes; 14 workers on 16 cores)
 #   PHASES: any of "defects tests conformance fuzz" (default: all)
 set -uo pipefail
@@ -40,7 +41,7 @@ if has fuzz; then
   for b in triton cuda_fa2 xqa; do
     s=$(date +%s)
     timeout "${FUZZ_T:-300}" python3 -m attncore.cli check --fuzz "$N" --seed "${SEED:-13}" --backend "$b" \
-      --jobs "${JOBS:-14}" --json "$OUT/fuzz_$b.json" > "/tmp/fuzz_$b.txt" 2> "/tmp/fuzz_${b}_err.txt"
+      --jobs "${JOBS:-14}" --json "$OUT/fuzz_$b.json" ${FUZZ_ARGS:-} > "/tmp/fuzz_$b.txt" 2> "/tmp/fuzz_${b}_err.txt"
     echo "fuzz $b: exit $? in $(( $(date +%s) - s )) s"; head -12 "/tmp/fuzz_$b.txt"
     grep "problems," "/tmp/fuzz_${b}_err.txt" | tail -8
   done >> "$LOG" 2>&1

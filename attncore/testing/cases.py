@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..backend import Backend
-from ..problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, dtype_name
+from ..problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, device_info, dtype_name
 
 # ---------------------------------------------------------------------------------------------
 # Probe universe: values the suite tries on every axis (claimed -> computed, else -> refused).
@@ -250,7 +250,7 @@ def _thin(values: Sequence, keep: int, rng: random.Random) -> List:
 
 
 def pick_device(backend: Backend, forced: Optional[str] = None) -> Tuple[Optional[str], str]:
-    """(device type to test on or None, why)."""
+    """(device to test on: ``cpu``, ``cuda`` or a forced ``cuda:N``; or None), why."""
     claimed = set()
     for e in backend.capabilities:
         claimed |= set(e.devices)
@@ -286,14 +286,11 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         fams[family].append(Case(family, base_id, backend, p, dev or "cpu", tag,
                                  stable_seed(family + base_id, seed), note))
 
-    dtypes = float_dtypes(dev or "cpu")
-    cc = None
-    if dev == "cuda":
-        cc = tuple(torch.cuda.get_device_capability())
+    dev_type, cc = device_info(dev or "cpu")  # dev may name an index (cuda:1); problems speak of its type
+    dtypes = float_dtypes(dev_type)
     claimed_ops = {op for e in backend.capabilities for op in e.ops}
 
     # Refusal of ops and devices (host-only checks: run everywhere).
-    dev_type = dev or "cpu"
     for op in OPS:
         if op not in claimed_ops:
             add("refusal", default_problem(op, dev_type, cc), note="op")
@@ -316,7 +313,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
     for op in TESTED_OPS:
         if op not in claimed_ops:
             continue
-        base = find_base(backend, op, dev, cc, dtypes)
+        base = find_base(backend, op, dev_type, cc, dtypes)
         if base is None:
             add("fail", None, cid=f"{name}-{op}-nothing-claimed",
                 note=f"{name} lists op {op!r} but refuses every tried {op} problem on {dev} "

@@ -24,10 +24,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..backend import Backend
-from ..problem import DECODE_OPS, AttentionProblem
+from ..problem import DECODE_OPS, AttentionProblem, device_info
 from . import runner
 from .cases import (TESTED_OPS, claims, copy_axis, find_base, float_dtypes, normalize, pick_device, problem_id,
                     sweep_claims, with_feature)
+from .placement import device_type, placed
 
 # Longest sequence and largest batch drawn: on a GPU, tiles of up to 128 rows are crossed twice; the
 # CPU (the reference in float64, Triton's interpreter) gets smaller problems so that CI stays fast.
@@ -62,14 +63,14 @@ class Pools:
     def __init__(self, backend: Backend, device: str):
         self.backend = backend
         self.device = device
-        cc = tuple(torch.cuda.get_device_capability()) if device == "cuda" else None
-        dtypes = float_dtypes(device)
+        dev_type, cc = device_info(device)  # device may name an index (cuda:1)
+        dtypes = float_dtypes(dev_type)
         claimed_ops = {op for e in backend.capabilities for op in e.ops}
         self.ops: Dict[str, Tuple[AttentionProblem, Dict[str, List[AttentionProblem]], List[str]]] = {}
         for op in TESTED_OPS:
             if op not in claimed_ops:
                 continue
-            base = find_base(backend, op, device, cc, dtypes)
+            base = find_base(backend, op, dev_type, cc, dtypes)
             if base is None:
                 continue
             pools, _ = sweep_claims(backend, base, dtypes)
@@ -167,9 +168,10 @@ def _describe(p: AttentionProblem, b: Optional[runner.Built], backend: str) -> T
 
 
 def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = None, configs: Optional[int] = None,
-         worker: Tuple[int, int] = (0, 1), progress: Optional[Callable[[str], None]] = None) -> FuzzReport:
+         worker: Tuple[int, int] = (0, 1), progress: Optional[Callable[[str], None]] = None,
+         stream: str = "default") -> FuzzReport:
     """Run the problems of an N-problem run whose configuration ``i % configs`` falls to ``worker``
-    ``(w, jobs)`` (``w == (i % configs) % jobs``)."""
+    ``(w, jobs)`` (``w == (i % configs) % jobs``), on ``device`` and ``stream`` (``placement.placed``)."""
     dev = device or pick_device(backend)[0]
     if dev is None:
         raise ValueError(f"{backend.name}: {pick_device(backend)[1]}")
@@ -183,7 +185,8 @@ def fuzz(backend: Backend, n: int, *, seed: int = 0, device: Optional[str] = Non
         if (i % configs) % worker[1] != worker[0]:  # a worker owns whole configurations: each compiles once
             continue
         s = replay_seed(seed, i, configs)
-        p, b, errs = run_one(pools, s)
+        with placed(dev, stream):
+            p, b, errs = run_one(pools, s)
         rep.run += 1
         if errs:
             desc, shapes = _describe(p, b, backend.name)
@@ -201,11 +204,11 @@ def default_configs(n: int, device: str) -> int:
     """On a GPU, problems share configurations so that each kernel compiles once per ~150 problems
     (a Triton or nvcc build takes seconds, a problem milliseconds); the CPU (Triton's interpreter,
     the reference) compiles nothing, so each problem gets its own."""
-    return n if device == "cpu" else max(4, min(128, n // 150))
+    return n if device_type(device) == "cpu" else max(4, min(128, n // 150))
 
 
 def _worker(args):
-    name, n, seed, device, configs, w, jobs = args
+    name, n, seed, device, configs, w, jobs, stream = args
     from . import resolve_backend
 
     # each worker's host math on its own cores: J processes x all-core thread pools thrash
@@ -213,23 +216,25 @@ def _worker(args):
 
     backend, _ = resolve_backend(name)
     say = lambda m: print(f"[worker {w}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    return fuzz(backend, n, seed=seed, device=device, configs=configs, worker=(w, jobs), progress=say)
+    return fuzz(backend, n, seed=seed, device=device, configs=configs, worker=(w, jobs), progress=say,
+                stream=stream)
 
 
 def fuzz_parallel(name: str, n: int, *, seed: int = 0, device: Optional[str] = None, configs: Optional[int] = None,
-                  jobs: int = 1, progress: Optional[Callable[[str], None]] = None) -> FuzzReport:
+                  jobs: int = 1, progress: Optional[Callable[[str], None]] = None,
+                  stream: str = "default") -> FuzzReport:
     """``jobs`` processes share one run (kernels compile and goldens compute in parallel)."""
     from . import resolve_backend
 
     if jobs <= 1:
         backend, _ = resolve_backend(name)
-        return fuzz(backend, n, seed=seed, device=device, configs=configs, progress=progress)
+        return fuzz(backend, n, seed=seed, device=device, configs=configs, progress=progress, stream=stream)
     import multiprocessing as mp
 
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     with ctx.Pool(jobs) as pool:
-        parts = pool.map(_worker, [(name, n, seed, device, configs, w, jobs) for w in range(jobs)])
+        parts = pool.map(_worker, [(name, n, seed, device, configs, w, jobs, stream) for w in range(jobs)])
     rep = FuzzReport(name, parts[0].device, seed, configs=parts[0].configs)
     for part in parts:
         rep.run += part.run
@@ -242,14 +247,16 @@ def fuzz_parallel(name: str, n: int, *, seed: int = 0, device: Optional[str] = N
     return rep
 
 
-def replay(name: str, seed: int, device: Optional[str] = None) -> Tuple[str, str, List[str]]:
+def replay(name: str, seed: int, device: Optional[str] = None, stream: str = "default"
+           ) -> Tuple[str, str, List[str]]:
     """(problem, shapes, errors) of one replayed problem."""
     from . import resolve_backend
 
     backend, _ = resolve_backend(name)
     dev = device or pick_device(backend)[0]
     pools = Pools(backend, dev)
-    p, b, errs = run_one(pools, seed)
+    with placed(dev, stream):
+        p, b, errs = run_one(pools, seed)
     desc, shapes = _describe(p, b, backend.name)
     return desc, shapes, errs
 

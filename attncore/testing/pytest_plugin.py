@@ -37,8 +37,11 @@ def pytest_addoption(parser):
                     help="random multi-axis cases per op (default 10, 60 with --attncore-full)")
     group.addoption("--attncore-seed", action="store", type=int, default=0, metavar="S",
                     help="seed of case sampling and inputs (default 0)")
-    group.addoption("--attncore-device", action="store", default=None, choices=("cpu", "cuda"),
-                    help="device to test on (default: cuda when available and claimed, else cpu)")
+    group.addoption("--attncore-device", action="store", default=None, metavar="DEVICE",
+                    help="cpu, cuda or cuda:N (default: cuda when available and claimed, else cpu)")
+    group.addoption("--attncore-stream", action="store", default="default", choices=("default", "side"),
+                    help="side: run each case on a fresh stream of its device, the current device left "
+                         "alone (a backend must launch on the tensors' device and its current stream)")
     group.addoption("--attncore-shard", action="store", default=None, metavar="I/N",
                     help="run only every N-th case starting at I (0 <= I < N): N processes with "
                          "I = 0..N-1 share one suite, e.g. to compile kernels on several cores")
@@ -56,6 +59,14 @@ def _shard(config):
 
 def pytest_configure(config):
     _shard(config)
+    device = config.getoption("--attncore-device", default=None)
+    if device:
+        from .placement import parse_device
+
+        try:
+            parse_device(device)
+        except ValueError as e:
+            raise pytest.UsageError(f"--attncore-device {e}") from None
     if config.getoption("--attncore-backend", default=None):
         _cases(config)  # an unknown backend is a usage error, reported before collection
 
@@ -71,6 +82,18 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Each computed case runs placed on its device and the chosen stream (``placement.placed``)."""
+    case = getattr(item, "funcargs", {}).get("attncore_case")
+    if case is None or case.problem is None:
+        return (yield)
+    from .placement import placed
+
+    with placed(case.device, item.config.getoption("--attncore-stream", default="default")):
+        return (yield)
 
 
 def _cases(config):

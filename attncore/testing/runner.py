@@ -532,7 +532,7 @@ def check_result(b: Built, exp, out: Optional[torch.Tensor] = None, lse: Optiona
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 def _fail(case, errs: Sequence[str], b: Optional[Built] = None) -> None:
@@ -605,7 +605,7 @@ def run_refusal(case) -> None:
                 pass
             else:
                 errs.append(f"the selector accepted backend={be.name!r} for a refused problem")
-    if not errs and p.op == "single_prefill" and p.device_type == case.device:
+    if not errs and p.op == "single_prefill" and p.device_type == torch.device(case.device).type:
         errs += _api_refuses(case)
     _fail(case, errs)
 
@@ -737,6 +737,13 @@ def run_cuda_graph(case) -> None:
 
     if not case.device.startswith("cuda") or not torch.cuda.is_available():
         pytest.skip("CUDA-graph replay needs a CUDA device")
+    with torch.cuda.device(torch.device(case.device)):  # a graph is captured on its tensors' device
+        _graph_case(case)
+
+
+def _graph_case(case) -> None:
+    import pytest
+
     be, p = case.backend, case.problem
     paged = p.op in PAGED_OPS
     replan = paged or p.op == "batch_prefill_ragged"

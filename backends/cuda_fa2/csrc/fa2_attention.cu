@@ -118,13 +118,20 @@ auto kernel = fa2::fa2_attention_kernel<Cfg, T, FA2_KV, FA2_MASK, FA2_SOFTCAP !=
 constexpr int kCtaQ = Cfg::CTA_Q, kKvt = Cfg::KVT, kThreads = Cfg::NTHREADS, kSmem = (int)SM::bytes;
 #endif
 
-int ensure_device(int dev) {
-  int cur = -1;
-  cudaError_t e = cudaGetDevice(&cur);
-  if (e != cudaSuccess) return (int)e;
-  if (cur != dev) e = cudaSetDevice(dev);
-  return (int)e;
-}
+// Makes `dev` current for one entry point and gives the caller its device back on return: a
+// process serving cuda:1 with cuda:0 current must find cuda:0 current after every launch.
+struct DeviceScope {
+  int prev = -1;
+  int err = 0;
+  explicit DeviceScope(int dev) {
+    err = (int)cudaGetDevice(&prev);
+    if (err == 0 && prev != dev) err = (int)cudaSetDevice(dev);
+    else if (err == 0) prev = -1;  // already current: nothing to restore
+  }
+  ~DeviceScope() {
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+};
 
 int setup(int dev) {
   static bool done[64] = {false};
@@ -154,9 +161,9 @@ FA2_EXPORT int fa2_info(int* out, int dev) {
   out[6] = 0;
   out[7] = 0;
   if (dev >= 0) {
-    int e = ensure_device(dev);
-    if (e) return e;
-    e = setup(dev);
+    DeviceScope scope(dev);
+    if (scope.err) return scope.err;
+    int e = setup(dev);
     if (e) return e;
     int n = 0;
     e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmem);
@@ -171,9 +178,9 @@ FA2_EXPORT int fa2_info(int* out, int dev) {
 }
 
 FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
-  int e = ensure_device(p->device);
-  if (e) return e;
-  e = setup(p->device);
+  DeviceScope scope(p->device);
+  if (scope.err) return scope.err;
+  int e = setup(p->device);
   if (e) return e;
   if (p->num_work <= 0) return 0;
   dim3 grid(p->num_work, p->num_kv_heads);
@@ -182,8 +189,8 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
 }
 
 FA2_EXPORT int fa2_merge(const Fa2MergeParams* p, cudaStream_t stream) {
-  int e = ensure_device(p->device);
-  if (e) return e;
+  DeviceScope scope(p->device);
+  if (scope.err) return scope.err;
   if (p->nnz_q <= 0) return 0;
   dim3 grid(p->nnz_q, p->num_qo_heads);
   fa2::fa2_merge_kernel<T, D><<<grid, D / 4, 0, stream>>>(*p);
