@@ -165,11 +165,12 @@ def max_error(out: torch.Tensor, golden: torch.Tensor) -> float:
 
 def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float32, causal=False, mask=None,
                     window_left=-1, sm_scale=None, logits_soft_cap=0.0, pos_encoding_mode="NONE", rope_scale=1.0,
-                    rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0, device="cpu"
-                    ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Plain eager attention of one request in ``dtype`` (scores and P@V in ``dtype``, softmax in
-    ``softmax_dtype``), on ``device`` (the CPU by default): the yardstick of the tolerance rule.  Returns (out float64
-    [qo, Hq, Dv] rounded to ``out_dtype`` (default ``dtype``), lse float64 [qo, Hq] base 2)."""
+                    rope_theta=1e4, sinks=None, q_scale=1.0, k_scale=1.0, v_scale=1.0, o_scale=1.0, device="cpu",
+                    score_dtype=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Plain eager attention of one request in ``dtype`` (q, k, scores and P@V in ``dtype``, softmax in
+    ``softmax_dtype``; ``score_dtype`` keeps the scores in another), on ``device`` (the CPU by
+    default): the yardstick of the tolerance rule.  Returns (out float64 [qo, Hq, Dv] rounded to
+    ``out_dtype`` (default ``dtype``), lse float64 [qo, Hq] base 2)."""
     out_dtype = out_dtype or dtype
     qo, hq, d = q.shape
     kv, hkv, dv = v.shape
@@ -188,6 +189,8 @@ def dtype_attention(q, k, v, *, dtype, out_dtype=None, softmax_dtype=torch.float
     kd = kf.to(dtype).repeat_interleave(g, dim=1)
     vd = vf.to(dtype).repeat_interleave(g, dim=1)
     s = torch.einsum("qhd,khd->hqk", qd, kd)
+    if score_dtype is not None:  # the products of the rounded q and k, accumulated in score_dtype
+        s = torch.einsum("qhd,khd->hqk", qd.to(score_dtype), kd.to(score_dtype))
     s = s * (sm_scale * q_scale * k_scale)
     if logits_soft_cap and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)

@@ -397,6 +397,13 @@ def _poison_request_values(reqs, window_left: int, rng: random.Random):
     return reqs
 
 
+def _finite_err(x: torch.Tensor, golden: torch.Tensor) -> float:
+    """Max |x - golden| over the elements where both are finite (NaN rows, unseen rows left out)."""
+    d = (x - golden).abs()
+    d = d[torch.isfinite(d)]
+    return float(d.max()) if d.numel() else 0.0
+
+
 def expected(b: Built):
     """Per request: (golden out, golden lse, baseline out, baseline lse), float64 on the CPU."""
     res = []
@@ -407,6 +414,15 @@ def expected(b: Built):
         kw = dict(b.golden_kwargs, causal=causal and m is None, mask=m)
         go, gl = golden_attention(q, k, v, device=dev, **kw)
         bo, bl = dtype_attention(q, k, v, dtype=p.q_dtype, out_dtype=p.out_dtype, device=dev, **kw)
+        if p.pos_encoding == "ROPE_LLAMA" and p.q_dtype != torch.float32:
+            # Rotated q and k are rounded to the dtype for the tensor cores, then the scores accumulate
+            # in fp32.  With a few keys per row the yardstick's extra score rounding can cancel its q/k
+            # rounding and leave it far more exact than any kernel (a 5-key window: 0.0004 vs 0.007 in
+            # LSE); the rule takes the larger error of the two yardsticks.
+            fo, fl = dtype_attention(q, k, v, dtype=p.q_dtype, out_dtype=p.out_dtype, device=dev,
+                                     score_dtype=torch.float32, **kw)
+            bo = fo if _finite_err(fo, go) > _finite_err(bo, go) else bo
+            bl = fl if _finite_err(fl, gl) > _finite_err(bl, gl) else bl
         res.append((go, gl, bo, bl))
     return res
 
