@@ -212,6 +212,23 @@ def test_single_prefill_dynamic_lengths_one_graph():
     _no_graph_breaks()
 
 
+def test_cascade_merge_of_two_single_prefills():
+    """Two partial states (shared prefix, then the request's own keys) merged in the same graph."""
+    q = torch.randn(4, HQ, D).to(DT)
+    k, v = torch.randn(11, HKV, D).to(DT), torch.randn(11, HKV, D).to(DT)
+
+    def fn(q, k, v):
+        oa, la = attncore.single_prefill_with_kv_cache(q, k[:7], v[:7], return_lse=True, backend="reference")
+        ob, lb = attncore.single_prefill_with_kv_cache(q, k[7:], v[7:], return_lse=True, backend="reference")
+        return attncore.merge_state(oa, la, ob, lb)
+
+    got = _compiled(fn, "aot_eager")(q, k, v)
+    _no_graph_breaks()
+    want = attncore.single_prefill_with_kv_cache(q, k, v, return_lse=True, backend="reference")
+    _close(got[0], want[0])
+    assert max_error(got[1], want[1].double()) <= 1e-3
+
+
 # --------------------------------------------------------------------------------------------- POD
 def test_pod_wrappers():
     q_p, k_p, v_p = torch.randn(5, HQ, D).to(DT), torch.randn(7, HKV, D).to(DT), torch.randn(7, HKV, D).to(DT)
