@@ -1,7 +1,8 @@
 """``attncore bench``: the standard workloads of docs/performance.md through the public API.
 
 Ceilings (read-only bandwidth, device copy, bf16 matmul) and torch SDPA are measured in the same
-run.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode inputs rotate among several
+run; with ``--flashinfer`` so is FlashInfer (any importable ``flashinfer``), driven through the
+same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode inputs rotate among several
 caches so repeated runs do not measure L2.  On a CPU the shapes shrink and the figures only show
 that the path runs.
 """
@@ -124,13 +125,23 @@ def _bytes(w: Workload) -> float:
 
 
 def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: int,
-           page_order: str = "shuffled"):
+           page_order: str = "shuffled", api=None):
     """Plan the workload and return a list of run closures (one per input copy).  Paged caches
-    get a shuffled page table (a fragmented cache, the default) or pages in order."""
-    import attncore as ac
+    get a shuffled page table (a fragmented cache, the default) or pages in order.  ``api``: the
+    module to drive (default attncore; ``flashinfer`` for the comparison rows)."""
+    import attncore
 
+    ac = api or attncore
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     kv_dtype = torch.float8_e4m3fn if w.kv_fp8 else dtype
+    if w.op == "prefill" and api is not None:  # the one-call function (plan + run each call)
+        runs = []
+        for _ in range(copies):
+            q, k, v = (torch.randn(n, h, w.d, device=device, dtype=dtype)
+                       for n, h in ((w.qo, w.hq), (w.kv, w.hkv), (w.kv, w.hkv)))
+            ac.single_prefill_with_kv_cache(q, k, v, causal=w.causal)
+            runs.append(lambda q=q, k=k, v=v: ac.single_prefill_with_kv_cache(q, k, v, causal=w.causal))
+        return runs, None
     if w.op == "prefill":
         from .prefill import _plan_single
 
@@ -157,15 +168,19 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     rows = w.batch * (w.q_len if w.op in ("decode", "xqa") else w.qo)
     q = torch.randn(rows, w.hq, w.d, device=device, dtype=dtype)
     if w.op == "paged_prefill":
-        wr = ac.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+        wr = ac.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **({} if api else {"backend": backend}))
         qo = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.qo
         wr.plan(qo, indptr, indices, last, w.hq, w.hkv, w.d, w.page, causal=w.causal, q_data_type=dtype,
                 kv_data_type=kv_dtype)
     elif w.op == "decode":
-        wr = ac.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+        # tensor cores for GQA groups of 4+ (FlashInfer's own advice; a hint attncore's backends ignore)
+        wr = ac.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=w.hq // w.hkv >= 4,
+                                                   **({} if api else {"backend": backend}))
         wr.plan(indptr, indices, last, w.hq, w.hkv, w.d, w.page, q_data_type=dtype, kv_data_type=kv_dtype,
-                q_len_per_req=w.q_len)
+                **({} if w.q_len == 1 else {"q_len_per_req": w.q_len}))
     else:
+        if not hasattr(ac, "xqa_batch_decode_with_kv_cache"):
+            raise BackendSelectionError(f"{ac.__name__} has no xqa_batch_decode_with_kv_cache", [])
         bt = indices.reshape(w.batch, pages)
         seq = torch.full((w.batch,), w.kv, dtype=torch.int32, device=device)
         sinks = torch.randn(w.hq, device=device) if w.sinks else None
@@ -175,12 +190,12 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
         def xqa(c):
             return ac.xqa_batch_decode_with_kv_cache(q, c, ws0, bt, seq, w.kv, bmm1_scale=1 / math.sqrt(w.d),
                                                      out=out, sinks=sinks, q_len_per_req=w.q_len,
-                                                     backend=backend)
+                                                     **({} if api else {"backend": backend}))
 
         xqa(caches[0])
         return [lambda c=c: xqa(c) for c in caches], None
     wr.run(q, caches[0])
-    return [lambda c=c: wr.run(q, c) for c in caches], wr.backend
+    return [lambda c=c: wr.run(q, c) for c in caches], None if api else wr.backend
 
 
 def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[], None]]:
@@ -198,11 +213,14 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
 def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequence[str]] = None,
               device: Optional[str] = None, progress: Callable[[str], None] = print,
-              page_order: str = "shuffled") -> Dict:
+              page_order: str = "shuffled", flashinfer: bool = False) -> Dict:
+    """``flashinfer``: also time the importable ``flashinfer`` package on each workload (a row
+    named ``flashinfer``), in this run."""
     if page_order not in ("shuffled", "sequential"):
         raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    fi = _import_flashinfer(device) if flashinfer else None
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     names = list(backends) if backends else ["auto"]
     wls = select_workloads(ids)
@@ -217,12 +235,12 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
     rows = []
     for w in wls:
         copies = 1 if device != "cuda" else max(1, min(4, int(2 * 50e6 // max(_bytes(w), 1)) + 1))
-        entries = [(n, None) for n in names]
+        entries = [(n, None) for n in names] + ([("flashinfer", fi)] if fi else [])
         sd = _sdpa(w, device, dtype) if device == "cuda" else None
-        for name, _ in entries:
+        for name, api in entries:
             row = {"workload": w.id, "backend": name}
             try:
-                runs, chosen = _setup(w, name, device, dtype, copies, page_order)
+                runs, chosen = _setup(w, "auto" if api else name, device, dtype, copies, page_order, api=api)
                 i = [0]
 
                 def step():
@@ -252,7 +270,23 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dtype": str(dtype),
             "page_order": page_order, "ceilings": ceil, "results": rows}
+    if fi:
+        info["flashinfer"] = getattr(fi, "__version__", "?")
     return info
+
+
+def _import_flashinfer(device: str):
+    if device != "cuda":
+        raise ValueError("--flashinfer needs a CUDA GPU (FlashInfer has no CPU path)")
+    try:
+        import flashinfer
+    except ImportError as e:
+        raise ValueError(f"--flashinfer: cannot import flashinfer ({e}); put its source on PYTHONPATH "
+                         "(for the sdist in ../shared/anchors: source its fi_setup.sh)") from None
+    if flashinfer.__name__ != "flashinfer" or hasattr(flashinfer, "registry"):
+        raise ValueError("--flashinfer: the module named flashinfer is attncore (an import shim); "
+                         "the comparison needs the real package")
+    return flashinfer
 
 
 def _figures(row: Dict, w: Workload, ceil: Dict) -> None:

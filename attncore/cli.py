@@ -208,7 +208,17 @@ def cmd_bench(a) -> int:
     _runnable_device(a.device)
     for n in a.backend or ():
         _known_backend(n)  # an unavailable one gets an n/a row with its reasons
+    if a.flashinfer:
+        import torch
+
+        from .bench import _import_flashinfer
+
+        try:
+            _import_flashinfer(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     info = run_bench(a.backend or None, ids=a.workload or None, device=a.device, page_order=a.page_order,
+                     flashinfer=a.flashinfer,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(info))
     if a.json:
@@ -390,6 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         + ", ".join(w.id for w in WORKLOADS) + "; default: all")
     b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
                    help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
+    b.add_argument("--flashinfer", action="store_true",
+                   help="also time the importable flashinfer package on each workload, in the same run")
     b.add_argument("--device", choices=["cpu", "cuda"])
     b.add_argument("--json", metavar="FILE")
 

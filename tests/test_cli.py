@@ -90,6 +90,28 @@ def test_bench_sequential_pages(tmp_path):
         run_bench(ids=["D1"], device="cpu", page_order="random")
 
 
+@pytest.mark.parametrize("wid", ["P1-causal", "P3-p16", "D1", "D5", "X1-q4"])
+def test_bench_drives_any_flashinfer_api_module(wid):
+    """--flashinfer drives the comparison module through the FlashInfer API alone (no backend=,
+    no attncore-only arguments); attncore itself, being that API, stands in for it on the CPU."""
+    import attncore
+    from attncore.bench import _setup, _shrink, select_workloads
+
+    w = _shrink(select_workloads([wid])[0])
+    runs, chosen = _setup(w, "auto", "cpu", torch.float16, 1, api=attncore)
+    runs[0]()
+    assert chosen is None
+
+
+def test_bench_flashinfer_needs_the_real_package(capsys):
+    from attncore.bench import _import_flashinfer
+
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        _import_flashinfer("cpu")
+    r = _run("bench", "--flashinfer", "--device", "cpu")
+    assert r.returncode == 2 and "--flashinfer needs a CUDA GPU" in r.stderr
+
+
 def test_unknown_backend_is_a_clear_error():
     r = _run("check", "--backend", "nosuch")
     assert r.returncode != 0 and "'nosuch' is not a known backend" in r.stderr
