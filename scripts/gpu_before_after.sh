@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call: `attncore bench` of the GPU backends for earlier trees of attncore and for this
+# one, in one run on one machine, with FlashInfer 0.2.14 beside the current tree (its kernels warm
+# in the background from the start: they JIT-compile for minutes).  Earlier trees travel as
+# archives in the ignored .old/ folder (`git archive -o .old/NAME.tar REV attncore backends
+# pyproject.toml README.md plugins`); FlashInfer's sdist in .anchors/ (../shared/anchors/README.md).
+# Carry: .old .anchors.   Logs and JSON under $OUT.
+# Usage on the device machine:
+#   [TREES="before13 before14"] [BACKENDS="cuda_fa2 triton xqa"] [WORKLOADS="P1 P2 ..."] [FI=1]
+#   bash scripts/gpu_before_after.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+REPO=$PWD
+TREES=${TREES:-}
+BACKENDS=${BACKENDS:-"cuda_fa2 triton xqa"}
+WORKLOADS=${WORKLOADS:-"P1 P2 P3 P4 D1 D2 D3 D5 X1"}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+bargs() {
+  local a=""; for b in $BACKENDS; do a="$a --backend $b"; done
+  for w in $WORKLOADS; do a="$a --workload $w"; done; echo "$a"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+if [ "${FI:-1}" = 1 ]; then  # FlashInfer: warm its kernels for these workloads while the trees run
+  # shellcheck disable=SC1091
+  ANCHORS_DIR=.anchors source .anchors/fi_setup.sh
+  PYTHONPATH="$REPO:$FI_ROOT" python3 scripts/fi_warm.py $WORKLOADS > "$OUT/fi_warm.txt" 2>&1 &
+  WARM=$!
+fi
+install() {  # $1: a directory holding an attncore tree
+  (cd "$1" && python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING)
+  (cd "$1" && python3 -m attncore.cli build cuda_fa2 > /dev/null 2>&1)  # the common specializations, in parallel
+}
+for t in $TREES; do
+  rm -rf "/tmp/tree_$t"; mkdir -p "/tmp/tree_$t" && tar xf ".old/$t.tar" -C "/tmp/tree_$t"
+  install "/tmp/tree_$t"; stamp "$t installed"
+  # shellcheck disable=SC2046
+  (cd "/tmp/tree_$t" && python3 -m attncore.cli bench $(bargs) --json "$OUT/bench_$t.json" > "$OUT/bench_$t.txt" 2>/dev/null)
+  stamp "$t benched: exit $?"
+done
+install "$REPO"; stamp "current tree installed"
+if [ "${FI:-1}" = 1 ]; then
+  wait "$WARM"; stamp "FlashInfer warm: $(tail -1 "$OUT/fi_warm.txt")"
+  # shellcheck disable=SC2046
+  PYTHONPATH="$FI_ROOT" python3 -m attncore.cli bench $(bargs) --flashinfer --json "$OUT/bench_now.json" \
+    > "$OUT/bench_now.txt" 2>/dev/null
+else
+  # shellcheck disable=SC2046
+  python3 -m attncore.cli bench $(bargs) --json "$OUT/bench_now.json" > "$OUT/bench_now.txt" 2>/dev/null
+fi
+stamp "current tree benched: exit $?"
+python3 scripts/compare_bench.py "$OUT"/bench_*.json
