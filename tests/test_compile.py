@@ -423,6 +423,10 @@ def test_gpu_layer_compiles_fullgraph_inductor(backend, op, mode):
     CUDA graphs with mode="reduce-overhead"); the op's name shows in the profiler."""
     from attncore.selector import BackendSelectionError
 
+    if op == "single_prefill" and mode == "reduce-overhead" and backend in ("triton", "cuda_fa2", "auto"):
+        # H100 2026-11-24: the one-call op plans on every call, and a plan copies its index tensors to the
+        # GPU, which CUDA-graph capture forbids; a cached plan per problem signature (issue 15 item 1) fixes it
+        pytest.xfail("single_prefill plans inside the op: no host-to-device copy is allowed under capture")
     dev, dt, hq, hkv, d, page = "cuda", torch.bfloat16, 32, 8, 128, 16
     g = torch.Generator().manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(dev, dt)  # noqa: E731
