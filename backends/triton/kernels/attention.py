@@ -213,7 +213,10 @@ def _kv_loop(
     return acc, l_i, m_i
 
 
-@triton.jit
+# Integer arguments that vary with the batch (work count, window, draft length) are not specialized:
+# Triton would compile a variant per value of 1 and per divisibility by 16, a JIT stall of seconds
+# whenever a serving batch crosses one, for no faster code (they only index the work list).
+@triton.jit(do_not_specialize=["window_left", "spec_q_len", "spec_row_bytes", "NUM_KV", "NUM_ITEMS"])
 def _attn_fwd(
     Q, K, V, Out, Lse, TmpO, TmpLse, Work,
     QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,

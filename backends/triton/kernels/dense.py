@@ -67,7 +67,7 @@ def _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, lo, hi, mask_from, m0, kv_len,
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HQ", "NUM_ITEMS"])  # batch-dependent: see attention._attn_fwd
 def _dense_fwd(
     Q, K, V, Out, Lse, Work, QoIndptr, KvStart, KvLens, Sinks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
