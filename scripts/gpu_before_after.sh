@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: `attncore bench` of the GPU backends for earlier trees of attncore and for this
-# one, in one run on one machine, with FlashInfer 0.2.14 beside the current tree (its kernels warm
-# in the background from the start: they JIT-compile for minutes).  Earlier trees travel as
+# one, in one run on one machine, with FlashInfer 0.2.14 beside the current tree (warm its kernels
+# first with scripts/fi_warm.py in an earlier call on the same warm machine: they JIT-compile for
+# minutes, and compiling beside a timed run disturbs it).  Earlier trees travel as
 # archives in the ignored .old/ folder (`git archive -o .old/NAME.tar REV attncore backends
 # pyproject.toml README.md plugins`); FlashInfer's sdist in .anchors/ (../shared/anchors/README.md).
 # Carry: .old .anchors.   Logs and JSON under $OUT.
 # Usage on the device machine:
-#   [TREES="before13 before14"] [BACKENDS="cuda_fa2 triton xqa"] [WORKLOADS="P1 P2 ..."] [FI=1]
+#   [TREES="before13 before14"] [NOW=1] [BACKENDS="cuda_fa2 triton xqa"] [WORKLOADS="P1 P2 ..."] [FI=1]
 #   bash scripts/gpu_before_after.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
@@ -22,11 +23,10 @@ bargs() {
   for w in $WORKLOADS; do a="$a --workload $w"; done; echo "$a"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
-if [ "${FI:-1}" = 1 ]; then  # FlashInfer: warm its kernels for these workloads while the trees run
+if [ "${FI:-1}" = 1 ]; then  # FlashInfer, its JIT cache in /tmp (kept while the machine stays warm)
+  export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-cache}
   # shellcheck disable=SC1091
   ANCHORS_DIR=.anchors source .anchors/fi_setup.sh
-  PYTHONPATH="$REPO:$FI_ROOT" python3 scripts/fi_warm.py $WORKLOADS > "$OUT/fi_warm.txt" 2>&1 &
-  WARM=$!
 fi
 install() {  # $1: a directory holding an attncore tree
   (cd "$1" && python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING)
@@ -39,9 +39,9 @@ for t in $TREES; do
   (cd "/tmp/tree_$t" && python3 -m attncore.cli bench $(bargs) --json "$OUT/bench_$t.json" > "$OUT/bench_$t.txt" 2>/dev/null)
   stamp "$t benched: exit $?"
 done
+[ "${NOW:-1}" = 1 ] || exit 0
 install "$REPO"; stamp "current tree installed"
-if [ "${FI:-1}" = 1 ]; then
-  wait "$WARM"; stamp "FlashInfer warm: $(tail -1 "$OUT/fi_warm.txt")"
+if [ "${FI:-1}" = 1 ]; then  # warm first (scripts/fi_warm.py, e.g. beside a correctness run), or it compiles here
   # shellcheck disable=SC2046
   PYTHONPATH="$FI_ROOT" python3 -m attncore.cli bench $(bargs) --flashinfer --json "$OUT/bench_now.json" \
     > "$OUT/bench_now.txt" 2>/dev/null
