@@ -12,6 +12,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+BENCH=${BENCH:-/tmp/bench}; mkdir -p "$BENCH"  # kept across calls on a warm machine
 REPO=$PWD
 TREES=${TREES:-}
 BACKENDS=${BACKENDS:-"cuda_fa2 triton xqa"}
@@ -36,18 +37,19 @@ for t in $TREES; do
   rm -rf "/tmp/tree_$t"; mkdir -p "/tmp/tree_$t" && tar xf ".old/$t.tar" -C "/tmp/tree_$t"
   install "/tmp/tree_$t"; stamp "$t installed"
   # shellcheck disable=SC2046
-  (cd "/tmp/tree_$t" && python3 -m attncore.cli bench $(bargs) --json "$OUT/bench_$t.json" > "$OUT/bench_$t.txt" 2>/dev/null)
+  (cd "/tmp/tree_$t" && python3 -m attncore.cli bench $(bargs) --json "$BENCH/bench_$t.json" > "$BENCH/bench_$t.txt" 2>/dev/null)
   stamp "$t benched: exit $?"
 done
-[ "${NOW:-1}" = 1 ] || exit 0
+[ "${NOW:-1}" = 1 ] || { cp "$BENCH"/bench_* "$OUT"/; exit 0; }
 install "$REPO"; stamp "current tree installed"
 if [ "${FI:-1}" = 1 ]; then  # warm first (scripts/fi_warm.py, e.g. beside a correctness run), or it compiles here
   # shellcheck disable=SC2046
-  PYTHONPATH="$FI_ROOT" python3 -m attncore.cli bench $(bargs) --flashinfer --json "$OUT/bench_now.json" \
-    > "$OUT/bench_now.txt" 2>/dev/null
+  PYTHONPATH="$FI_ROOT" python3 -m attncore.cli bench $(bargs) --flashinfer --json "$BENCH/bench_now.json" \
+    > "$BENCH/bench_now.txt" 2>/dev/null
 else
   # shellcheck disable=SC2046
-  python3 -m attncore.cli bench $(bargs) --json "$OUT/bench_now.json" > "$OUT/bench_now.txt" 2>/dev/null
+  python3 -m attncore.cli bench $(bargs) --json "$BENCH/bench_now.json" > "$BENCH/bench_now.txt" 2>/dev/null
 fi
 stamp "current tree benched: exit $?"
-python3 scripts/compare_bench.py "$OUT"/bench_*.json
+cp "$BENCH"/bench_* "$OUT"/
+python3 scripts/compare_bench.py $(for t in $TREES; do echo "$BENCH/bench_$t.json"; done) "$BENCH/bench_now.json"
