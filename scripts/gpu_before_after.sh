@@ -41,7 +41,12 @@ for t in $TREES; do
   stamp "$t benched: exit $?"
 done
 [ "${NOW:-1}" = 1 ] || { cp "$BENCH"/bench_* "$OUT"/; exit 0; }
-install "$REPO"; stamp "current tree installed"
+NOWDIR=$REPO  # NOW_TAR=NAME: the current tree from .old/NAME.tar (a committed state, not the working copy)
+if [ -n "${NOW_TAR:-}" ]; then
+  NOWDIR=/tmp/tree_now; rm -rf "$NOWDIR"; mkdir -p "$NOWDIR" && tar xf ".old/$NOW_TAR.tar" -C "$NOWDIR"
+fi
+install "$NOWDIR"; stamp "current tree installed"
+cd "$NOWDIR" || exit 1
 if [ "${FI:-1}" = 1 ]; then  # warm first (scripts/fi_warm.py, e.g. beside a correctness run), or it compiles here
   # shellcheck disable=SC2046
   PYTHONPATH="$FI_ROOT" python3 -m attncore.cli bench $(bargs) --flashinfer --json "$BENCH/bench_now.json" \
@@ -52,4 +57,4 @@ else
 fi
 stamp "current tree benched: exit $?"
 cp "$BENCH"/bench_* "$OUT"/
-python3 scripts/compare_bench.py $(for t in $TREES; do echo "$BENCH/bench_$t.json"; done) "$BENCH/bench_now.json"
+python3 "$REPO/scripts/compare_bench.py" $(for t in $TREES; do echo "$BENCH/bench_$t.json"; done) "$BENCH/bench_now.json"
