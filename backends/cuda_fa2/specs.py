@@ -35,6 +35,10 @@ from attncore import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = str(CSRC / "fa2_attention.cu")
+# attncore/include: the device helpers both CUDA backends share ("attncore/ptx.cuh"); an include
+# dir, so the JIT hash covers every header in it (an edited shared header rebuilds).
+INCLUDE = str(Path(jit.__file__).resolve().parent / "include")
+INCLUDE_DIRS = (str(CSRC), INCLUDE)
 
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
@@ -101,7 +105,7 @@ class Fa2Key:
         ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
             + ((("FA2_H_WS", "1"),) if self.ws else ()) \
             + tuple(self.tune)
-        return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
+        return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=INCLUDE_DIRS,
                         description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"),
                         arch_suffix="a" if self.config == "prefill90" else "")
 
@@ -142,7 +146,7 @@ def sm90_keys() -> List[Fa2Key]:
 def selftest_spec() -> jit.Spec:
     """The wgmma primitive checks (csrc/fa2_sm90_selftest.cu), sm_90a only."""
     return jit.Spec("cuda_fa2", "cuda_fa2_sm90_selftest", (str(CSRC / "fa2_sm90_selftest.cu"),),
-                    include_dirs=(str(CSRC),), description="cuda_fa2 sm90 selftest", arch_suffix="a")
+                    include_dirs=INCLUDE_DIRS, description="cuda_fa2 sm90 selftest", arch_suffix="a")
 
 
 def list_specs(arch: str = "90") -> List[jit.Spec]:

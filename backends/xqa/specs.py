@@ -26,6 +26,10 @@ from attncore import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = str(CSRC / "xqa_decode.cu")
+# attncore/include: the device helpers both CUDA backends share ("attncore/ptx.cuh"); an include
+# dir, so the JIT hash covers every header in it (an edited shared header rebuilds).
+INCLUDE = str(Path(jit.__file__).resolve().parent / "include")
+INCLUDE_DIRS = (str(CSRC), INCLUDE)
 
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
@@ -70,7 +74,7 @@ class XqaKey:
             ("XQA_DTYPE", str(DTYPES[self.dtype])), ("XQA_KV", str(KVS[self.kv])), ("XQA_OUT", str(OUTS[self.out])),
             ("XQA_HEAD_DIM", str(self.head_dim)), ("XQA_MT", str(self.mt)),
         ) + tuple((TUNE[k], str(int(v))) for k, v in self.tune)
-        return jit.Spec("xqa", self.uri, (SOURCE,), defines=defines, include_dirs=(str(CSRC),),
+        return jit.Spec("xqa", self.uri, (SOURCE,), defines=defines, include_dirs=INCLUDE_DIRS,
                         description=self.uri.replace("_", " "))
 
 

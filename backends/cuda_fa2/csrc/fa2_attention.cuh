@@ -24,75 +24,18 @@
 //   then written coalesced: final output (+ sink, out_scale, LSE) or a float partial for fa2_merge.
 // Causal tiles above the diagonal are never loaded: the kv range is clipped per CTA.
 #pragma once
-#include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#include <stdint.h>
 #include <math.h>
-#include <type_traits>
+#include <stdint.h>
 
+#include "attncore/ptx.cuh"
 #include "fa2_params.h"
 
 namespace fa2 {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using ac::kLog2e;
 constexpr float kNegInf = -INFINITY;
 
 enum MaskMode { kMaskNone = 0, kMaskCausal = 1, kMaskCustom = 2 };
-
-// ------------------------------------------------------------------------------------ dtypes
-template <typename T> struct Pack2;
-template <> struct Pack2<__half> {
-  static __device__ __forceinline__ uint32_t from_float(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-template <> struct Pack2<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t from_float(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-
-template <typename T> __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b);
-template <> __device__ __forceinline__ void mma16816<__half>(float* c, const uint32_t* a, const uint32_t* b) {
-  asm(  // no side effects: let the compiler schedule it freely
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float* c, const uint32_t* a, const uint32_t* b) {
-  asm(  // no side effects: let the compiler schedule it freely
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t* r, const void* p) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-  int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Folds a sink's base-2 logit into a row's softmax denominator L (kept relative to the row max Mu):
 // against the larger of the two, since ex2(sink - Mu) overflows to inf when ALiBi puts a row's
@@ -100,26 +43,14 @@ __device__ __forceinline__ float ex2(float x) {
 // the old Mu).  When the row max is the larger (the usual case) this is L += ex2(sink - Mu), bit for bit.
 __device__ __forceinline__ float fold_sink(float& L, float& Mu, float sink_log2) {
   const float mt = fmaxf(Mu, sink_log2);
-  const float f = ex2(Mu - mt);
-  L = L * f + ex2(sink_log2 - mt);
+  const float f = ac::ex2(Mu - mt);
+  L = L * f + ac::ex2(sink_log2 - mt);
   Mu = mt;
   return f;
 }
 
-// fp8 (1 byte) -> two 16-bit values of T, exact (e4m3/e5m2 fit fp16 and bf16).
-template <typename T, int KVKIND> __device__ __forceinline__ uint32_t fp8x2_to(uint16_t v) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, KVKIND == 1 ? __NV_E4M3 : __NV_E5M2);
-  if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value) {
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __half2 hh = *reinterpret_cast<__half2*>(&h);
-    float2 f = __half22float2(hh);
-    return Pack2<__nv_bfloat16>::from_float(f.x, f.y);
-  }
-}
-
 // element offset of 16-byte chunk c of row `row` in a swizzled [rows][D] 16-bit tile
-template <int D> __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row & 7)) << 3); }
+template <int D> __device__ __forceinline__ int swz(int row, int c) { return row * D + (ac::swz_chunk<D / 8>(row, c) << 3); }
 
 // ----------------------------------------------------------------------------- kernel config
 template <int D_, int NWQ_, int NWKV_, int NMQ_, int NNK_, int STAGES_, int MINB_ = 2, bool PF_ = true>
@@ -222,9 +153,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
       int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
       src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
     }
-    cp_async16(sQ + swz<D>(r, c), src, ok);
+    ac::cp_async16(sQ + swz<D>(r, c), src, ok);
   }
-  cp_async_commit();  // Q is its own group (also when there is no tile: the epilogue waits on it)
+  ac::cp_async_commit();  // Q is its own group (also when there is no tile: the epilogue waits on it)
 
   // ---- K/V tile loader: page-table gather in the async copy.  Decode tiles (NWKV > 1) fetch the
   // page ids of the next tile one iteration ahead, so the index load latency overlaps compute.
@@ -260,8 +191,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
         const int r = r0 + it * RSTEP;
         const bool ok = t0 + r < kv_hi;
         const int so = KVB == 2 ? swz<D>(r, c) * 2 : (r * D + c * 16);
-        cp_async16(dk + so, ok ? pk + it * sk : kg, ok);
-        cp_async16(dv + so, ok ? pv + it * sv : vg, ok);
+        ac::cp_async16(dk + so, ok ? pk + it * sk : kg, ok);
+        ac::cp_async16(dv + so, ok ? pv + it * sv : vg, ok);
       }
       return;
     }
@@ -278,8 +209,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
         vo = ((int64_t)pg * p.v_stride_p + (int64_t)sl * p.v_stride_n + (int64_t)kvh * p.v_stride_h) * KVB + c * 16;
       }
       const int so = KVB == 2 ? swz<D>(r, c) * 2 : (r * D + c * 16);
-      cp_async16(dk + so, kg + ko, ok);
-      cp_async16(dv + so, vg + vo, ok);
+      ac::cp_async16(dk + so, kg + ko, ok);
+      ac::cp_async16(dv + so, vg + vo, ok);
     }
   };
 
@@ -315,7 +246,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
         fetch_pages(s);
         load_tile(s, s, false);
       }
-      cp_async_commit();
+      ac::cp_async_commit();
     }
     fetch_pages(STAGES - 1);
     // page ids of tile STAGES-1 -> table (visible after the loop-top barrier)
@@ -335,7 +266,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     tab_store(STAGES - 1);
     if (ROPE) {
       // rotate Q in smem (rotate-half over the full head dim), position tok + delta
-      cp_async_wait<STAGES - 2>();
+      ac::cp_async_wait<STAGES - 2>();
       __syncthreads();
       for (int idx = tid; idx < CTA_Q * (D / 2); idx += NT) {
         int r = idx / (D / 2), i = idx % (D / 2);
@@ -356,7 +287,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     const int kv_w0 = wkv * KVW;  // this warp's first key within a stage
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-      cp_async_wait<STAGES - 2>();
+      ac::cp_async_wait<STAGES - 2>();
       __syncthreads();
       {
         int nt = tile + STAGES - 1;
@@ -365,7 +296,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
           fetch_pages(nt + 1);
         }
         tab_load(nt + 1);  // stored after this tile's math, read by the next iteration's copy
-        cp_async_commit();
+        ac::cp_async_commit();
       }
       const int stage = tile % STAGES;
       const T* tK;
@@ -387,10 +318,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
           uint32_t* pv1 = reinterpret_cast<uint32_t*>(&v1);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            pk0[j] = fp8x2_to<T, KVKIND>(k2[j]);
-            pk1[j] = fp8x2_to<T, KVKIND>(k2[j + 4]);
-            pv0[j] = fp8x2_to<T, KVKIND>(v2[j]);
-            pv1[j] = fp8x2_to<T, KVKIND>(v2[j + 4]);
+            pk0[j] = ac::fp8x2_to<T, KVKIND>(k2[j]);
+            pk1[j] = ac::fp8x2_to<T, KVKIND>(k2[j + 4]);
+            pv0[j] = ac::fp8x2_to<T, KVKIND>(v2[j]);
+            pv1[j] = ac::fp8x2_to<T, KVKIND>(v2[j + 4]);
           }
           *reinterpret_cast<uint4*>(sK16 + swz<D>(r, 2 * c)) = k0;
           *reinterpret_cast<uint4*>(sK16 + swz<D>(r, 2 * c + 1)) = k1;
@@ -433,15 +364,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
         uint32_t a[NMQ][4];
 #pragma unroll
         for (int mi = 0; mi < NMQ; ++mi)
-          ldsm_x4(a[mi], sQ + swz<D>(qrow_base + mi * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+          ac::ldsm_x4(a[mi], sQ + swz<D>(qrow_base + mi * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
         for (int nj = 0; nj < NNK; ++nj) {
           uint32_t b[4];
-          ldsm_x4(b, tK + swz<D>(kv_w0 + nj * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+          ac::ldsm_x4(b, tK + swz<D>(kv_w0 + nj * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
           for (int mi = 0; mi < NMQ; ++mi) {
-            mma16816<T>(s[mi][2 * nj], a[mi], b);
-            mma16816<T>(s[mi][2 * nj + 1], a[mi], b + 2);
+            ac::mma16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
+            ac::mma16816<T>(s[mi][2 * nj + 1], a[mi], b[2], b[3]);
           }
         }
       }
@@ -500,18 +431,17 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
           float mx = kNegInf;
 #pragma unroll
           for (int j = 0; j < NKT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h2], s[mi][j][2 * h2 + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+          mx = ac::quad_max(mx);
           const float mnew = fmaxf(m[mi][h2], mx * sc);
           const float mu = mnew == kNegInf ? 0.f : mnew;
-          const float a = ex2(m[mi][h2] - mu);
+          const float a = ac::ex2(m[mi][h2] - mu);
           moved |= mnew != m[mi][h2];
           alpha[mi][h2] = a;
           m[mi][h2] = mnew;
           float rs = 0.f;
 #pragma unroll
           for (int j = 0; j < NKT; ++j) {
-            float p0 = ex2(fmaf(s[mi][j][2 * h2], sc, -mu)), p1 = ex2(fmaf(s[mi][j][2 * h2 + 1], sc, -mu));
+            float p0 = ac::ex2(fmaf(s[mi][j][2 * h2], sc, -mu)), p1 = ac::ex2(fmaf(s[mi][j][2 * h2 + 1], sc, -mu));
             s[mi][j][2 * h2] = p0;
             s[mi][j][2 * h2 + 1] = p1;
             rs += p0 + p1;
@@ -536,19 +466,19 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
         uint32_t a[NMQ][4];
 #pragma unroll
         for (int mi = 0; mi < NMQ; ++mi) {
-          a[mi][0] = Pack2<T>::from_float(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-          a[mi][1] = Pack2<T>::from_float(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-          a[mi][2] = Pack2<T>::from_float(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-          a[mi][3] = Pack2<T>::from_float(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+          a[mi][0] = ac::pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          a[mi][1] = ac::pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          a[mi][2] = ac::pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          a[mi][3] = ac::pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
         }
 #pragma unroll
         for (int dp = 0; dp < NDT / 2; ++dp) {
           uint32_t b[4];
-          ldsm_x4_t(b, tV + swz<D>(kv_w0 + kk * 16 + (lane & 15), dp * 2 + (lane >> 4)));
+          ac::ldsm_x4_t(b, tV + swz<D>(kv_w0 + kk * 16 + (lane & 15), dp * 2 + (lane >> 4)));
 #pragma unroll
           for (int mi = 0; mi < NMQ; ++mi) {
-            mma16816<T>(o[mi][2 * dp], a[mi], b);
-            mma16816<T>(o[mi][2 * dp + 1], a[mi], b + 2);
+            ac::mma16816<T>(o[mi][2 * dp], a[mi], b[0], b[1]);
+            ac::mma16816<T>(o[mi][2 * dp + 1], a[mi], b[2], b[3]);
           }
         }
       }
@@ -557,7 +487,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
   }
 
   // ---- epilogue: stage (m, l, O) per warp in smem, merge across NWKV warps, write
-  cp_async_wait<0>();
+  ac::cp_async_wait<0>();
   __syncthreads();
   constexpr int OS = SM::OSTRIDE;
   float* eO = reinterpret_cast<float*>(smem);                   // [NWKV][CTA_Q][OS]
@@ -567,9 +497,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
   for (int mi = 0; mi < NMQ; ++mi)
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      float ls = l[mi][h2];
-      ls += __shfl_xor_sync(0xffffffff, ls, 1);
-      ls += __shfl_xor_sync(0xffffffff, ls, 2);
+      const float ls = ac::quad_sum(l[mi][h2]);
       const int lr = wq * NMQ * 16 + mi * 16 + (lane >> 2) + h2 * 8;
       float* orow = eO + (wkv * CTA_Q + lr) * OS;
 #pragma unroll
@@ -594,7 +522,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
     for (int e = 0; e < 8; ++e) acc[e] = 0.f;
 #pragma unroll
     for (int w = 0; w < Cfg::NWKV; ++w) {
-      const float f = ex2(eM[w * CTA_Q + r] - Mu);
+      const float f = ac::ex2(eM[w * CTA_Q + r] - Mu);
       L += eL[w * CTA_Q + r] * f;
       const float* src = eO + (w * CTA_Q + r) * OS + c * 8;
       float4 u0 = *reinterpret_cast<const float4*>(src), u1 = *reinterpret_cast<const float4*>(src + 4);
@@ -616,7 +544,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
       uint4 pk;
       uint32_t* pp = reinterpret_cast<uint32_t*>(&pk);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pp[e] = Pack2<T>::from_float(acc[2 * e] * scale, acc[2 * e + 1] * scale);
+      for (int e = 0; e < 4; ++e) pp[e] = ac::pack2<T>(acc[2 * e] * scale, acc[2 * e + 1] * scale);
       *reinterpret_cast<uint4*>(dst) = pk;
       if (c == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
     } else {
@@ -655,7 +583,7 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
   const float* op = p.o_part + (base * p.num_qo_heads + h) * D + c * 4;
 #pragma unroll 4
   for (int s = 0; s < ns; ++s) {
-    const float f = ex2(lp[s * rs] - Mu);
+    const float f = ac::ex2(lp[s * rs] - Mu);
     const float4 u = *reinterpret_cast<const float4*>(op + s * rs * D);
     L += f;
     acc.x += u.x * f; acc.y += u.y * f; acc.z += u.z * f; acc.w += u.w * f;
@@ -669,8 +597,8 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
   }
   T* dst = reinterpret_cast<T*>(p.o) + (int64_t)n * p.o_stride_n + (int64_t)h * p.o_stride_h + c * 4;
   uint2 pk;
-  pk.x = Pack2<T>::from_float(acc.x * scale, acc.y * scale);
-  pk.y = Pack2<T>::from_float(acc.z * scale, acc.w * scale);
+  pk.x = ac::pack2<T>(acc.x * scale, acc.y * scale);
+  pk.y = ac::pack2<T>(acc.z * scale, acc.w * scale);
   *reinterpret_cast<uint2*>(dst) = pk;
   if (c == 0 && p.lse != nullptr) p.lse[(int64_t)n * p.num_qo_heads + h] = lse_v;
 }

@@ -107,11 +107,6 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// cp.async to a shared-space address (16 bytes; pred false: zero-fill, nothing read)
-__device__ __forceinline__ void cp_async16_sa(uint32_t saddr, const void* gmem, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem), "r"(pred ? 16 : 0));
-}
-
 // K/V tile copies of one thread: chunk column c of rows r0 + it * STEP (it < N) of each K and V tile,
 // into the 128B-swizzled stage; rows past kv_hi are zero-filled.  Ragged rows advance by the token
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
@@ -168,7 +163,7 @@ struct KvTileCopy {
     static_assert(STEP % 8 == 0, "rows of one thread share the swizzle phase");
     const int t0 = kv_lo + tile * KVT, left = kv_hi - t0 - r0;
     const uint32_t so = sw128<KVT>(r0, c);
-    uint32_t sk = (uint32_t)__cvta_generic_to_shared(dk) + so, sv = (uint32_t)__cvta_generic_to_shared(dv) + so;
+    uint32_t sk = ac::smem_u32(dk) + so, sv = ac::smem_u32(dv) + so;
     asm volatile("" : "+r"(sk), "+r"(sv));  // opaque per tile: ptxas would hoist 2N row addresses otherwise
     if (page_size == 0) {
       const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
@@ -176,8 +171,8 @@ struct KvTileCopy {
 #pragma unroll
       for (int it = 0; it < N; ++it) {
         const bool ok = it * STEP < left;
-        cp_async16_sa(sk + it * STEP * 128, ok ? pk : kb, ok);  // zero-fill reads nothing: any valid address
-        cp_async16_sa(sv + it * STEP * 128, ok ? pv : vb, ok);
+        ac::cp_async16(sk + it * STEP * 128, ok ? pk : kb, ok);  // zero-fill reads nothing: any valid address
+        ac::cp_async16(sv + it * STEP * 128, ok ? pv : vb, ok);
         pk += STEP * k_sn;
         pv += STEP * v_sn;
       }
@@ -191,7 +186,7 @@ struct KvTileCopy {
 #pragma unroll
     for (int it = 0; it < N; ++it) {
       const bool ok = it * STEP < left;
-      cp_async16_sa(dst + it * STEP * 128, base + (ok ? (uint64_t)roff[it] * unit : 0ull), ok);
+      ac::cp_async16(dst + it * STEP * 128, base + (ok ? (uint64_t)roff[it] * unit : 0ull), ok);
     }
   }
 };
@@ -285,17 +280,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       float mx = kNegInf;
 #pragma unroll
       for (int j = 0; j < KVT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      mx = ac::quad_max(mx);
       const float mnew = fmaxf(m[h2], mx * sc);
       const float mu = mnew == kNegInf ? 0.f : mnew;
-      alpha[h2] = ex2(m[h2] - mu);
+      alpha[h2] = ac::ex2(m[h2] - mu);
       moved |= mnew != m[h2];
       m[h2] = mnew;
       float rs = 0.f;
 #pragma unroll
       for (int j = 0; j < KVT / 8; ++j) {
-        const float p0 = ex2(fmaf(s[j * 4 + 2 * h2], sc, -mu)), p1 = ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -mu));
+        const float p0 = ac::ex2(fmaf(s[j * 4 + 2 * h2], sc, -mu)), p1 = ac::ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -mu));
         s[j * 4 + 2 * h2] = p0;
         s[j * 4 + 2 * h2 + 1] = p1;
         rs += p0 + p1;
@@ -316,10 +310,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     }
 #pragma unroll
     for (int kk = 0; kk < KVT / 16; ++kk) {
-      a[kk][0] = Pack2<T>::from_float(s[8 * kk + 0], s[8 * kk + 1]);
-      a[kk][1] = Pack2<T>::from_float(s[8 * kk + 2], s[8 * kk + 3]);
-      a[kk][2] = Pack2<T>::from_float(s[8 * kk + 4], s[8 * kk + 5]);
-      a[kk][3] = Pack2<T>::from_float(s[8 * kk + 6], s[8 * kk + 7]);
+      a[kk][0] = ac::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      a[kk][1] = ac::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      a[kk][2] = ac::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      a[kk][3] = ac::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
 
@@ -366,9 +360,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     const bool final_out = slot < 0;
   #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      float L = l[h2];
-      L += __shfl_xor_sync(0xffffffff, L, 1);
-      L += __shfl_xor_sync(0xffffffff, L, 2);
+      float L = ac::quad_sum(l[h2]);
       const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
       if (lr >= rows_here) continue;
       const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
@@ -386,7 +378,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   #pragma unroll
         for (int j = 0; j < D / 8; ++j)
           *reinterpret_cast<uint32_t*>(dst + j * 8) =
-              Pack2<T>::from_float(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
+              ac::pack2<T>(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
         if ((lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
       } else {
         float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
@@ -408,7 +400,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
         src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
       }
-      cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
+      ac::cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
     }
   };
 
@@ -443,14 +435,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         // and holding them a tile ahead would not fit the producer's registers
         kv.prefetch(tile);
         kv.issue(tile, dk, dk + Cfg::tile_bytes);
-        cp_async_commit();
+        ac::cp_async_commit();
         if (tile > 0) {
-          cp_async_wait<1>();  // tile - 1 (and Q) landed
+          ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
           fence_async_smem();
           mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
         }
       }
-      cp_async_wait<0>();
+      ac::cp_async_wait<0>();
       fence_async_smem();
       mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
     } else {
@@ -486,7 +478,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     }
   } else {
     copy_q(NT);
-    cp_async_commit();
+    ac::cp_async_commit();
 
     // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP
     const int r0 = tid / CPR, cc = tid % CPR;
@@ -504,7 +496,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
           kv.prefetch(st);
           load_tile(st, st);
         }
-        cp_async_commit();
+        ac::cp_async_commit();
       }
       kv.prefetch(STAGES - 1);
 
@@ -512,7 +504,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         // Software pipeline (STAGES >= 3): S of tile j+1 runs on the tensor cores while ... O += P_j V_j
         // runs while the softmax of tile j+1 runs on the FP units.  Tile j+2 is copied meanwhile.
         static_assert(STAGES == 3, "the pipelined loop keeps tiles j (V), j+1 (K) and j+2 (copy) resident");
-        cp_async_wait<STAGES - 2>();
+        ac::cp_async_wait<STAGES - 2>();
         fence_async_smem();
         __syncthreads();
         s_step(0);
@@ -520,21 +512,21 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         rescale_pack();
         // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
         for (int tile = 0; tile < n_tiles - 1; ++tile) {
-          cp_async_wait<0>();  // tile + 1 landed (the only group in flight)
+          ac::cp_async_wait<0>();  // tile + 1 landed (the only group in flight)
           fence_async_smem();
           __syncthreads();     // and every warp is done with tile - 1: its stage takes tile + 2
           if (tile + 2 < n_tiles) {
             load_tile(tile + 2, (tile + 2) % STAGES);
             kv.prefetch(tile + 3);
           }
-          cp_async_commit();
+          ac::cp_async_commit();
           pipe_step(tile, tile + 1);
           rescale_pack();
         }
         pv_step((n_tiles - 1) % STAGES);
       } else {
         for (int tile = 0; tile < n_tiles; ++tile) {
-          cp_async_wait<STAGES - 2>();
+          ac::cp_async_wait<STAGES - 2>();
           fence_async_smem();
           __syncthreads();
           {
@@ -543,7 +535,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
               load_tile(nt, nt % STAGES);
               kv.prefetch(nt + 1);
             }
-            cp_async_commit();
+            ac::cp_async_commit();
           }
           s_step(tile % STAGES);
           softmax(tile);
@@ -552,7 +544,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         }
       }
     }
-    cp_async_wait<0>();
+    ac::cp_async_wait<0>();
     epilogue();
   }
 #else

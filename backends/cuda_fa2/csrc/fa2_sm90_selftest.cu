@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(128, 1) selftest_kernel(const T* A, const T* B
   }
   fence_async_smem();
   __syncthreads();
-  const uint32_t a_s = (uint32_t)__cvta_generic_to_shared(sA), b_s = (uint32_t)__cvta_generic_to_shared(sB);
+  const uint32_t a_s = ac::smem_u32(sA), b_s = ac::smem_u32(sB);
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;

@@ -40,14 +40,9 @@
 // to the workspace; the last CTA of a (request, kv head, m-group) to arrive (atomic counter, which
 // it resets to 0) merges the S partials.  Rows that see no key give 0 and LSE -inf.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <type_traits>
-
+#include "attncore/ptx.cuh"
 #include "xqa_params.h"
 
 namespace xqa {
@@ -99,128 +94,6 @@ struct Config {
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");
 };
 
-// ------------------------------------------------------------------------------ PTX helpers
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// L2PF: the L2 prefetch size hint in bytes (0: none, 64, 128, 256).
-template <int L2PF = 128>
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // n == 0: zero-fill, nothing read
-  if constexpr (L2PF == 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  else if constexpr (L2PF == 128)
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  else if constexpr (L2PF == 64)
-    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t u) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
-  } else {
-    return __half22float2(*reinterpret_cast<__half2*>(&u));
-  }
-}
-
-// Widen two fp8 values to fp16.  Software path (sm_80): z holds them in the high byte of each
-// 16-bit half ([0, b0, 0, b1], built with one prmt); e4m3 gives value * 2^-8 (see FOLD).
-template <int KVK>
-__device__ __forceinline__ uint32_t widen_fp8x2_sw(uint32_t z) {
-  if constexpr (KVK == 2) return z;                               // e5m2 is fp16's top byte
-  else return (z & 0x80008000u) | ((z >> 1) & 0x3F803F80u);       // e4m3 * 2^-8
-}
-// Hardware path (sm_89+): the two fp8 values in the low 16 bits of x (first in the low byte).
-template <int KVK>
-__device__ __forceinline__ uint32_t cvt_fp8x2_lo(uint32_t x) {
-  uint32_t r;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (KVK == 2)
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e5m2x2 %0, l; }\n" : "=r"(r) : "r"(x));
-  else
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }\n" : "=r"(r) : "r"(x));
-#else
-  r = widen_fp8x2_sw<KVK>(__byte_perm(x, 0, 0x1404));
-#endif
-  return r;
-}
-template <int KVK>
-__device__ __forceinline__ uint32_t cvt_fp8x2_hi(uint32_t x) {
-  uint32_t r;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (KVK == 2)
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e5m2x2 %0, h; }\n" : "=r"(r) : "r"(x));
-  else
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }\n" : "=r"(r) : "r"(x));
-#else
-  r = widen_fp8x2_sw<KVK>(__byte_perm(x, 0, 0x3424));
-#endif
-  return r;
-}
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-constexpr float kFp8Fold = 1.f;
-#else
-constexpr float kFp8Fold = 256.f;  // software e4m3 widening yields value * 2^-8
-#endif
-
-// Physical 16-byte chunk of logical chunk c in key row r (conflict-free ldmatrix over 8 rows).
-template <int C>
-__device__ __forceinline__ int swz(int r, int c) {
-  if constexpr (C >= 8) return c ^ (r & 7);
-  else if constexpr (C == 4) return c ^ ((r >> 1) & 3);
-  else return c;
-}
-
 // ------------------------------------------------------------------------------ kernel
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const __grid_constant__ XqaParams p) {
@@ -229,7 +102,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   constexpr bool FP8 = KVK != 0;
   constexpr int NTILES_D = D / 8;  // n8 tiles of the output
   using CT = typename std::conditional<FP8, __half, QT>::type;  // MMA operand type
-  const float fold = (KVK == 1) ? kFp8Fold : 1.f;
+  const float fold = (KVK == 1) ? ac::kFp8Fold : 1.f;
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sm_q = smem;
@@ -246,9 +119,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   const int kvh = blockIdx.y / p.num_splits;
   const int b = blockIdx.z;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // no-op unless launched with PDL
-#endif
+  ac::grid_dep_wait();  // no-op unless launched with PDL
 
   const int G = p.group, QL = p.q_len;
   const int row0 = mg * ROWS;                                   // first packed row of this CTA
@@ -289,13 +160,12 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
           const uint32_t w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float2 f = unpack2<QT>(w[j]);
+            const float2 f = ac::unpack2<QT>(w[j]);
             mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
           }
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      mx = ac::warp_max(mx);
       if (lane == 0) sm_ml[warp] = mx;
       __syncthreads();
       mx = fmaxf(fmaxf(sm_ml[0], sm_ml[1]), fmaxf(sm_ml[2], sm_ml[3]));
@@ -320,8 +190,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
           uint32_t w[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float2 f = unpack2<QT>(w[j]);
-            w[j] = pack2<__half>(f.x * q_prescale, f.y * q_prescale);
+            const float2 f = ac::unpack2<QT>(w[j]);
+            w[j] = ac::pack2<__half>(f.x * q_prescale, f.y * q_prescale);
           }
           lo4 = make_uint4(w[0], w[1], w[2], w[3]);
           hi4 = make_uint4(w[4], w[5], w[6], w[7]);
@@ -334,8 +204,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         hi4 = make_uint4(s[1], s[3], s[5], s[7]);
       }
       uint8_t* rowp = sm_q + r * Cfg::QRB;
-      *reinterpret_cast<uint4*>(rowp + (swz<D / 8>(r, 2 * gi) << 4)) = lo4;
-      *reinterpret_cast<uint4*>(rowp + (swz<D / 8>(r, 2 * gi + 1) << 4)) = hi4;
+      *reinterpret_cast<uint4*>(rowp + (ac::swz_chunk<D / 8>(r, 2 * gi) << 4)) = lo4;
+      *reinterpret_cast<uint4*>(rowp + (ac::swz_chunk<D / 8>(r, 2 * gi + 1) << 4)) = hi4;
     }
   }
 
@@ -366,7 +236,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     if constexpr (DIAG == 2) return;
     constexpr bool EDGE = decltype(edge)::value;
     const int tok0 = kv_begin + tile * TILE + ld_r0;
-    const uint32_t ks = smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
+    const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
     if (one_page) {
       // RPT consecutive slots of one page: one address, then constant steps.  Rows past seq_len
@@ -380,9 +250,9 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       for (int k = 0; k < RPT; ++k) {
         const int r = ld_r0 + k;
         const bool valid = tok0 + k < seq_len && (!EDGE || tok0 + k >= lo);
-        const uint32_t off = r * RB + (swz<C>(r, ld_c) << 4);
-        cp_async16<Cfg::L2PF>(ks + off, ksrc + k * k_tok_bytes, valid);
-        cp_async16<Cfg::L2PF>(vs + off, vsrc + k * v_tok_bytes, valid);
+        const uint32_t off = r * RB + (ac::swz_chunk<C>(r, ld_c) << 4);
+        ac::cp_async16<Cfg::L2PF>(ks + off, ksrc + k * k_tok_bytes, valid);
+        ac::cp_async16<Cfg::L2PF>(vs + off, vsrc + k * v_tok_bytes, valid);
       }
       return;
     }
@@ -395,9 +265,9 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       const int64_t page = pg[k];
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
       const uint8_t* vsrc = vbase + (page * p.v_stride_page + slot * p.v_stride_tok) * Cfg::KVB;
-      const uint32_t off = r * RB + (swz<C>(r, ld_c) << 4);
-      cp_async16<Cfg::L2PF>(ks + off, valid ? (const void*)ksrc : p.k, valid);
-      cp_async16<Cfg::L2PF>(vs + off, valid ? (const void*)vsrc : p.v, valid);
+      const uint32_t off = r * RB + (ac::swz_chunk<C>(r, ld_c) << 4);
+      ac::cp_async16<Cfg::L2PF>(ks + off, valid ? (const void*)ksrc : p.k, valid);
+      ac::cp_async16<Cfg::L2PF>(vs + off, valid ? (const void*)vsrc : p.v, valid);
     }
   };
 
@@ -438,15 +308,15 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       if (i == 0) issue(i, t_first + i, std::true_type{});
       else issue(i, t_first + i, std::false_type{});
     }
-    cp_async_commit();
+    ac::cp_async_commit();
   }
   if (STAGES - 1 < my_tiles) fetch_pages(t_first + STAGES - 1);
 
-  const uint32_t q_s = smem_u32(sm_q);
+  const uint32_t q_s = ac::smem_u32(sm_q);
   const float qk_scale = p.qk_scale_log2 * fold * q_unscale;
 
   for (int it = 0; it < my_tiles; ++it) {
-    cp_async_wait<STAGES - 2>();
+    ac::cp_async_wait<STAGES - 2>();
     __syncthreads();
     {
       const int ni = it + STAGES - 1;
@@ -454,10 +324,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         issue(ni % STAGES, t_first + ni, std::false_type{});
         if (ni + 1 < my_tiles) fetch_pages(t_first + ni + 1);
       }
-      cp_async_commit();
+      ac::cp_async_commit();
     }
     const int stage = it % STAGES;
-    const uint32_t ks = smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
+    const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
     const int tile_start = kv_begin + (t_first + it) * TILE;
 
@@ -481,17 +351,17 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 #pragma unroll
         for (int kb_ = 0; kb_ < KB; ++kb_) {
           const int r = kw0 + kb_ * 16 + (lm >> 1) * 8 + (lane & 7);
-          ldsm_x4(kb[kb_], ks + r * RB + (swz<C>(r, 2 * kstep + (lm & 1)) << 4));
+          ac::ldsm_x4(kb[kb_], ks + r * RB + (ac::swz_chunk<C>(r, 2 * kstep + (lm & 1)) << 4));
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint32_t qa[4];
           const int r = mt * 16 + (lm & 1) * 8 + (lane & 7);
-          ldsm_x4(qa, q_s + r * Cfg::QRB + (swz<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
+          ac::ldsm_x4(qa, q_s + r * Cfg::QRB + (ac::swz_chunk<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
 #pragma unroll
           for (int kb_ = 0; kb_ < KB; ++kb_) {
-            mma16816<CT>(s[mt][2 * kb_], qa, kb[kb_][0], kb[kb_][1]);
-            mma16816<CT>(s[mt][2 * kb_ + 1], qa, kb[kb_][2], kb[kb_][3]);
+            ac::mma16816<CT>(s[mt][2 * kb_], qa, kb[kb_][0], kb[kb_][1]);
+            ac::mma16816<CT>(s[mt][2 * kb_ + 1], qa, kb[kb_][2], kb[kb_][3]);
           }
         }
       }
@@ -502,7 +372,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 #pragma unroll
         for (int kb_ = 0; kb_ < KB; ++kb_) {
           const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
-          ldsm_x4(x[kb_], ks + r * RB + (swz<C>(r, 2 * kk + (lm >> 1)) << 4));
+          ac::ldsm_x4(x[kb_], ks + r * RB + (ac::swz_chunk<C>(r, 2 * kk + (lm >> 1)) << 4));
         }
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -510,20 +380,20 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
           uint32_t bk[KB][4];
 #pragma unroll
           for (int kb_ = 0; kb_ < KB; ++kb_) {
-            bk[kb_][0] = cvt_fp8x2_lo<KVK>(x[kb_][2 * hh]);
-            bk[kb_][1] = cvt_fp8x2_hi<KVK>(x[kb_][2 * hh]);
-            bk[kb_][2] = cvt_fp8x2_lo<KVK>(x[kb_][2 * hh + 1]);
-            bk[kb_][3] = cvt_fp8x2_hi<KVK>(x[kb_][2 * hh + 1]);
+            bk[kb_][0] = ac::cvt_fp8x2_lo<KVK>(x[kb_][2 * hh]);
+            bk[kb_][1] = ac::cvt_fp8x2_hi<KVK>(x[kb_][2 * hh]);
+            bk[kb_][2] = ac::cvt_fp8x2_lo<KVK>(x[kb_][2 * hh + 1]);
+            bk[kb_][3] = ac::cvt_fp8x2_hi<KVK>(x[kb_][2 * hh + 1]);
           }
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             uint32_t qa[4];
             const int r = mt * 16 + (lm & 1) * 8 + (lane & 7);
-            ldsm_x4(qa, q_s + r * Cfg::QRB + (swz<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
+            ac::ldsm_x4(qa, q_s + r * Cfg::QRB + (ac::swz_chunk<D / 8>(r, 2 * kstep + (lm >> 1)) << 4));
 #pragma unroll
             for (int kb_ = 0; kb_ < KB; ++kb_) {
-              mma16816<CT>(s[mt][2 * kb_], qa, bk[kb_][0], bk[kb_][1]);
-              mma16816<CT>(s[mt][2 * kb_ + 1], qa, bk[kb_][2], bk[kb_][3]);
+              ac::mma16816<CT>(s[mt][2 * kb_], qa, bk[kb_][0], bk[kb_][1]);
+              ac::mma16816<CT>(s[mt][2 * kb_ + 1], qa, bk[kb_][2], bk[kb_][3]);
             }
           }
         }
@@ -577,11 +447,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         float mx = fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]);
 #pragma unroll
         for (int j = 1; j < 2 * KB; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = ac::quad_max(mx);
         const float m_new = fmaxf(m_run[mt][h], mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = ex2(m_run[mt][h] - m_use);
+        const float alpha = ac::ex2(m_run[mt][h] - m_use);
         grew |= m_new > m_run[mt][h];
         alpha_r[mt][h] = alpha;
         m_run[mt][h] = m_new;
@@ -590,7 +459,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         for (int j = 0; j < 2 * KB; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = ex2(s[mt][j][2 * h + e] - m_use);
+            const float pv = ac::ex2(s[mt][j][2 * h + e] - m_use);
             s[mt][j][2 * h + e] = pv;
             sum += pv;
           }
@@ -598,10 +467,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
       }
 #pragma unroll
       for (int kb_ = 0; kb_ < KB; ++kb_) {
-        pa[mt][kb_][0] = pack2<CT>(s[mt][2 * kb_][0], s[mt][2 * kb_][1]);
-        pa[mt][kb_][1] = pack2<CT>(s[mt][2 * kb_][2], s[mt][2 * kb_][3]);
-        pa[mt][kb_][2] = pack2<CT>(s[mt][2 * kb_ + 1][0], s[mt][2 * kb_ + 1][1]);
-        pa[mt][kb_][3] = pack2<CT>(s[mt][2 * kb_ + 1][2], s[mt][2 * kb_ + 1][3]);
+        pa[mt][kb_][0] = ac::pack2<CT>(s[mt][2 * kb_][0], s[mt][2 * kb_][1]);
+        pa[mt][kb_][1] = ac::pack2<CT>(s[mt][2 * kb_][2], s[mt][2 * kb_][3]);
+        pa[mt][kb_][2] = ac::pack2<CT>(s[mt][2 * kb_ + 1][0], s[mt][2 * kb_ + 1][1]);
+        pa[mt][kb_][3] = ac::pack2<CT>(s[mt][2 * kb_ + 1][2], s[mt][2 * kb_ + 1][3]);
       }
     }
 
@@ -625,11 +494,11 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         for (int kb_ = 0; kb_ < KB; ++kb_) {
           uint32_t vb[4];
           const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
-          ldsm_x4_t(vb, vs + r * RB + (swz<C>(r, 2 * n2 + (lm >> 1)) << 4));
+          ac::ldsm_x4_t(vb, vs + r * RB + (ac::swz_chunk<C>(r, 2 * n2 + (lm >> 1)) << 4));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            mma16816<CT>(o[mt][2 * n2], pa[mt][kb_], vb[0], vb[1]);
-            mma16816<CT>(o[mt][2 * n2 + 1], pa[mt][kb_], vb[2], vb[3]);
+            ac::mma16816<CT>(o[mt][2 * n2], pa[mt][kb_], vb[0], vb[1]);
+            ac::mma16816<CT>(o[mt][2 * n2 + 1], pa[mt][kb_], vb[2], vb[3]);
           }
         }
       }
@@ -640,31 +509,29 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
         for (int kb_ = 0; kb_ < KB; ++kb_) {
           uint32_t x[4];
           const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
-          ldsm_x4_t(x, vs + r * RB + (swz<C>(r, 2 * cc + (lm >> 1)) << 4));
+          ac::ldsm_x4_t(x, vs + r * RB + (ac::swz_chunk<C>(r, 2 * cc + (lm >> 1)) << 4));
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int ch = 2 * cc + hh;
             // bytes [V(2t,2g) V(2t,2g+1) V(2t+1,2g) V(2t+1,2g+1)] -> even dims pair, odd dims pair
             const uint32_t y0 = __byte_perm(x[2 * hh], 0, 0x3120);
             const uint32_t y1 = __byte_perm(x[2 * hh + 1], 0, 0x3120);
-            const uint32_t e0 = cvt_fp8x2_lo<KVK>(y0);
-            const uint32_t e1 = cvt_fp8x2_lo<KVK>(y1);
-            const uint32_t o0 = cvt_fp8x2_hi<KVK>(y0);
-            const uint32_t o1 = cvt_fp8x2_hi<KVK>(y1);
+            const uint32_t e0 = ac::cvt_fp8x2_lo<KVK>(y0);
+            const uint32_t e1 = ac::cvt_fp8x2_lo<KVK>(y1);
+            const uint32_t o0 = ac::cvt_fp8x2_hi<KVK>(y0);
+            const uint32_t o1 = ac::cvt_fp8x2_hi<KVK>(y1);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-              mma16816<CT>(o[mt][2 * ch], pa[mt][kb_], e0, e1);
-              mma16816<CT>(o[mt][2 * ch + 1], pa[mt][kb_], o0, o1);
+              ac::mma16816<CT>(o[mt][2 * ch], pa[mt][kb_], e0, e1);
+              ac::mma16816<CT>(o[mt][2 * ch + 1], pa[mt][kb_], o0, o1);
             }
           }
         }
       }
     }
   }
-  cp_async_wait<0>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  ac::cp_async_wait<0>();
+  ac::grid_dep_launch();
   __syncthreads();  // pipeline smem is reused below
 
   // ---- merge the 4 warps: per-row (m, l) then weighted O sum through smem.
@@ -672,9 +539,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_run[mt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = ac::quad_sum(l_run[mt][h]);
       if (t == 0) {
         const int r = mt * 16 + g + 8 * h;
         sm_ml[(warp * ROWS + r) * 2 + 0] = m_run[mt][h];
@@ -690,7 +555,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
       const float mw = sm_ml[(w * ROWS + tid) * 2];
-      const float sc = mw == -INFINITY ? 0.f : ex2(mw - M);
+      const float sc = mw == -INFINITY ? 0.f : ac::ex2(mw - M);
       sm_stat[tid * (NW + 2) + w] = sc;
       L += sc * sm_ml[(w * ROWS + tid) * 2 + 1];
     }
@@ -720,8 +585,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   __syncthreads();
 
   const bool split_mode = p.num_splits > 1;
-  const float log2e = 1.4426950408889634f;
-  const int64_t unit = ((int64_t)(b * p.num_kv_heads + kvh) * p.m_groups + mg);  // (b, kvh, mg)
+    const int64_t unit = ((int64_t)(b * p.num_kv_heads + kvh) * p.m_groups + mg);  // (b, kvh, mg)
   constexpr int D4 = D / 4;
 
   auto store_out = [&](int r, int d4, float4 v) {  // r: row within CTA
@@ -729,7 +593,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     const int qi = rr / G, hh = rr % G;
     const int64_t off = (int64_t)(b * QL + qi) * p.o_stride_tok + (int64_t)(kvh * G + hh) * p.o_stride_head + d4 * 4;
     if constexpr (OUTK == 0) {
-      uint2 u = make_uint2(pack2<QT>(v.x, v.y), pack2<QT>(v.z, v.w));
+      uint2 u = make_uint2(ac::pack2<QT>(v.x, v.y), ac::pack2<QT>(v.z, v.w));
       *reinterpret_cast<uint2*>(reinterpret_cast<QT*>(p.out) + off) = u;
     } else {
       const __nv_fp8x2_storage_t a = __nv_cvt_float2_to_fp8x2(make_float2(v.x, v.y), __NV_SATFINITE, __NV_E4M3);
@@ -752,14 +616,14 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   auto normalise = [&](int r, float M, float L, float& lse) -> float {
     float den = L;
     if (p.sinks) {
-      const float sk = p.sinks[kvh * G + (row0 + r) % G] * log2e;
+      const float sk = p.sinks[kvh * G + (row0 + r) % G] * ac::kLog2e;
       if (sk > M) {  // relative to the sink: ex2(M - sk) <= 1 (0 for a NaN row's M = -inf: L keeps it NaN)
-        const float e = ex2(M - sk);
+        const float e = ac::ex2(M - sk);
         den = L * e + 1.f;
         lse = sk + __log2f(den);
         return p.out_scale * fold * e / den;
       }
-      den = L + ex2(sk - M);
+      den = L + ac::ex2(sk - M);
     }
     lse = M + __log2f(den);
     return p.out_scale * fold / den;
@@ -842,7 +706,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     float L = 0.f;
     for (int s_ = 0; s_ < S; ++s_) {
       const float x = sm_w[tid * S + s_];
-      const float w = x == -INFINITY ? 0.f : ex2(x - M);
+      const float w = x == -INFINITY ? 0.f : ac::ex2(x - M);
       sm_w[tid * S + s_] = w;
       L += w;
     }
