@@ -1,7 +1,10 @@
 """Choosing a backend for a problem, and explaining the choice.
 
-``auto``: the candidates are the available backends that give no reason to refuse; the one with
-the highest ``priority(problem)`` wins (ties: name order, so the choice is stable).
+``auto``: the candidates are the available backends that give no reason to refuse; they are ordered
+by ``attncore.ranking``: by the times ``attncore tune`` measured where a table has data for the
+problem's class (fastest first, unmeasured candidates after them), elsewhere by the rule table (the
+highest rank first; backends the table does not know rank by their own ``priority(problem)``).  Ties:
+name order, so the choice is stable.  ``ATTNCORE_TUNE=0`` turns the measured ranking off.
 
 ``ATTNCORE_BACKEND`` (used when the caller passes ``backend="auto"``): one name forces that
 backend; a comma-separated list orders the candidates (listed ones first, in list order).
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from . import registry
+from . import ranking, registry
 from .backend import Backend
 from .capabilities import Reason
 from .problem import AttentionProblem
@@ -34,24 +38,36 @@ class BackendSelectionError(ValueError):
 
 @dataclass
 class Explanation:
-    """The outcome of selection: the choice, the ranked alternatives, and every refusal."""
+    """The outcome of selection: the choice, the ranked alternatives with what ranked each, and
+    every refusal."""
 
     problem: AttentionProblem
     requested: str
     chosen: Optional[str]
-    ranked: List[Tuple[str, int]] = field(default_factory=list)  # (name, priority), best first
+    ranked: List[Tuple[str, int]] = field(default_factory=list)  # (name, rank by rule or priority()), best first
     refused: Dict[str, List[Reason]] = field(default_factory=dict)
     unavailable: Dict[str, List[Reason]] = field(default_factory=dict)
     note: str = ""
+    ranking: str = "rules"  # "rules" (attncore.ranking.RULES / priority()) or "measured" (attncore tune)
+    source: str = ""  # the measured table used, or why none applies
+    details: Dict[str, List[str]] = field(default_factory=dict)  # per ranked backend: why it is there
 
     def __str__(self) -> str:
         lines = [f"problem: {self.problem.describe()}", f"requested: {self.requested}"]
         if self.note:
             lines.append(f"note: {self.note}")
+        if self.ranking == "measured":
+            lines.append(f"ranking: measured times, fastest first; from the {self.source}")
+        else:
+            lines.append("ranking: rule table (attncore/ranking.py), highest rank first"
+                         + (f"; measured times: {self.source}" if self.source else ""))
         lines.append(f"chosen: {self.chosen or 'none'}")
         for name, prio in self.ranked:
             mark = "*" if name == self.chosen else " "
-            lines.append(f"  {mark} {name} (priority {prio})")
+            detail = self.details.get(name) or [""]
+            lines.append(f"  {mark} {name} (priority {prio})" + (f": {detail[0]}" if detail[0] else ""))
+            for d in detail[1:]:
+                lines += textwrap.wrap(d, 110, initial_indent="        ", subsequent_indent="          ")
         for name, rs in sorted(self.refused.items()):
             lines.append(f"  refused by {name}:")
             lines += [f"    - {r}" for r in rs]
@@ -83,7 +99,7 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
         elif order:
             note = "ordered by ATTNCORE_BACKEND=" + ",".join(order)
     ex = Explanation(problem, requested or "auto", None, note=note)
-    candidates: List[Tuple[int, int, str]] = []
+    found: List[Tuple[str, Backend]] = []
     for name, entry in sorted(registry.entries().items()):
         if forced is not None and name != forced:
             continue
@@ -98,19 +114,66 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
         if rs:
             ex.refused[name] = rs
             continue
-        try:
-            prio = int(entry.backend.priority(problem))
-        except Exception:
-            prio = 0
-        rank = order.index(name) if name in order else len(order)
-        candidates.append((rank, -prio, name))
+        found.append((name, entry.backend))
     if forced is not None and forced not in registry.entries():
         ex.unavailable[forced] = [Reason("name", forced, ", ".join(sorted(registry.entries())),
                                          "not a known backend")]
+    rules = {name: ranking.rule_rank(b, problem) for name, b in found}
+    meas, ex.source = (None, "") if forced is not None else ranking.measured(problem)
+    scores = {name: meas.score(name) for name, _ in found} if meas else {}
+    if meas is not None and not any(v is not None for v in scores.values()):
+        ex.source = (f"{meas.table.describe()}: no candidate measured in every bucket of "
+                     f"{meas.key.describe()}")
+        meas = None
+    ex.ranking = "measured" if meas is not None else "rules"
+    if meas is not None:
+        ex.source += f"; {len(meas.entries)} bucket(s) of {meas.key.describe()}"
+    candidates: List[Tuple[int, int, float, str]] = []
+    for name, _ in found:
+        rank = order.index(name) if name in order else len(order)
+        score = scores.get(name)
+        if score is not None:
+            candidates.append((rank, 0, score, name))
+        else:
+            candidates.append((rank, 1, -rules[name].rank, name))
     candidates.sort()
-    ex.ranked = [(name, -negprio) for _, negprio, name in candidates]
+    ex.ranked = [(name, rules[name].rank) for *_, name in candidates]
     ex.chosen = ex.ranked[0][0] if ex.ranked else None
+    best = min((v for v in scores.values() if v is not None), default=None)
+    for name, _ in ex.ranked:
+        ex.details[name] = _detail(rules[name], meas, name, scores.get(name), best)
     return ex
+
+
+def _fmt_ms(t: float) -> str:
+    return f"{t:.4g} ms"
+
+
+def _detail(rr: "ranking.RuleRank", meas: Optional["ranking.Measured"], name: str, score: Optional[float],
+            best: Optional[float]) -> List[str]:
+    """What ranked a backend: its measured times, or its rule with the evidence."""
+    if meas is not None and score is not None:
+        rel = "fastest" if score == best else f"{score / best:.2f}x the fastest"
+        lines = [f"measured {_fmt_ms(score)} ({rel})" + (f"; by rule it would rank {rr.rank} ({rr.rule.id})"
+                                                          if rr.rule is not None else "")]
+        if len(meas.entries) > 1:
+            lines[0] = lines[0].replace("measured ", "measured, geometric mean over the buckets, ", 1)
+        lines += [f"{meas.bucket(e)}: {_fmt_ms(t)}" for e, t in zip(meas.entries, meas.times(name))]
+        return lines
+    lines = []
+    if meas is not None:
+        why = meas.failure(name)
+        got = sum(t is not None for t in meas.times(name))
+        state = (f"measured in {got} of {len(meas.entries)} buckets" if got else
+                 "not measured for this class") + (f" ({why})" if why else "")
+        lines.append(f"{state}: after the measured ones, by {rr.describe()}")
+    else:
+        lines.append(rr.describe())
+    if rr.rule is not None:
+        lines.append(f"evidence: {rr.rule.evidence}")
+    for r, why in rr.passed_over:
+        lines.append(f"not rule {r.id} ({r.rank}): {r.fast_path.kernel} does not serve it: {why}")
+    return lines
 
 
 _logged: set = set()
@@ -119,8 +182,11 @@ _cache: Dict[tuple, Backend] = {}
 
 def select(problem: AttentionProblem, backend: str = "auto") -> Backend:
     """The backend to use, or ``BackendSelectionError`` listing every reason.  Cached per
-    (problem, backend, ATTNCORE_BACKEND, registry generation) so per-call APIs stay cheap."""
-    key = (problem, backend, os.environ.get("ATTNCORE_BACKEND"), registry.generation())
+    (problem, backend, ATTNCORE_BACKEND, ATTNCORE_TUNE, ATTNCORE_CACHE_DIR, registry and ranking
+    generations) so per-call APIs stay cheap."""
+    env = os.environ
+    key = (problem, backend, env.get("ATTNCORE_BACKEND"), env.get("ATTNCORE_TUNE"), env.get("ATTNCORE_CACHE_DIR"),
+           registry.generation(), ranking.generation())
     hit = _cache.get(key)
     if hit is not None:
         return hit
@@ -143,6 +209,6 @@ def _select(problem: AttentionProblem, backend: str) -> Backend:
     key = (problem, backend)
     if key not in _logged:
         _logged.add(key)
-        log.info("attncore: %s -> backend %s (candidates: %s)", problem.describe(), ex.chosen,
-                 ", ".join(n for n, _ in ex.ranked))
+        log.info("attncore: %s -> backend %s (candidates: %s; %s)", problem.describe(), ex.chosen,
+                 ", ".join(n for n, _ in ex.ranked), "measured" if ex.ranking == "measured" else "by rule")
     return registry.entries()[ex.chosen].backend
