@@ -23,7 +23,7 @@ from .selector import BackendSelectionError
 @dataclass(frozen=True)
 class Workload:
     id: str
-    op: str  # prefill | paged_prefill | decode | xqa
+    op: str  # prefill | ragged_prefill | paged_prefill | decode | xqa (ragged_prefill: attncore tune only)
     batch: int
     qo: int
     kv: int
@@ -79,22 +79,40 @@ def _shrink(w: Workload) -> Workload:
                    d=min(w.d, 64))
 
 
-def _timer(device: str) -> Callable[[Callable[[], None]], float]:
+def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = 3) -> Callable[[Callable[[], None]], float]:
+    """A function timing ``fn`` in ms: on CUDA ``triton.testing.do_bench``'s median (``warmup`` and
+    ``rep`` in ms), on the CPU the median of ``cpu_reps`` calls after one warm-up call."""
     if device == "cuda":
         import triton.testing
 
-        return lambda fn: float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return lambda fn: float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
     def cpu(fn):
         fn()
         ts = []
-        for _ in range(3):
+        for _ in range(cpu_reps):
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e3)
-        return sorted(ts)[1]
+        return sorted(ts)[len(ts) // 2]
 
     return cpu
+
+
+def copies_for(w: Workload, device: str) -> int:
+    """How many input copies to rotate so that repeated runs do not read from L2 (1 on the CPU)."""
+    return 1 if device != "cuda" else max(1, min(4, int(2 * 50e6 // max(_bytes(w), 1)) + 1))
+
+
+def time_runs(t: Callable[[Callable[[], None]], float], runs: Sequence[Callable[[], None]]) -> float:
+    """Time the run closures of ``_setup`` with timer ``t``, each call taking the next input copy."""
+    i = [0]
+
+    def step():
+        runs[i[0] % len(runs)]()
+        i[0] += 1
+
+    return t(step)
 
 
 def measure_ceilings(device: str) -> Dict[str, float]:
@@ -150,13 +168,25 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
             q = torch.randn(w.qo, w.hq, w.d, device=device, dtype=dtype)
             k = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
             v = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
-            planned, args = _plan_single(q, k, v, None, None, w.causal, "NHD", "NONE", None, -1, None, None, None,
-                                         False, backend=backend, sinks=None, q_scale=None, k_scale=None,
-                                         v_scale=None, out=None, lse=None)
+            planned, args = _plan_single(q=q, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=w.causal,
+                                         kv_layout="NHD", pos_encoding_mode="NONE", sm_scale=None, window_left=-1,
+                                         logits_soft_cap=None, rope_scale=None, rope_theta=None, return_lse=False,
+                                         backend=backend, sinks=None, q_scale=None, k_scale=None, v_scale=None,
+                                         out=None, lse=None)
             planned.run(args)  # warm-up (JIT compiles)
             runs.append(lambda p=planned, a=args: p.run(a))
             chosen = planned.backend_name
         return runs, chosen
+    if w.op == "ragged_prefill":
+        wr = ac.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", **({} if api else {"backend": backend}))
+        qo = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.qo
+        kvp = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.kv
+        wr.plan(qo, kvp, w.hq, w.hkv, w.d, causal=w.causal, q_data_type=dtype, kv_data_type=kv_dtype)
+        q = torch.randn(w.batch * w.qo, w.hq, w.d, device=device, dtype=dtype)
+        kvs = [tuple(torch.randn(w.batch * w.kv, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
+                     for _ in range(2)) for _ in range(copies)]
+        wr.run(q, *kvs[0])
+        return [lambda kv=kv: wr.run(q, *kv) for kv in kvs], None if api else wr.backend
     pages = (w.kv + w.page - 1) // w.page
     indptr = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages
     last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
@@ -234,20 +264,14 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
             ceil["read_TBps"], ceil["copy_TBps"], ceil["bf16_matmul_TFLOPs"]))
     rows = []
     for w in wls:
-        copies = 1 if device != "cuda" else max(1, min(4, int(2 * 50e6 // max(_bytes(w), 1)) + 1))
+        copies = copies_for(w, device)
         entries = [(n, None) for n in names] + ([("flashinfer", fi)] if fi else [])
         sd = _sdpa(w, device, dtype) if device == "cuda" else None
         for name, api in entries:
             row = {"workload": w.id, "backend": name}
             try:
                 runs, chosen = _setup(w, "auto" if api else name, device, dtype, copies, page_order, api=api)
-                i = [0]
-
-                def step():
-                    runs[i[0] % len(runs)]()
-                    i[0] += 1
-
-                ms = t(step)
+                ms = time_runs(t, runs)
                 row.update(time_ms=ms, chosen=chosen or name)
             except BackendSelectionError as e:
                 row.update(status="n/a", detail=str(e)[:160])
@@ -291,7 +315,7 @@ def _import_flashinfer(device: str):
 
 def _figures(row: Dict, w: Workload, ceil: Dict) -> None:
     ms = row["time_ms"]
-    if w.op in ("prefill", "paged_prefill"):
+    if w.op in ("prefill", "ragged_prefill", "paged_prefill"):
         row["TFLOPs"] = _flops(w) / (ms * 1e-3) / 1e12
         if ceil:
             row["frac_matmul"] = row["TFLOPs"] / ceil["bf16_matmul_TFLOPs"]

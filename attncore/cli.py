@@ -1,4 +1,4 @@
-"""The ``attncore`` command: info, explain, check, bench, build, conformance."""
+"""The ``attncore`` command: info, explain, check, bench, tune, build, conformance."""
 
 from __future__ import annotations
 
@@ -227,6 +227,32 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_tune(a) -> int:
+    import torch
+
+    from . import tune
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.list:  # the grid of any device, also one not here
+        cases = tune.grid(device, a.quick, a.op)
+        for c in cases:
+            print(c.describe())
+        print(f"{len(cases)} grid points")
+        return 0
+    _runnable_device(a.device)
+    for n in a.backend or ():
+        _known_backend(n)  # an unavailable one is recorded as such in every grid point
+    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device,
+                          progress=lambda s: print(s, file=sys.stderr, flush=True))
+    path, written = tune.save(table, fresh=a.fresh)
+    print(tune.format_table(table))
+    print(f"table: {path} ({len(written['entries'])} grid points in all; auto ranks by it unless ATTNCORE_TUNE=0)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(written, f, indent=1)
+    return 0 if any(e["times_ms"] for e in table["entries"]) else 1
+
+
 def cmd_build(a) -> int:
     from . import jit
     from .registry import canonical_name
@@ -405,6 +431,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--device", choices=["cpu", "cuda"])
     b.add_argument("--json", metavar="FILE")
 
+    from .tune import TUNE_OPS
+
+    t = sub.add_parser("tune", help="time every available backend on a grid of problem classes; auto then "
+                                    "ranks by the measured times")
+    t.add_argument("--quick", action="store_true", help="one grid point per op (tiny shapes on the CPU)")
+    t.add_argument("--backend", action="append", help="backend (repeatable); default: every available one "
+                                                      "(on a GPU all but the reference)")
+    t.add_argument("--op", action="append", choices=list(TUNE_OPS), help="only these ops (repeatable)")
+    t.add_argument("--device", choices=["cpu", "cuda"])
+    t.add_argument("--fresh", action="store_true", help="replace the cached table instead of merging into it")
+    t.add_argument("--list", action="store_true", help="print the grid points and exit")
+    t.add_argument("--json", metavar="FILE", help="also write the resulting table (the cache file) to FILE")
+
     bl = sub.add_parser("build", help="prebuild CUDA kernel specializations into the cache")
     bl.add_argument("backend", nargs="?", default="cuda_fa2")
     bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
@@ -419,7 +458,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if extra and args.cmd != "conformance":
         p.error("unrecognized arguments: " + " ".join(extra))
     commands = {"info": cmd_info, "explain": cmd_explain, "check": cmd_check, "bench": cmd_bench,
-                "build": cmd_build}
+                "tune": cmd_tune, "build": cmd_build}
     try:
         if args.cmd == "conformance":
             return cmd_conformance(args, extra)

@@ -1,0 +1,259 @@
+"""Measured selection: ``attncore tune`` writes a table per device into the cache, and auto ranks by
+it where it has data for the problem's class (attncore.ranking, attncore.tune)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attncore
+from attncore import bench, ranking, registry, selector, tune
+from attncore.problem import AttentionProblem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_SRC = os.path.join(ROOT, "plugins", "attncore-sdpa")
+if PLUGIN_SRC not in sys.path:
+    sys.path.insert(0, PLUGIN_SRC)
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path, clean_registry):
+    """An empty cache directory, the sdpa plugin registered (as CI installs it), tables re-read."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("ATTNCORE_CACHE_DIR", str(d))
+    monkeypatch.delenv("ATTNCORE_TUNE", raising=False)
+    monkeypatch.delenv("ATTNCORE_BACKEND", raising=False)
+    if "sdpa" not in registry.entries():
+        from attncore_sdpa import SdpaBackend
+
+        registry.register_backend(SdpaBackend(), origin="test")
+    ranking.reload()
+    yield d
+    ranking.reload()
+
+
+def problem_of(e, device="cpu", cc=None, hkv=2):
+    q = DTYPES[e["q_dtype"]]
+    return AttentionProblem(op=e["op"], device_type=device, compute_capability=cc, q_dtype=q,
+                            kv_dtype=DTYPES[e["kv_dtype"]], out_dtype=q, num_qo_heads=e["group"] * hkv,
+                            num_kv_heads=hkv, head_dim_qk=e["head_dim"], head_dim_vo=e["head_dim"],
+                            page_size=e["page_size"], mask=e["mask"])
+
+
+def entry(op="single_prefill", times=None, failed=None, page_size=None, len_bucket="kv1-256", batch_bucket="B1",
+          **kw):
+    e = dict(op=op, mask="causal", head_dim=64, group=2, q_dtype="fp16", kv_dtype="fp16", page_size=page_size,
+             len_bucket=len_bucket, batch_bucket=batch_bucket, times_ms=times or {}, failed=failed or {})
+    e.update(kw)
+    return e
+
+
+def write_table(path, entries, **meta):
+    t = {"format": 1, "attncore": attncore.__version__, "device": "hand-made", "device_type": "cpu",
+         "compute_capability": None, "date": "2026-11-24", "quick": True, "entries": entries, **meta}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(t))
+    ranking.reload()
+    return path
+
+
+def cpu_table(entries, **meta):
+    return write_table(ranking.cache_path(ranking.cpu_name()), entries, **meta)
+
+
+P = problem_of(entry())
+
+
+def test_tune_quick_on_cpu_end_to_end(tmp_path, monkeypatch, cache):
+    """`attncore tune --quick` runs on the CPU and writes the table; explain then ranks by it and
+    auto picks the fastest measured candidate of every grid point."""
+    env = dict(os.environ, ATTNCORE_CACHE_DIR=str(cache), TRITON_INTERPRET="1", PYTHONPATH=PLUGIN_SRC)
+    env.pop("ATTNCORE_TUNE", None)
+    j = tmp_path / "tune.json"
+    r = subprocess.run([sys.executable, "-m", "attncore.cli", "tune", "--quick", "--json", str(j)],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    path = ranking.cache_path(ranking.cpu_name())
+    assert path.exists() and f"table: {path}" in r.stdout
+    table = json.loads(path.read_text())
+    assert table == json.loads(j.read_text())
+    assert table["device"] == ranking.cpu_name() and table["quick"] and table["attncore"] == attncore.__version__
+    assert {e["op"] for e in table["entries"]} == set(tune.TUNE_OPS)
+    assert all(e["times_ms"].get("reference", 0) > 0 for e in table["entries"])  # the reference runs everywhere
+    ranking.reload()
+    for e in table["entries"]:
+        p = problem_of(e)
+        ex = attncore.explain(p)
+        assert ex.ranking == "measured", str(ex)
+        candidates = [n for n, _ in ex.ranked]
+        fastest = min((t, n) for n, t in e["times_ms"].items() if n in candidates)[1]
+        assert ex.chosen == fastest, str(ex)
+        assert selector.select(p).name == fastest
+    r = subprocess.run([sys.executable, "-m", "attncore.cli", "explain", "--op", "batch_decode", "--device", "cpu",
+                        "--q-dtype", "float16", "--heads", "4/2", "--head-dim", "64"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ranking: measured times, fastest first; from the cache table " + str(path) in r.stdout
+    assert "(fastest)" in r.stdout and "kv1-256 B2-4: " in r.stdout
+
+
+def test_a_hand_made_table_decides(cache):
+    assert attncore.explain(P).chosen == "reference"  # by rule: the reference (0) above sdpa (-1) on CPU
+    cpu_table([entry(times={"sdpa": 1.0, "reference": 2.0})])
+    ex = attncore.explain(P)
+    assert ex.chosen == "sdpa" and ex.ranking == "measured"
+    assert selector.select(P).name == "sdpa"
+    text = str(ex)
+    assert "sdpa (priority -1): measured 1 ms (fastest)" in text
+    assert "reference (priority 0): measured 2 ms (2.00x the fastest)" in text
+    cpu_table([entry(times={"sdpa": 3.0, "reference": 2.0})])
+    assert selector.select(P).name == "reference"
+
+
+def test_unavailable_unknown_and_refusing_backends_in_the_table_are_skipped(cache):
+    cpu_table([entry(times={"xqa": 0.001, "nosuch": 0.001, "cuda_fa2": 0.001, "sdpa": 2.0, "reference": 1.0}),
+               entry("batch_decode", page_size=16, times={"sdpa": 0.001, "reference": 1.0})])
+    ex = attncore.explain(P)
+    assert ex.chosen == "reference"
+    assert not {"xqa", "nosuch", "cuda_fa2"} & {n for n, _ in ex.ranked}
+    d = problem_of(entry("batch_decode", page_size=16))
+    ex = attncore.explain(d)
+    assert "sdpa" in ex.refused and ex.chosen == "reference" and ex.ranking == "measured"
+
+
+def test_unmeasured_candidates_follow_the_measured_ones_by_rule(cache):
+    # sdpa measured in one of two buckets only: it is not ranked by time, but after the measured ones
+    cpu_table([entry(times={"reference": 5.0, "sdpa": 0.1}),
+               entry(times={"reference": 5.0}, failed={"sdpa": "error: boom"}, len_bucket="kv257-1024")])
+    ex = attncore.explain(P)
+    names = [n for n, _ in ex.ranked]
+    assert ex.chosen == "reference" and names.index("reference") < names.index("sdpa")
+    assert "measured in 1 of 2 buckets (error: boom): after the measured ones, by rule sdpa/other" in str(ex)
+    assert "geometric mean over the buckets" in str(ex)
+
+
+def test_geometric_mean_over_buckets():
+    m = ranking.Measured(ranking.problem_class(P), None, [
+        entry(times={"a": 1.0, "b": 4.0}), entry(times={"a": 16.0, "b": 5.0}, len_bucket="kv257-1024")])
+    assert m.score("a") == pytest.approx(4.0) and m.score("b") == pytest.approx(20 ** 0.5)
+    assert m.score("c") is None
+
+
+def test_tune_off_and_env_order_still_rule(cache, monkeypatch):
+    cpu_table([entry(times={"sdpa": 1.0, "reference": 2.0})])
+    assert selector.select(P).name == "sdpa"
+    monkeypatch.setenv("ATTNCORE_TUNE", "0")
+    ex = attncore.explain(P)
+    assert ex.chosen == "reference" and ex.ranking == "rules" and "ATTNCORE_TUNE=0" in str(ex)
+    assert selector.select(P).name == "reference"  # the select cache follows the variable
+    monkeypatch.delenv("ATTNCORE_TUNE")
+    monkeypatch.setenv("ATTNCORE_BACKEND", "reference,sdpa")  # an explicit order beats measurements
+    assert selector.select(P).name == "reference"
+
+
+def test_problems_outside_the_measured_classes_use_the_rules(cache):
+    cpu_table([entry(times={"sdpa": 1.0, "reference": 2.0})])
+    for change in (dict(return_lse=True), dict(kv_layout="HND"), dict(mask="none"), dict(head_dim_qk=128,
+                                                                                         head_dim_vo=128)):
+        ex = attncore.explain(P.replace(**change))
+        assert ex.ranking == "rules", change
+    assert ranking.problem_class(P.replace(cuda_graph=True)) == ranking.problem_class(P)
+    for change in (dict(return_lse=True), dict(sinks=True), dict(kv_layout="HND"), dict(mask="custom"),
+                   dict(q_len_per_req=2), dict(out_dtype=torch.float32), dict(head_dim_vo=32),
+                   dict(window_left=8), dict(pos_encoding="ALIBI"), dict(soft_cap=True)):
+        assert ranking.problem_class(P.replace(**change)) is None, change
+
+
+def test_an_unreadable_table_is_ignored(cache):
+    path = ranking.cache_path(ranking.cpu_name())
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    ranking.reload()
+    ex = attncore.explain(P)
+    assert ex.chosen == "reference" and ex.ranking == "rules" and "unreadable" in ex.source
+
+
+def test_the_shipped_sm90_default_is_empty_and_valid():
+    """Until it is measured on an H100 the default holds no numbers (none invented)."""
+    t = ranking.read_table(ranking.default_path((9, 0)), "default")
+    assert t is not None and not t.error
+    assert t.entries == [] and t.meta["compute_capability"] == [9, 0]
+
+
+def test_a_default_table_ranks_a_cuda_problem(cache, monkeypatch, tmp_path):
+    data = tmp_path / "data"
+    monkeypatch.setattr(ranking, "DATA_DIR", data)
+    p = P.replace(device_type="cuda", compute_capability=(9, 0))
+    write_table(data / "tune-sm90.json", [entry(times={"reference": 1.0, "sdpa": 2.0})], device="NVIDIA H100 80GB HBM3",
+                device_type="cuda", compute_capability=[9, 0])
+    ex = attncore.explain(p)
+    assert ex.ranking == "measured" and ex.chosen == "reference", str(ex)
+    assert "default table" in ex.source and "NVIDIA H100 80GB HBM3" in ex.source
+    assert attncore.explain(P).ranking == "rules"  # a cuda table says nothing about the CPU
+
+
+def test_tune_classes_are_the_problems_the_api_builds(monkeypatch):
+    """Each grid point's class is the class of the problem the API plans for its workload."""
+    seen = []
+    real = selector.select
+
+    def spy(problem, backend="auto"):
+        seen.append(problem)
+        return real(problem, backend)
+
+    monkeypatch.setattr(selector, "select", spy)
+    for c in tune.grid("cpu", quick=True):
+        seen.clear()
+        bench._setup(c.workload(), "reference", "cpu", c.q_dtype, 1)
+        assert seen and {ranking.problem_class(p) for p in seen} == {c.key()}, c.describe()
+
+
+def test_merge_keeps_what_this_run_did_not_measure():
+    old = {"format": 1, "device": "d", "seconds": 1, "backends": {"a": "x"},
+           "entries": [entry(times={"a": 1.0, "b": 2.0}), entry(times={"a": 3.0}, len_bucket="kv257-1024")]}
+    new = {"format": 1, "device": "d", "seconds": 2, "backends": {"b": "y"},
+           "entries": [entry(times={}, failed={"b": "error: x"}), entry("batch_decode", page_size=16, times={"b": 1.0})]}
+    m = tune.merge(old, new)
+    assert len(m["entries"]) == 3 and m["backends"] == {"a": "x", "b": "y"} and m["seconds"] == 3
+    e0 = m["entries"][0]
+    assert e0["times_ms"] == {"a": 1.0} and e0["failed"] == {"b": "error: x"}
+    assert tune.merge(dict(old, device="other"), new) is new
+
+
+def test_grid_and_buckets():
+    assert ranking.length_bucket(4096) == "kv1025-4096" and ranking.length_bucket(1) == "kv1-256"
+    assert ranking.length_bucket(10 ** 6) == "kv>65536"
+    assert ranking.batch_bucket(1) == "B1" and ranking.batch_bucket(64) == "B17-64"
+    full = tune.grid("cuda")
+    assert {c.op for c in full} == set(tune.TUNE_OPS)
+    assert len({(c.key(), c.len_bucket, c.batch_bucket) for c in full}) == len(full)  # no point twice
+    assert all(c.head_dim in (64, 128, 256) for c in full)
+    assert [c.op for c in tune.grid("cuda", ops=["batch_decode"])] == ["batch_decode"] * sum(
+        c.op == "batch_decode" for c in full)
+    with pytest.raises(ValueError, match="unknown op"):
+        tune.grid("cpu", ops=["pod"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["tune", "--backend", "nosuch"], "known backends: "),
+    (["tune", "--op", "pod"], "argument --op: invalid choice"),
+])
+def test_tune_usage_errors(args, says, capsys):
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_tune_list_prints_the_grid(capsys):
+    from attncore.cli import main
+
+    assert main(["tune", "--list", "--device", "cuda", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "batch_decode causal d128 g4 bf16/e4m3 p16 kv1025-4096 B17-64" in out and "7 grid points" in out
