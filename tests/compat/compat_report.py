@@ -1,0 +1,144 @@
+"""Summary of a FlashInfer compatibility run (``scripts/compat_flashinfer.sh`` calls it).
+
+Reads, for each test file, the JSON lines that ``compat_sample`` logged (``<stem>.jsonl``) and the
+exit status and seconds the script recorded (``<stem>.rc``: ``"<rc> <seconds>"``); prints a
+per-file table (collected, selected, passed, failed, errors, skipped, not run) and the most common
+failure and skip messages, and writes everything as JSON with ``--json``.  A test whose phases were
+logged counts once: failed if its call failed, an error if only its setup or teardown failed, else
+skipped if skipped, else passed.  Selected tests with no outcome (the file timed out or crashed)
+are "not run"; rc 125 means the script did not start the file (its deadline had passed).
+
+    python tests/compat/compat_report.py --work DIR [--json PATH] FILE.py ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+
+def read_file(work: Path, name: str) -> dict:
+    stem = name[:-3] if name.endswith(".py") else name
+    collected = selected = None
+    outcome = OrderedDict()
+    messages = {}
+    log = work / f"{stem}.jsonl"
+    if log.exists():
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if r.get("event") == "collection":
+                s = r["files"].get(name, {"collected": 0, "selected": 0})
+                collected, selected = s["collected"], s["selected"]
+            elif r.get("event") == "test":
+                key, when, out = r["key"], r["when"], r["outcome"]
+                prev = outcome.get(key)
+                if out == "failed":
+                    new = "failed" if when == "call" else "error"
+                    if prev != "failed":
+                        outcome[key] = new
+                        messages[key] = r.get("message", "")
+                elif out == "skipped":
+                    if prev is None:
+                        outcome[key] = "skipped"
+                        messages[key] = r.get("message", "")
+                elif out == "passed" and when == "call" and prev is None:
+                    outcome[key] = "passed"
+    rc, seconds = None, None
+    rcf = work / f"{stem}.rc"
+    if rcf.exists():
+        parts = rcf.read_text().split()
+        rc, seconds = int(parts[0]), int(parts[1]) if len(parts) > 1 else None
+    counts = Counter(outcome.values())
+    done = sum(counts.values())
+    return {
+        "file": name, "collected": collected, "selected": selected,
+        "passed": counts["passed"], "failed": counts["failed"], "errors": counts["error"],
+        "skipped": counts["skipped"], "not_run": max((selected or 0) - done, 0),
+        "rc": rc, "seconds": seconds, "timed_out": rc in (124, 137) or (rc is not None and rc < 0),
+        "not_started": rc == 125,
+        "outcomes": outcome, "messages": messages,
+    }
+
+
+def signature(msg: str) -> str:
+    """A failure message with its numbers blanked, first line only: cases that fail alike group together."""
+    first = (msg or "").strip().splitlines()[0] if (msg or "").strip() else "(no message)"
+    return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", first)[:200]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--top", type=int, default=8, help="failure messages to show per file (default 8)")
+    ap.add_argument("files", nargs="+")
+    a = ap.parse_args(argv)
+    rows = [read_file(a.work, f) for f in a.files]
+    cols = ("collected", "selected", "passed", "failed", "errors", "skipped", "not_run", "seconds", "rc")
+    w = max(len(r["file"]) for r in rows + [{"file": "TOTAL"}])
+    head = f"{'file':<{w}}  " + "  ".join(f"{c:>9}" for c in cols)
+    print(head)
+    print("-" * len(head))
+    tot = Counter()
+    for r in rows:
+        vals = []
+        for c in cols:
+            v = r[c]
+            vals.append(f"{'-' if v is None else v:>9}")
+            if c not in ("rc",) and isinstance(v, int):
+                tot[c] += v
+        flag = "  TIMED OUT" if r["timed_out"] else "  NOT STARTED (deadline)" if r["not_started"] else ""
+        print(f"{r['file']:<{w}}  " + "  ".join(vals) + flag)
+    print("-" * len(head))
+    print(f"{'TOTAL':<{w}}  " + "  ".join(f"{tot[c] if c != 'rc' else '':>9}" for c in cols))
+
+    summary_files = []
+    for r in rows:
+        fails = Counter()
+        example = {}
+        skips = Counter()
+        for key, out in r["outcomes"].items():
+            if out in ("failed", "error"):
+                s = signature(r["messages"].get(key, ""))
+                fails[s] += 1
+                example.setdefault(s, key)
+            elif out == "skipped":
+                skips[(r["messages"].get(key, "") or "").strip()[:200]] += 1
+        if fails:
+            print(f"\n{r['file']}: {sum(fails.values())} failed/error, by message:")
+            for s, c in fails.most_common(a.top):
+                print(f"  {c:5d}  {s}\n         e.g. {example[s]}")
+        r_out = {k: v for k, v in r.items() if k not in ("outcomes", "messages")}
+        r_out["failures_by_message"] = [{"count": c, "message": s, "example": example[s]}
+                                        for s, c in fails.most_common()]
+        r_out["skips_by_reason"] = [{"count": c, "reason": s} for s, c in skips.most_common()]
+        r_out["failed_tests"] = [k for k, o in r["outcomes"].items() if o in ("failed", "error")]
+        summary_files.append(r_out)
+    if any(r["skipped"] for r in rows):
+        print("\nskips by reason:")
+        allskips = Counter()
+        for r in summary_files:
+            for s in r["skips_by_reason"]:
+                allskips[s["reason"]] += s["count"]
+        for s, c in allskips.most_common(a.top):
+            print(f"  {c:5d}  {s}")
+    ok = all(r["failed"] == 0 and r["errors"] == 0 and r["not_run"] == 0 and r["rc"] in (0, 5, None)
+             and r["selected"] is not None for r in rows)
+    if a.json:
+        a.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "ok": ok,
+                                      "totals": dict(tot), "files": summary_files}, indent=1))
+        print(f"\nsummary: {a.json}")
+    print(f"\n{'ALL SELECTED TESTS PASSED OR SKIPPED' if ok else 'NOT ALL PASSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
