@@ -6,6 +6,9 @@ import torch
 # Triton's CPU interpreter must be chosen before triton decorates any kernel.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# auto ranks by the rule table in tests: a tune table in the developer's cache must not change choices
+# (tests of measured selection set their own cache and turn it back on)
+os.environ.setdefault("ATTNCORE_TUNE", "0")
 
 
 def pytest_collection_modifyitems(config, items):
