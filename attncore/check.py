@@ -2,23 +2,25 @@
 public API, over a fixed suite of cases (every op, masks, GQA groups, page sizes, edge shapes).
 
 Each case draws fresh random inputs, poisons the outputs with NaN, runs the API with
-``backend=NAME`` and compares every request with ``golden_attention`` under the tolerance rule
-(2x the error of the same math in the backend's dtype + a rounding atol).
+``backend=NAME`` and compares every request's output and LSE with the conformance suite's fp64
+golden under its tolerance rule (``attncore.testing.golden.golden_and_baseline`` and ``tolerance``:
+2x the error of the same math in the backend's dtype + a rounding atol).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import registry
 from .mask import pack_spec_mask
 from .selector import BackendSelectionError
-from .testing.golden import golden_attention, max_error, tolerance
+from .testing.contract import page_table
+from .testing.golden import golden_and_baseline, max_error, tolerance
 from .testing.placement import device_type, placed
 
 
@@ -99,28 +101,21 @@ def _rand(shape, dtype, device, gen, scale=1.0):
 
 
 def _paged(ks, vs, page_size, layout, device, gen):
-    """Scatter per-request dense K/V into a shuffled paged cache."""
-    counts = [(k.shape[0] + page_size - 1) // page_size for k in ks]
-    total = sum(counts) + 2  # spare pages nobody may read
+    """Scatter per-request dense K/V into a shuffled paged cache (``contract.page_table``)."""
+    pt = page_table([k.shape[0] for k in ks], page_size, spare=2, generator=gen)  # spare pages nobody may read
     hkv, d = ks[0].shape[1], ks[0].shape[2]
-    perm = torch.randperm(total, generator=gen)[: sum(counts)].to(torch.int32)
-    dtype = ks[0].dtype
     # spare pages and the rest of each last page hold NaN: no result may depend on them (docs/semantics.md)
-    cache = torch.full((total, 2, page_size, hkv, d), float("nan")).to(dtype)
-    indptr, last, pos = [0], [], 0
-    for k, v, n in zip(ks, vs, counts):
-        for j in range(n):
-            pid = int(perm[pos + j])
+    cache = torch.full((pt.total, 2, page_size, hkv, d), float("nan")).to(ks[0].dtype)
+    for k, v, pages in zip(ks, vs, pt.pages):
+        for j, pid in enumerate(pages):
             sl = slice(j * page_size, min((j + 1) * page_size, k.shape[0]))
             cache[pid, 0, : sl.stop - sl.start] = k[sl].cpu()
             cache[pid, 1, : sl.stop - sl.start] = v[sl].cpu()
-        pos += n
-        indptr.append(pos)
-        last.append(0 if n == 0 else k.shape[0] - (n - 1) * page_size)
     if layout == "HND":
         cache = cache.transpose(2, 3).contiguous()
-    return (cache.to(device), torch.tensor(indptr, dtype=torch.int32, device=device), perm.to(device),
-            torch.tensor(last, dtype=torch.int32, device=device))
+    i32 = dict(dtype=torch.int32, device=device)
+    return (cache.to(device), torch.tensor(pt.indptr, **i32), torch.tensor(pt.indices, **i32),
+            torch.tensor(pt.last_page_len, **i32))
 
 
 def _spec_mask(q_len: int, b: int, gen) -> Tuple[torch.Tensor, List[torch.Tensor]]:
@@ -233,14 +228,14 @@ def run_case(case: CheckCase, backend: str, device: str, dtype: torch.dtype, see
         if spec_dense is not None:
             kvn, qn_ = case.kv_lens[i], case.qo_lens[i]
             mask_i = torch.cat([torch.ones(qn_, kvn - qn_, dtype=torch.bool), spec_dense[i]], dim=1)
-        g, gl = golden_attention(qs[i], ks[i].float(), vs[i].float(), causal=causal, mask=mask_i, **gold_kw)
-        base, _ = golden_attention(qs[i], ks[i].float(), vs[i].float(), causal=causal, mask=mask_i,
-                                   compute_dtype=dtype if dtype != torch.float32 else torch.float32, **gold_kw)
-        tol = tolerance(base, g, dtype)
+        # the conformance suite's golden, yardstick and rule (attncore.testing.golden), per request
+        g, gl, bo, bl = golden_and_baseline(qs[i], ks[i], vs[i], dtype=dtype, out_dtype=out.dtype, device=device,
+                                            causal=causal, mask=mask_i, **gold_kw)
+        tol = tolerance(bo, g, out.dtype)
         err = max_error(out[rows:rows + qn], g)
         if lse is not None:
             lerr = max_error(lse[rows:rows + qn], gl)
-            ltol = 1e-3 + 1e-2 * (dtype != torch.float32)
+            ltol = tolerance(bl, gl, out.dtype, kind="lse")
             if lerr > ltol:
                 ok = False
             if lerr / ltol > worst / worst_tol:
@@ -291,7 +286,7 @@ def format_table(results: List[CheckResult]) -> str:
     w = max(len(c) for c in cases) + 2 if cases else 10
     lines = ["each cell: status, max abs error / tolerance of the case's worst request (output or LSE),",
              "against the fp64 golden; tolerance = 2x the error of the same math in the backend's dtype",
-             "+ a rounding atol (LSE: a fixed bound); n/a: the backend refuses the case",
+             "+ a rounding atol (the same rule for the LSE); n/a: the backend refuses the case",
              "",
              "case".ljust(w) + "".join(b.ljust(24) for b in backends)]
     for c in cases:

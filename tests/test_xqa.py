@@ -3,8 +3,9 @@
 CPU: the backend reports why it is unavailable, refuses what it does not serve, and its CUDA sources
 compile for sm_80 and sm_90 with nvcc (no GPU needed).  GPU (``@pytest.mark.gpu``): every case runs
 the backend on fresh random inputs with NaN-poisoned outputs and compares each request with
-``golden_attention`` (fp64); the tolerance is 2x the error of the same attention computed by torch
-in the backend's dtype (inputs, P and output rounded like the kernel's) plus a small atol.
+the fp64 golden with the conformance suite's checker and tolerance rule
+(``attncore.testing.contract.assert_batch``: 2x the error of the same attention computed by torch in
+the backend's dtype plus a rounding atol, for outputs and LSE; rows that see no key exactly 0 / -inf).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import math
 import os
 import random
-from typing import List, Optional
 
 import pytest
 import torch
 
 from attncore.backend import AttnParams, BatchMeta, RunArgs
+from attncore.mask import pack_spec_mask
 from attncore.problem import AttentionProblem
-from attncore.testing.golden import golden_attention
+from attncore.testing.contract import assert_batch, page_table
 
 gpu = pytest.mark.gpu
 HAS_GPU = torch.cuda.is_available()
@@ -163,30 +164,6 @@ def _rand_kv(shape, dtype, device):
     return x.to(dtype)
 
 
-def _lowp_attention(q, k, v, keep, sm_scale, dtype, out_dtype, sinks, v_scale, o_scale):
-    """The same attention in torch with the backend's roundings: inputs in ``dtype`` (fp8 KV widened
-    exactly), fp32 logits, P rounded to ``dtype``, output rounded to ``out_dtype``."""
-    qo, hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    qf = q.to(dtype).float()
-    kf = k.float().to(dtype).float().repeat_interleave(g, dim=1)
-    vf = v.float().to(dtype).float().repeat_interleave(g, dim=1)
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * sm_scale
-    s = s.masked_fill(~keep[None], float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    if sinks is not None:
-        m = torch.maximum(m, sinks.float()[:, None, None])
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    l = p.sum(-1, keepdim=True)
-    if sinks is not None:
-        l = l + torch.exp(sinks.float()[:, None, None] - m)
-    o = torch.einsum("hqk,khd->qhd", p.to(dtype).float(), vf) / l.transpose(0, 1).clamp_min(1e-30)
-    o = torch.where(keep.any(1)[:, None, None], o, torch.zeros_like(o)) * (v_scale / o_scale)
-    return o.to(out_dtype).double()
-
-
 class Case:
     """Random paged decode batch, in block-table form (xqa_decode) or CSR form (batch_decode)."""
 
@@ -206,14 +183,8 @@ class Case:
         self.kv_lens = kv_lens
         B = len(kv_lens)
         self.B = B
-        npages = [-(-n // ps) for n in kv_lens]
-        total = sum(npages) + 3
-        perm = torch.randperm(total).tolist()
-        self.pages = []
-        off = 0
-        for n in npages:
-            self.pages.append(perm[off:off + n])
-            off += n
+        pt = page_table(kv_lens, ps)  # shuffled pages, 3 spare
+        self.pages, total = pt.pages, pt.total
         if layout == "NHD":
             shape = (total, 2, ps, hkv, d)
         else:
@@ -233,16 +204,11 @@ class Case:
         self.mask_t = None
         self.mask_bool = None
         if spec:
-            words = ((q_len + 31) // 32) * 2
             bits = torch.rand(B, q_len, q_len) < 0.6
             bits |= torch.eye(q_len, dtype=torch.bool)[None]
             self.mask_bool = bits
-            m32 = torch.zeros(B, q_len, words // 2, dtype=torch.int64)
-            for j in range(q_len):
-                m32[:, :, j // 32] |= bits[:, :, j].to(torch.int64) << (j % 32)
-            m32 = torch.where(m32 >= 2 ** 31, m32 - 2 ** 32, m32).to(torch.int32)
-            self.mask_t = m32.to(dev).view(torch.uint16).reshape(B, q_len, words)
-        maxp = max(npages + [1])
+            self.mask_t = pack_spec_mask(bits).to(dev)
+        maxp = max([len(pg) for pg in self.pages] + [1])
         bt = torch.full((B, maxp + 2), 10 ** 6, dtype=torch.int32)  # garbage past the used pages
         for i, pg in enumerate(self.pages):
             if pg:
@@ -265,15 +231,11 @@ class Case:
                                   kv_lens=self.seq_lens, max_seq_len=max(kv_lens + [0]), page_size=ps,
                                   params=params, q_len_per_req=q_len, device=dev)
         else:
-            indptr_h = [0]
-            for n in npages:
-                indptr_h.append(indptr_h[-1] + n)
-            indices = torch.tensor([p for pg in self.pages for p in pg] or [0], dtype=torch.int32, device=dev)
-            last = [(n - (len(pg) - 1) * ps) if pg else 0 for n, pg in zip(kv_lens, self.pages)]
+            indices = torch.tensor(pt.indices or [0], dtype=torch.int32, device=dev)
             self.meta = BatchMeta(batch_size=B, qo_indptr=qo, qo_indptr_host=qo_host,
-                                  kv_indptr=torch.tensor(indptr_h, dtype=torch.int32, device=dev),
-                                  kv_indptr_host=indptr_h, kv_indices=indices,
-                                  kv_last_page_len=torch.tensor(last, dtype=torch.int32, device=dev),
+                                  kv_indptr=torch.tensor(pt.indptr, dtype=torch.int32, device=dev),
+                                  kv_indptr_host=pt.indptr, kv_indices=indices,
+                                  kv_last_page_len=torch.tensor(pt.last_page_len, dtype=torch.int32, device=dev),
                                   kv_lens=self.seq_lens, kv_lens_host=list(kv_lens), page_size=ps,
                                   params=params, q_len_per_req=q_len, device=dev)
 
@@ -314,52 +276,17 @@ class Case:
             v = self.v_cache[idx].transpose(1, 2).reshape(-1, self.hkv, self.d)[:n]
         return k.cpu(), v.cpu()
 
-    def keep_mask(self, i):
-        n, ql = self.kv_lens[i], self.q_len
-        qpos = torch.arange(ql)[:, None] + (n - ql)
-        kpos = torch.arange(n)[None, :]
-        if self.spec:
-            keep = torch.ones(ql, n, dtype=torch.bool)
-            d0 = n - ql
-            keep[:, d0:] = self.mask_bool[i]
-        else:
-            keep = kpos <= qpos
-        if self.window >= 0:
-            keep &= kpos >= qpos - self.window
-        return keep
-
-    def check(self, out, lse, factor=2.0, atol=None):
-        assert not torch.isnan(out.float()).any(), "unwritten (NaN) output elements"
-        outc = out.float().cpu().double()
-        for i in range(self.B):
-            ql = self.q_len
-            if self.kv_lens[i] == 0:  # empty request: zeros, LSE -inf
-                assert (outc[i * ql:(i + 1) * ql] == 0).all(), f"request {i}: empty request must give 0"
-                if lse is not None:
-                    assert torch.isneginf(lse[i * ql:(i + 1) * ql]).all()
-                continue
-            qi = self.q[i * ql:(i + 1) * ql].cpu()
+    def check(self, out, lse):
+        """Every request against the fp64 golden (``contract.assert_batch``: the tolerance rule on
+        outputs and LSE, no unwritten element, empty requests exactly 0 / -inf)."""
+        ql, reqs, masks = self.q_len, [], []
+        for i, n in enumerate(self.kv_lens):
             k, v = self.request_kv(i)
-            keep = self.keep_mask(i)
-            sinks = self.sinks_t.cpu() if self.sinks_t is not None else None
-            gold, glse = golden_attention(qi, k.double(), v.double(), mask=keep, sm_scale=self.sm_scale,
-                                          sinks=sinks, v_scale=self.bmm2, o_scale=self.o_scale)
-            low = _lowp_attention(qi, k, v, keep, self.sm_scale, self.dtype, self.out_dtype, sinks, self.bmm2,
-                                  self.o_scale)
-            ref_err = (low - gold).abs().max().item()
-            err = (outc[i * ql:(i + 1) * ql] - gold).abs().max().item()
-            tol_atol = atol if atol is not None else (2e-3 if self.out_dtype.itemsize == 2 else 2e-2) * max(
-                1.0, gold.abs().max().item())
-            assert err <= factor * ref_err + tol_atol, (
-                f"request {i} (kv {self.kv_lens[i]}): max err {err:.3e} > {factor} x torch-{self.dtype} err "
-                f"{ref_err:.3e} + {tol_atol:.1e}")
-            if lse is not None:
-                gl = glse
-                ours = lse[i * ql:(i + 1) * ql].cpu().double()
-                fin = torch.isfinite(gl)
-                assert torch.equal(fin, torch.isfinite(ours)), f"request {i}: LSE -inf pattern differs"
-                if fin.any():
-                    assert (ours[fin] - gl[fin]).abs().max().item() < 2e-2, f"request {i}: LSE error"
+            reqs.append((self.q[i * ql:(i + 1) * ql], k, v))
+            spec = self.spec and n > 0  # draft rows: the spec mask over the last q_len keys (else causal)
+            masks.append(torch.cat([torch.ones(ql, n - ql, dtype=torch.bool), self.mask_bool[i]], 1) if spec else None)
+        assert_batch(reqs, out, lse, masks=masks, causal=True, window_left=self.window, sm_scale=self.sm_scale,
+                     sinks=self.sinks_t, v_scale=self.bmm2, o_scale=self.o_scale)
 
 
 # --------------------------------------------------------------------------------------- GPU tests
