@@ -1,7 +1,8 @@
 """The one binding of cuda_fa2: argument checks, the ctypes params struct, launches.
 
-Mirrors ``csrc/fa2_params.h`` (``fa2_params_size()`` guards the layout).  Launches on
-``torch.cuda.current_stream()`` of the input's device; the library sets that device itself.
+Mirrors ``csrc/fa2_params.h`` (``check_params_layout`` compares every field's name and offset with
+the library's at load).  Launches on ``torch.cuda.current_stream()`` of the input's device; the
+library sets that device itself.
 """
 
 from __future__ import annotations
@@ -52,6 +53,37 @@ class Fa2MergeParams(ctypes.Structure):
     ]
 
 
+def check_layout(cdll, prefix: str, struct, what: str) -> None:
+    """Check the ctypes mirror ``struct`` against the C struct the library was built with, field by field.
+
+    The library exports ``<prefix>_size()``, ``<prefix>_offsets(int*, cap)`` (offsetof of every field in
+    declaration order) and ``<prefix>_fields()`` (their names), generated from the struct's field list
+    (csrc/fa2_params.h, attncore/abi.h).  Raises RuntimeError naming the first field that differs."""
+    off_fn, names_fn, size_fn = (getattr(cdll, f"{prefix}_{s}") for s in ("offsets", "fields", "size"))
+    off_fn.restype, off_fn.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    names_fn.restype, size_fn.restype = ctypes.c_char_p, ctypes.c_int
+    offs = (ctypes.c_int * 256)()
+    n = off_fn(offs, 256)
+    c_fields = list(zip(names_fn().decode().split(), offs[:min(n, 256)]))
+    py_fields = [(f[0], getattr(struct, f[0]).offset) for f in struct._fields_]
+    for i in range(max(len(c_fields), len(py_fields))):
+        c = c_fields[i] if i < len(c_fields) else ("(none)", -1)
+        py = py_fields[i] if i < len(py_fields) else ("(none)", -1)
+        if c != py:
+            name = py[0] if i < len(py_fields) else c[0]
+            raise RuntimeError(f"{what}: {struct.__name__} field {name!r} does not match the C struct (field {i}: "
+                               f"ctypes {py[0]!r} at offset {py[1]}, C {c[0]!r} at offset {c[1]}); "
+                               "binding.py and the params header differ")
+    if size_fn() != ctypes.sizeof(struct):
+        raise RuntimeError(f"{what}: sizeof {struct.__name__} is {ctypes.sizeof(struct)} in ctypes, {size_fn()} in C")
+
+
+def check_params_layout(cdll) -> None:
+    """Both params structs of a loaded cuda_fa2 library against Fa2Params / Fa2MergeParams."""
+    check_layout(cdll, "fa2_params", Fa2Params, "cuda_fa2")
+    check_layout(cdll, "fa2_merge_params", Fa2MergeParams, "cuda_fa2")
+
+
 class Fa2Library:
     """A loaded specialization: typed entry points and its tile config."""
 
@@ -60,17 +92,12 @@ class Fa2Library:
         arch = jit.current_arch(device)
         self.lib = jit.load(key.spec(), arch)
         lib = self.lib
-        lib.fa2_params_size.restype = ctypes.c_int
-        lib.fa2_merge_params_size.restype = ctypes.c_int
         lib.fa2_error_string.restype = ctypes.c_char_p
         lib.fa2_error_string.argtypes = [ctypes.c_int]
         lib.fa2_info.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.fa2_run.argtypes = [ctypes.POINTER(Fa2Params), ctypes.c_void_p]
         lib.fa2_merge.argtypes = [ctypes.POINTER(Fa2MergeParams), ctypes.c_void_p]
-        if lib.fa2_params_size() != ctypes.sizeof(Fa2Params) or \
-                lib.fa2_merge_params_size() != ctypes.sizeof(Fa2MergeParams):
-            raise RuntimeError("cuda_fa2: params struct of binding.py and csrc/fa2_params.h differ "
-                               f"({ctypes.sizeof(Fa2Params)} vs {lib.fa2_params_size()})")
+        check_params_layout(lib)
         info = (ctypes.c_int * 8)()
         self._check(lib.fa2_info(info, device.index if device.index is not None else torch.cuda.current_device()),
                     "fa2_info")

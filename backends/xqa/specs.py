@@ -102,6 +102,14 @@ def default_keys() -> List[XqaKey]:
     return keys
 
 
+def representative_keys() -> List[XqaKey]:
+    """A small set covering every code path (16-bit and fp8 KV, both tiles, 16 and 32 keys per warp, fp8
+    output, d64 / d128 / d256), for the CPU compile check."""
+    return [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 1),  # 32 keys per warp
+            XqaKey("bf16", "e4m3", "same", 128, 2), XqaKey("fp16", "e4m3", "e4m3", 256, 1),
+            XqaKey("fp16", "e5m2", "same", 64, 2)]
+
+
 def list_specs(arch: str) -> List[jit.Spec]:
     return [k.spec() for k in default_keys()]
 

@@ -13,7 +13,9 @@
 //   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (nnz_q)
 //   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM (0 without a GPU), 0, 0
-//   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror
+//   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror: sizeof, and
+//   fa2_params_offsets(int*, cap), fa2_params_fields()   every field's offset and name (attncore/abi.h;
+//   (likewise fa2_merge_params_*)                         binding.py checks them field by field)
 //   fa2_error_string(int)
 #include "fa2_attention.cuh"
 #if defined(FA2_CONFIG) && FA2_CONFIG == 3
@@ -147,8 +149,9 @@ int setup(int dev) {
 
 #define FA2_EXPORT extern "C" __attribute__((visibility("default")))
 
-FA2_EXPORT int fa2_params_size() { return (int)sizeof(Fa2Params); }
-FA2_EXPORT int fa2_merge_params_size() { return (int)sizeof(Fa2MergeParams); }
+// fa2_params_size / _offsets / _fields and the same for fa2_merge_params (attncore/abi.h)
+AC_EXPORT_LAYOUT(fa2_params, Fa2Params, FA2_PARAMS_FIELDS)
+AC_EXPORT_LAYOUT(fa2_merge_params, Fa2MergeParams, FA2_MERGE_PARAMS_FIELDS)
 FA2_EXPORT const char* fa2_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 
 FA2_EXPORT int fa2_info(int* out, int dev) {

@@ -10,7 +10,9 @@
 //   xqa_run(const XqaParams*, cudaStream_t)  grid (m_groups, num_splits * Hkv, B), 128 threads
 //   xqa_info(int* out8)     rows per CTA, keys per tile, threads, smem bytes, stages, D, kv bytes,
 //                           max CTAs per SM on the current device (0 without a GPU)
-//   xqa_params_size()       ABI guard for the ctypes mirror
+//   xqa_params_size(), xqa_params_offsets(int*, cap), xqa_params_fields()
+//                           ABI guards for the ctypes mirror: sizeof, every field's offset and name
+//                           (attncore/abi.h; binding.py checks them field by field)
 //   xqa_error_string(int)
 #include "xqa_decode.cuh"
 
@@ -65,7 +67,8 @@ int g_smem_set[kMaxDevices] = {0};
 
 }  // namespace
 
-extern "C" int xqa_params_size() { return (int)sizeof(XqaParams); }
+// xqa_params_size / xqa_params_offsets / xqa_params_fields (attncore/abi.h)
+AC_EXPORT_LAYOUT(xqa_params, XqaParams, XQA_PARAMS_FIELDS)
 
 extern "C" const char* xqa_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 
