@@ -47,7 +47,7 @@ ap.add_argument("--harness-cpu", action="store_true", help="CPU dry run (targets
 ARGS = ap.parse_args()
 
 import attncore  # noqa: E402
-from attncore.testing.contract import page_table  # noqa: E402
+from attncore.testing.contract import offsets, page_table  # noqa: E402
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance  # noqa: E402
 
 HARNESS = ARGS.harness_cpu
@@ -170,12 +170,9 @@ class Paged:
         self.cache = torch.randn(self.total, 2, ps, hkv, D, generator=g).to(DT).to(DEV)
         self.q = torch.randn(sum(qo for qo, _ in self.lens), hq, D, generator=g).to(DT).to(DEV)
         self.sinks = (torch.randn(hq, generator=g) * 2).float().to(DEV)
-        qo_ptr = [0]
-        for qo, _ in self.lens:
-            qo_ptr.append(qo_ptr[-1] + qo)
         i32 = dict(dtype=torch.int32, device=DEV)
-        self.qo_host = qo_ptr
-        self.qo_indptr, self.kv_indptr = torch.tensor(qo_ptr, **i32), torch.tensor(self.pt.indptr, **i32)
+        self.qo_host = offsets([qo for qo, _ in self.lens])
+        self.qo_indptr, self.kv_indptr = torch.tensor(self.qo_host, **i32), torch.tensor(self.pt.indptr, **i32)
         self.indices, self.last = torch.tensor(self.pt.indices, **i32), torch.tensor(self.pt.last_page_len, **i32)
         self.seq_lens = torch.tensor([kv for _, kv in self.lens], **i32)
 

@@ -23,7 +23,7 @@ from attncore.backends.cuda_fa2 import specs
 from attncore.backends.cuda_fa2.backend import CudaFa2Backend
 from attncore.problem import AttentionProblem
 from attncore.quantization import packbits
-from attncore.testing.contract import assert_batch, page_table
+from attncore.testing.contract import assert_batch, offsets, page_table
 from attncore.testing.golden import golden_attention, visible
 
 HAS_CUDA = torch.cuda.is_available()
@@ -262,12 +262,7 @@ def test_work_items_cover_every_row_gqa_cpu(G):
     for causal, wl in ((True, -1), (True, 40), (False, -1)):
         lens = [(qo, kv) for qo, kv in ((127, 127), (128, 128), (129, 129), (255, 255), (256, 256), (257, 257),
                                         (63, 129), (65, 256), (1, 257), (33, 64))]
-        qo_host = [0]
-        for qo, _ in lens:
-            qo_host.append(qo_host[-1] + qo)
-        kv_host = [0]
-        for _, kv in lens:
-            kv_host.append(kv_host[-1] + kv)
+        qo_host, kv_host = offsets([qo for qo, _ in lens]), offsets([kv for _, kv in lens])
         prob = _problem(op="batch_prefill_ragged", page_size=None, num_qo_heads=2 * G, num_kv_heads=2,
                         mask="causal" if causal else "none", window_left=wl)
         for cta_q in (128, 64):
@@ -339,9 +334,7 @@ def run_case(c: Case, seed: int = 0):
     qo_lens = [a for a, _ in c.lens]
     kv_lens = [b for _, b in c.lens]
     nnz_q, nnz_kv = sum(qo_lens), sum(kv_lens)
-    qo_indptr = [0]
-    for n in qo_lens:
-        qo_indptr.append(qo_indptr[-1] + n)
+    qo_indptr = offsets(qo_lens)
     if c.noncontig_q:
         q = torch.randn(nnz_q, c.hq * 2, c.d, device=dev, dtype=c.dtype)[:, ::2]
     else:
@@ -379,9 +372,7 @@ def run_case(c: Case, seed: int = 0):
         kv_indices = torch.tensor(pt.indices or [0], dtype=torch.int32, device=dev)[:len(pt.indices)]
         kv_last = torch.tensor(pt.last_page_len, dtype=torch.int32, device=dev)
     else:
-        kv_indptr = [0]
-        for n in kv_lens:
-            kv_indptr.append(kv_indptr[-1] + n)
+        kv_indptr = offsets(kv_lens)
         if c.layout == "NHD":
             k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, c.d))
             kn, vn = k_arg, v_arg

@@ -261,6 +261,12 @@ class Case:
         torch.cuda.synchronize()
         return out, lse, plan
 
+    def run_checked(self, backend=None):
+        """``run()``, then ``check()`` its output; returns (out, lse, plan)."""
+        out, lse, plan = self.run(backend)
+        self.check(out, lse)
+        return out, lse, plan
+
     def request_kv(self, i):
         pg = self.pages[i]
         n = self.kv_lens[i]
@@ -297,16 +303,14 @@ class Case:
 def test_gpu_basic(dtype, group, layout):
     hkv = 4
     c = Case(B=4, hq=hkv * group, hkv=hkv, dtype=dtype, layout=layout, kv_lens=[1, 16, 333, 700], seed=group)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 @pytest.mark.parametrize("ps", [1, 2, 4, 8, 32, 64, 128])
 def test_gpu_page_sizes(ps):
     c = Case(ps=ps, hq=16, hkv=4, kv_lens=[ps, 3 * ps, 5 * ps + 1, 257], seed=ps, layout="HND" if ps % 2 else "NHD")
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -314,8 +318,7 @@ def test_gpu_page_sizes(ps):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_head_dims(d, dtype):
     c = Case(d=d, hq=16, hkv=2, dtype=dtype, kv_lens=[5, 64, 300], seed=d)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -324,15 +327,13 @@ def test_gpu_head_dims(d, dtype):
 @pytest.mark.parametrize("group", [1, 8, 16])
 def test_gpu_spec_decode(q_len, spec, group):
     c = Case(q_len=q_len, spec=spec, hq=2 * group, hkv=2, kv_lens=[q_len, 65, 400], seed=q_len * 10 + group)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 def test_gpu_spec_mask_long_draft():
     c = Case(q_len=7, spec=True, hq=8, hkv=2, kv_lens=[7, 100], d=64, seed=7)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -340,16 +341,14 @@ def test_gpu_spec_mask_long_draft():
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_gpu_window(window, q_len):
     c = Case(window=window, q_len=q_len, hq=16, hkv=4, kv_lens=[q_len, 64, 130, 700], seed=window + q_len)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 @pytest.mark.parametrize("q_len", [1, 4])
 def test_gpu_sinks(q_len):
     c = Case(sinks=True, q_len=q_len, hq=64, hkv=8, kv_lens=[q_len, 50, 600], seed=31)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -377,32 +376,28 @@ def test_gpu_sink_far_above_row_max_keeps_lse_finite(q_len):
 def test_gpu_fp8_kv(dtype, kv_dtype, group):
     c = Case(dtype=dtype, kv_dtype=kv_dtype, hq=4 * group, hkv=4, q_len=1 if group == 4 else 2,
              kv_lens=[1, 77, 500], bmm1=0.7 / math.sqrt(128), bmm2=0.5, seed=group)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_fp8_kv_head_dims(d):
     c = Case(d=d, kv_dtype=torch.float8_e4m3fn, hq=8, hkv=2, kv_lens=[3, 200], layout="HND", seed=d)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 def test_gpu_fp8_output():
     c = Case(kv_dtype=torch.float8_e4m3fn, out_dtype=torch.float8_e4m3fn, bmm2=2.0, o_scale=0.5, hq=32, hkv=8,
              kv_lens=[1, 90, 400], seed=5)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 def test_gpu_scales_and_lse():
     c = Case(bmm1=0.05, bmm2=1.7, o_scale=0.8, lse=True, sinks=True, hq=16, hkv=2, kv_lens=[1, 64, 129, 512],
              seed=9)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -430,18 +425,15 @@ def test_gpu_split_kv(q_len):
 def test_gpu_batch_decode_csr():
     c = Case(op="batch_decode", B=5, hq=32, hkv=8, kv_lens=[1, 16, 17, 320, 1000], lse=True, tuple_cache=True,
              seed=11)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
     c = Case(op="batch_decode", B=2, hq=8, hkv=8, kv_lens=[0, 40], lse=True, layout="HND", seed=12)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
 def test_gpu_noncontiguous_q_and_pdl():
     c = Case(q_noncontig=True, pdl=True, hq=32, hkv=8, kv_lens=[100, 2000], seed=13)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -487,8 +479,7 @@ def test_gpu_cuda_graph_replay():
 def test_gpu_large_group_rows():
     """64 query heads on 4 kv heads with 4 draft rows: 64 rows per kv head -> 2 m-groups of 32."""
     c = Case(hq=64, hkv=4, q_len=4, spec=True, kv_lens=[4, 200, 1500], seed=16)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu
@@ -496,8 +487,7 @@ def test_gpu_fp8_large_q_prescale():
     """bf16 q beyond fp16 range with fp8 KV: the CTA's power-of-two prescale keeps it finite."""
     c = Case(kv_dtype=torch.float8_e4m3fn, hq=16, hkv=4, kv_lens=[3, 300], bmm1=1e-6, seed=17)
     c.q = (c.q.float() * 3e5).to(torch.bfloat16)
-    out, lse, _ = c.run()
-    c.check(out, lse)
+    c.run_checked()
 
 
 @gpu

@@ -7,7 +7,7 @@ lengths, K and V with different strides, NaN in chosen query rows, other request
 build them here, and check them the one way (``runner.check_result``: fp64 golden, the tolerance
 rule of ``golden.tolerance``, NaN and empty-row rules):
 
-* ``page_table``: a shuffled page pool with spare pages (the page ids of each request);
+* ``offsets`` / ``page_table``: CSR offsets; a shuffled page pool with spare pages (the page ids of each request);
 * ``check_batch`` / ``assert_batch``: per-request golden, yardstick and the rule on any batch;
 * ``run_case``: build a batch, run a backend twice (clean, then with NaN where the contract says
   it must not matter), compare the runs bit for bit and check the clean one (and the NaN rows).
@@ -30,8 +30,16 @@ from . import runner
 
 
 # ---------------------------------------------------------------------------------------------
-# Page tables
+# Index arrays and page tables
 # ---------------------------------------------------------------------------------------------
+def offsets(lens: Sequence[int]) -> List[int]:
+    """CSR offsets of ``lens``: ``[0, l0, l0 + l1, ...]`` (qo_indptr, a ragged kv_indptr)."""
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
 @dataclass
 class PageTable:
     """A pool of ``total`` pages, shuffled: request i holds ``pages[i]``; ``spare`` pages are in no
@@ -166,9 +174,7 @@ def run_case(op, *, backend, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.fl
 
     # ---- q / out / lse (concatenated rows)
     nnz = sum(qo_lens)
-    qo_indptr_h = [0]
-    for n in qo_lens:
-        qo_indptr_h.append(qo_indptr_h[-1] + n)
+    qo_indptr_h = offsets(qo_lens)
     q = _strided((nnz, hq, d), dtype, device, noncontig)
     q.copy_(torch.cat(qs).to(device) if nnz else torch.empty(0, hq, d, dtype=dtype))
     out = _strided((nnz, hq, d), dtype, device, noncontig, fill=float("nan"))
@@ -176,9 +182,7 @@ def run_case(op, *, backend, qo_lens, kv_lens, hq=4, hkv=2, d=32, dtype=torch.fl
 
     i32 = dict(dtype=torch.int32, device=device)
     if page_size is None:
-        kv_indptr_h = [0]
-        for n in kv_lens:
-            kv_indptr_h.append(kv_indptr_h[-1] + n)
+        kv_indptr_h = offsets(kv_lens)
         nkv = kv_indptr_h[-1]
         shape = (nkv, hkv, d) if layout == "NHD" else (hkv, nkv, d)
         k = _strided(shape, kv_dtype, device, noncontig)
