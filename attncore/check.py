@@ -231,19 +231,13 @@ def run_case(case: CheckCase, backend: str, device: str, dtype: torch.dtype, see
         # the conformance suite's golden, yardstick and rule (attncore.testing.golden), per request
         g, gl, bo, bl = golden_and_baseline(qs[i], ks[i], vs[i], dtype=dtype, out_dtype=out.dtype, device=device,
                                             causal=causal, mask=mask_i, **gold_kw)
-        tol = tolerance(bo, g, out.dtype)
-        err = max_error(out[rows:rows + qn], g)
+        checks = [(max_error(out[rows:rows + qn], g), tolerance(bo, g, out.dtype))]
         if lse is not None:
-            lerr = max_error(lse[rows:rows + qn], gl)
-            ltol = tolerance(bl, gl, out.dtype, kind="lse")
-            if lerr > ltol:
-                ok = False
-            if lerr / ltol > worst / worst_tol:
-                worst, worst_tol = lerr, ltol
-        if err > tol:
-            ok = False
-        if err / tol > worst / worst_tol:
-            worst, worst_tol = err, tol
+            checks.append((max_error(lse[rows:rows + qn], gl), tolerance(bl, gl, out.dtype, kind="lse")))
+        for err, tol in checks:
+            ok &= err <= tol
+            if err / tol > worst / worst_tol:
+                worst, worst_tol = err, tol
         rows += qn
     return CheckResult(backend, case.name, "pass" if ok else "FAIL", worst, worst_tol)
 
