@@ -11,6 +11,11 @@ from . import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E
 from .backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
 from .capabilities import Capabilities, Reason  # noqa: E402
 from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
+from .cascade_wrappers import (  # noqa: E402
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+    MultiLevelCascadeAttentionWrapper,
+)
 from .decode import (  # noqa: E402
     BatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
@@ -54,3 +59,5 @@ __all__ = [
     "apply_llama31_rope_pos_ids_inplace", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
     "apply_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace",
 ]
+__all__ += ["BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+            "MultiLevelCascadeAttentionWrapper"]

@@ -182,3 +182,156 @@ def test_bad_input():
         merge_state_in_place(v.clone(), s.clone(), v, s, mask=torch.ones(3, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"mask: got dtype torch.float32"):
         merge_state_in_place(v.clone(), s.clone(), v, s, mask=torch.ones(4))
+
+
+# ------------------------------------------------------------------------------------------------------
+# The fused merge kernel (attncore._merge_kernel): merge_state(s) run it on CUDA tensors, and on CPU ones
+# through Triton's interpreter (tests/conftest.py switches it on without a GPU); plain torch otherwise.
+# ------------------------------------------------------------------------------------------------------
+from attncore import cascade  # noqa: E402
+
+FUSED_DEVICES = [d for d in DEVICES if cascade.fused_merge_available(d)]
+NAN = float("nan")
+# kernel against torch: one rounding step of the output dtype (float32: 8 ulp, GPUs' exp2/log2 are approximate)
+EPS = {torch.float32: 2 ** -20, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
+
+
+def test_fused_kernel_serves_cpu_under_the_interpreter():
+    """Without a GPU the tests run Triton's interpreter, so the kernel itself is what they check."""
+    if torch.cuda.is_available():
+        assert cascade.fused_merge_available("cuda")
+    else:
+        assert cascade.fused_merge_available("cpu")
+    assert not cascade.fused_merge_available("meta")
+
+
+def torch_merge(v, s):
+    """The torch path (attncore.cascade._merge), the fused kernel's specification."""
+    out, lse = cascade._merge(v.float(), s, dim=1)
+    return out.to(v.dtype), lse
+
+
+def special_states(rows, n, heads, dim, dtype, device, seed=0):
+    """Random states [rows, n, H, D] / [rows, n, H] with the edge cases in the first rows."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(rows, n, heads, dim, generator=g)
+    s = torch.randn(rows, n, heads, generator=g) * 8
+    s[0] = NINF  # every state empty (their v NaN): v 0, s -inf
+    v[0] = NAN
+    if rows > 7:
+        s[1, 1:] = NINF  # one non-empty state: returned as it is
+        v[1, 1:] = NAN
+        if n > 1:
+            s[2, 0, 0] = NINF  # an empty state with NaN v among non-empty ones
+            v[2, 0, 0] = NAN
+            s[6, :2, 1] = torch.tensor([200.0, -200.0])  # weight 2**-400 underflows: that v is not read
+            v[6, 1, 1] = NAN
+        s[3, n - 1, 1] = NAN  # a NaN LSE: v and s NaN for that row and head
+        s[4, 0, 0] = float("inf")  # +inf: NaN too
+        v[5, n - 1, 2 % heads, 3 % dim] = NAN  # NaN in a non-empty v: that element NaN
+        s[7] = torch.linspace(-1e4, 1e4, n)[:, None]  # far apart magnitudes stay finite
+    return v.to(dtype).to(device), s.to(device)
+
+
+def check_same(got, want, dtype):
+    (v, s), (v_ref, s_ref) = got, want
+    assert v.dtype == v_ref.dtype and s.dtype == torch.float32 and v.shape == v_ref.shape
+    assert torch.equal(torch.isnan(v), torch.isnan(v_ref)) and torch.equal(torch.isnan(s), torch.isnan(s_ref))
+    assert torch.equal(torch.isneginf(s), torch.isneginf(s_ref))
+    torch.testing.assert_close(v.float(), v_ref.float(), atol=1e-6, rtol=EPS[dtype], equal_nan=True)
+    torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,heads,dim", [(1, 3, 16), (2, 3, 40), (3, 4, 128), (5, 2, 8)])
+def test_fused_merge_states_matches_torch(n, heads, dim, dtype, device):
+    v, s = special_states(37, n, heads, dim, dtype, device, seed=n)
+    got = cascade.merge_states(v, s)
+    want = torch_merge(v, s)
+    check_same(got, want, dtype)
+    v_out, s_out = got
+    assert (v_out[0] == 0).all() and torch.isneginf(s_out[0]).all()
+    assert torch.equal(v_out[1], v[1, 0]) and torch.equal(s_out[1], s[1, 0])  # one non-empty state: exact
+    assert torch.isnan(v_out[3, 1]).all() and torch.isnan(s_out[3, 1]) and torch.isnan(v_out[4, 0]).all()
+    assert torch.isnan(v_out[5, 2 % heads, 3 % dim]) and torch.isfinite(s_out[5]).all()
+    assert not torch.isnan(v_out[5, 2 % heads]).all()
+    nan_rows = {3, 4, 5}
+    ok = torch.tensor([r not in nan_rows for r in range(37)], device=device)
+    assert not torch.isnan(v_out[ok]).any() and not torch.isnan(s_out[ok]).any()
+
+
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+def test_fused_merge_strided_and_many_programs(device):
+    """Any strides (a stack laid out state-major, a strided head dim) and more lanes than one program."""
+    v, s = special_states(300, 3, 3, 80, torch.float16, device, seed=5)
+    v_sm = v.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)  # [rows, n, H, D] over [n, rows, H, D]
+    s_sm = s.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    check_same(cascade.merge_states(v_sm, s_sm), torch_merge(v, s), torch.float16)
+    v_d = v[..., ::2]  # head dim stride 2
+    check_same(cascade.merge_states(v_d, s), torch_merge(v_d, s), torch.float16)
+    v256, s256 = special_states(20, 2, 5, 256, torch.float32, device, seed=6)
+    check_same(cascade.merge_states(v256, s256), torch_merge(v256, s256), torch.float32)
+
+
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_merge_state_and_in_place_match_torch(dtype, device, monkeypatch):
+    v, s = special_states(29, 2, 4, 24, dtype, device, seed=7)
+    v_a, s_a, v_b, s_b = v[:, 0], s[:, 0], v[:, 1].contiguous(), s[:, 1].contiguous()
+    mask = (torch.arange(29, device=device) % 3 != 1)
+    fused = merge_state(v_a, s_a, v_b, s_b)
+    ip_fused = v_a.clone(), s_a.clone()
+    merge_state_in_place(*ip_fused, v_b, s_b, mask=mask)
+    monkeypatch.setattr(cascade, "fused_merge_available", lambda device: False)
+    ref = merge_state(v_a, s_a, v_b, s_b)
+    ip_ref = v_a.clone(), s_a.clone()
+    merge_state_in_place(*ip_ref, v_b, s_b, mask=mask)
+    check_same(fused, ref, dtype)
+    check_same(ip_fused, ip_ref, dtype)
+    keep = ~mask  # rows left alone stay bit for bit (their NaNs included)
+    assert torch.equal(ip_fused[0][keep].nan_to_num(7.0), v_a[keep].nan_to_num(7.0))
+    assert torch.equal(ip_fused[1][keep].nan_to_num(7.0), s_a[keep].nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_merge_of_key_chunks_equals_golden(dtype, device):
+    """Five chunks of the keys (two empty, one hidden from the early rows by a causal mask) merged in one
+    launch equal attention over all keys (attncore.testing.golden)."""
+    from attncore.testing.golden import golden_attention
+
+    q, k, v = problem(21, m=6, n=30)
+    mask = torch.ones(6, 30, dtype=torch.bool).tril(diagonal=30 - 6)
+    bounds = [0, 0, 11, 11, 26, 30]
+    states = [state(q, k[a:b], v[a:b], dtype, device, mask[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    v_all = torch.stack([x[0] for x in states], dim=1)
+    s_all = torch.stack([x[1] for x in states], dim=1)
+    assert torch.isneginf(s_all[0, -1]).all()  # row 0 sees no key of the last chunk
+    v_m, s_m = merge_states(v_all, s_all)
+    g_out, g_lse = golden_attention(q, k, v, mask=mask)
+    check_close(v_m, s_m, g_out, g_lse, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_torch_fallback_keeps_the_same_results(dtype, monkeypatch):
+    v, s = special_states(17, 3, 2, 16, dtype, "cpu", seed=9)
+    fused = merge_states(v, s)
+    monkeypatch.setattr(cascade, "fused_merge_available", lambda device: False)
+    check_same(fused, merge_states(v, s), dtype)
+
+
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+def test_fused_merge_state_in_place_other_state_overlaps(device, monkeypatch):
+    """The other state a view of the same storage (shifted rows): read before any row is written."""
+    v, s = special_states(12, 1, 2, 8, torch.float32, device, seed=3)
+    v, s = v[:, 0].contiguous(), s[:, 0].contiguous()
+    v[:2], s[:2] = 1.0, 0.5  # no NaN, no empty rows here
+    s = s.nan_to_num(0.0, posinf=0.0)
+    v = v.nan_to_num(0.0)
+    v1, s1 = v.clone(), s.clone()
+    merge_state_in_place(v1[1:], s1[1:], v1[:-1], s1[:-1])
+    monkeypatch.setattr(cascade, "fused_merge_available", lambda device: False)
+    v2, s2 = v.clone(), s.clone()
+    merge_state_in_place(v2[1:], s2[1:], v2[:-1], s2[:-1])
+    check_same((v1, s1), (v2, s2), torch.float32)
