@@ -1,5 +1,6 @@
-"""Machinery shared by the public API modules: input checks, problem and batch building, and the
-planned dispatch that remembers the backend chosen at plan time.
+"""Machinery shared by the public API modules: input checks, problem building, the index helpers the
+``BatchMeta`` constructors use (the batches themselves are built by ``BatchMeta.ragged/paged/
+from_block_tables``), and the planned dispatch that remembers the backend chosen at plan time.
 
 Every check raises ``ValueError``/``TypeError`` naming the argument, what was given and what is
 accepted (semantics.md, "Bad input").
@@ -80,7 +81,9 @@ def same_device(device: torch.device, **tensors) -> None:
 
 
 def norm_device(d: torch.device) -> torch.device:
-    d = torch.device(d)
+    """``d`` as a torch.device, a CUDA one with its index (the current device when it has none)."""
+    if not isinstance(d, torch.device):  # host time: torch.device(d) costs ~2 us even when d is one
+        d = torch.device(d)
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
@@ -93,7 +96,7 @@ def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None) ->
         raise ValueError(f"{name}: got an empty tensor, expected [batch_size + 1] entries starting at 0")
     if length is not None and t.numel() != length:
         raise ValueError(f"{name}: got {t.numel()} entries, expected {length} (batch_size + 1)")
-    host = t.to("cpu", torch.int64).tolist()
+    host = t.tolist()  # int32: Python ints (host time: no conversion first)
     if host[0] != 0:
         raise ValueError(f"{name}: got {name}[0] = {host[0]}, expected 0")
     for i in range(len(host) - 1):
@@ -111,21 +114,20 @@ def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
                          f"num_qo_heads must be a multiple of num_kv_heads")
 
 
-def make_params(*, head_dim: int, sm_scale, causal: bool, logits_soft_cap, window_left,
-                pos_encoding_mode: str, rope_scale, rope_theta) -> AttnParams:
-    """The plan-time scalars, each checked by its rule in ``attncore.params``."""
+def make_params(*, head_dim: int, sm_scale, logits_soft_cap, window_left, pos_encoding_mode: str, rope_scale,
+                rope_theta) -> AttnParams:
+    """The plan-time scalars, each checked by its rule in ``attncore.params``, and RoPE's even head dim
+    (the mask is the batch's: ``BatchMeta.mask``)."""
     check_choice("pos_encoding_mode", pos_encoding_mode, POS_ENCODINGS)
-    return AttnParams(
-        sm_scale=_params.sm_scale(sm_scale, head_dim), causal=bool(causal),
+    params = AttnParams(
+        sm_scale=_params.sm_scale(sm_scale, head_dim),
         logits_soft_cap=_params.logits_soft_cap(logits_soft_cap), window_left=_params.window_left(window_left),
         pos_encoding_mode=pos_encoding_mode, rope_scale=_params.rope("rope_scale", rope_scale),
         rope_theta=_params.rope("rope_theta", rope_theta),
     )
-
-
-def check_rope_head_dim(params: AttnParams, head_dim: int) -> None:
-    if params.pos_encoding_mode == "ROPE_LLAMA" and head_dim % 2:
+    if pos_encoding_mode == "ROPE_LLAMA" and head_dim % 2:
         raise ValueError(f"head_dim: got {head_dim}, ROPE_LLAMA needs an even head_dim")
+    return params
 
 
 def check_sinks(sinks, num_qo_heads: int, device) -> Optional[torch.Tensor]:
@@ -157,7 +159,7 @@ def pack_batch_mask(custom_mask, packed_custom_mask, qo_lens: List[int], kv_lens
         if packed_custom_mask.numel() != offsets[-1]:
             raise ValueError(f"packed_custom_mask: got {packed_custom_mask.numel()} bytes, expected {offsets[-1]} "
                              f"(sum of ceil(qo_len*kv_len/8) per request, each request starting on a byte boundary)")
-        packed = packed_custom_mask.to(device)
+        packed = packed_custom_mask.to(device).contiguous()
     else:
         check_tensor("custom_mask", custom_mask, ndim=1, what="(flattened bool mask)")
         if custom_mask.dtype != torch.bool:
@@ -304,72 +306,16 @@ def small_index(values: Sequence[int], device) -> torch.Tensor:
     return t
 
 
+def host_int32(values: Sequence[int], device, non_blocking: bool = False) -> torch.Tensor:
+    """A new int32 tensor of ``values`` on ``device`` (a copy from the host unless it is the CPU)."""
+    t = torch.tensor(values, dtype=torch.int32)
+    return t if device.type == "cpu" else t.to(device, non_blocking=non_blocking)
+
+
 def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
-    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking)
-
-
-def ragged_meta(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, device, *, params: AttnParams,
-                qo_host: Optional[List[int]] = None, kv_host: Optional[List[int]] = None) -> BatchMeta:
-    qo_host = qo_host if qo_host is not None else check_indptr("qo_indptr", qo_indptr)
-    kv_host = kv_host if kv_host is not None else check_indptr("kv_indptr", kv_indptr, length=len(qo_host))
-    b = len(qo_host) - 1
-    kv_lens = [kv_host[i + 1] - kv_host[i] for i in range(b)]
-    return BatchMeta(
-        batch_size=b, qo_indptr=to_device_int32(qo_indptr, device), qo_indptr_host=qo_host,
-        kv_indptr=to_device_int32(kv_indptr, device), kv_indptr_host=kv_host,
-        kv_lens=small_index(kv_lens, device), kv_lens_host=kv_lens,
-        params=params, device=device)
-
-
-def paged_meta(qo_host: List[int], indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
-               page_size: int, device, *, params: AttnParams, names=("paged_kv_indptr", "paged_kv_indices",
-               "paged_kv_last_page_len"), non_blocking: bool = False, q_len_per_req: int = 1,
-               buffers: Optional[dict] = None) -> BatchMeta:
-    """Validate a page table (semantics.md) and build the batch.  ``buffers``: CUDA-graph buffers
-    (indptr, indices, last_page_len) the plan copies into, kept at fixed addresses."""
-    n_indptr, n_indices, n_last = names
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
-        raise ValueError(f"page_size: got {page_size!r}, expected a positive int")
-    b = len(qo_host) - 1
-    kv_host = check_indptr(n_indptr, indptr, length=b + 1)
-    check_tensor(n_indices, indices, ndim=1, dtype=torch.int32)
-    check_tensor(n_last, last_page_len, ndim=1, dtype=torch.int32, shape=[b])
-    if indices.numel() < kv_host[-1]:
-        raise ValueError(f"{n_indices}: got {indices.numel()} entries, expected at least {n_indptr}[-1] = {kv_host[-1]}")
-    last_host = last_page_len.to("cpu", torch.int64).tolist()
-    kv_lens = []
-    for i in range(b):
-        npages = kv_host[i + 1] - kv_host[i]
-        lp = last_host[i]
-        if npages == 0:
-            if lp != 0 and not (1 <= lp <= page_size):
-                raise ValueError(f"{n_last}: got {n_last}[{i}] = {lp} for an empty request, expected 0")
-            kv_lens.append(0)
-            continue
-        if not 1 <= lp <= page_size:
-            raise ValueError(f"{n_last}: got {n_last}[{i}] = {lp}, expected 1 <= last_page_len <= page_size ({page_size})")
-        kv_lens.append((npages - 1) * page_size + lp)
-    used = indices[:kv_host[-1]]
-    max_page = int(used.max()) if used.numel() else -1
-    if used.numel() and int(used.min()) < 0:
-        raise ValueError(f"{n_indices}: got a negative page id {int(used.min())}, expected ids >= 0")
-    dev_indptr = to_device_int32(indptr, device, non_blocking)
-    dev_indices = to_device_int32(indices, device, non_blocking)
-    dev_last = to_device_int32(last_page_len, device, non_blocking)
-    dev_kv_lens = torch.tensor(kv_lens, dtype=torch.int32).to(device, non_blocking=non_blocking)
-    if buffers is not None:
-        dev_indptr = _into(buffers, "indptr", dev_indptr, n_indptr)
-        dev_indices = _into(buffers, "indices", dev_indices, n_indices)
-        dev_last = _into(buffers, "last_page_len", dev_last, n_last)
-        dev_kv_lens = _into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
-    qo_dev = torch.tensor(qo_host, dtype=torch.int32).to(device, non_blocking=non_blocking)
-    if buffers is not None and "qo_indptr" in buffers:
-        qo_dev = _into(buffers, "qo_indptr", qo_dev, "qo_indptr")
-    meta = BatchMeta(
-        batch_size=b, qo_indptr=qo_dev, qo_indptr_host=qo_host, kv_indptr=dev_indptr, kv_indptr_host=kv_host,
-        kv_indices=dev_indices, kv_last_page_len=dev_last, kv_lens=dev_kv_lens, kv_lens_host=kv_lens,
-        page_size=page_size, params=params, q_len_per_req=q_len_per_req, max_page_id=max_page, device=device)
-    return meta
+    """An index tensor as a ``BatchMeta`` keeps it: int32, contiguous, on ``device`` (no copy when it
+    already is)."""
+    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
 
 
 def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:

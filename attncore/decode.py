@@ -7,7 +7,7 @@ themselves, unless xqa's ``mask`` says otherwise.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -51,9 +51,10 @@ def single_decode_with_kv_cache(
         _api.check_tensor("lse", lse, shape=[q.shape[0]], dtype=torch.float32, device=q.device)
         lse = lse.unsqueeze(0)
     res = single_prefill_with_kv_cache(
-        q.unsqueeze(0), k, v, None, None, False, kv_layout, pos_encoding_mode, False, sm_scale, window_left,
-        logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
-        k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+        q.unsqueeze(0), k, v, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+        window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+        return_lse=return_lse, backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+        out=out, lse=lse)
     if return_lse:
         return res[0].squeeze(0), res[1].squeeze(0)
     return res.squeeze(0)
@@ -101,23 +102,17 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         if data_type is not None:
             q_data_type = data_type
             kv_data_type = kv_data_type or data_type
-        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, causal=True, logits_soft_cap=logits_soft_cap,
+        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
-        _api.check_rope_head_dim(params, head_dim)
         qo_host = [i * q_len_per_req for i in range(b + 1)]
-        meta = _api.paged_meta(qo_host, indptr, indices, last_page_len, page_size, self._device, params=params,
-                               names=("indptr", "indices", "last_page_len"), non_blocking=non_blocking,
-                               q_len_per_req=q_len_per_req,
-                               buffers=self._graph_buffers if self._use_cuda_graph else None)
-        for i, n in enumerate(meta.kv_lens_host):
-            if 0 < n < q_len_per_req:
-                raise ValueError(f"last_page_len: request {i} holds {n} tokens, fewer than q_len_per_req "
-                                 f"({q_len_per_req}); the draft tokens must already be in the cache")
-        meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
+        meta = BatchMeta.paged(qo_host, indptr, indices, last_page_len, page_size, device=self._device, params=params,
+                               decode=True, q_len_per_req=q_len_per_req, names=("indptr", "indices", "last_page_len"),
+                               non_blocking=non_blocking, buffers=self._graph_buffers if self._use_cuda_graph else None,
+                               workspace=self._float_workspace_buffer, fixed_split_size=fixed_split_size,
+                               disable_split_kv=disable_split_kv)
         self._plan_with("batch_decode", meta, q_data_type, kv_data_type, o_data_type, num_qo_heads=num_qo_heads,
-                        num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, mask="causal",
-                        q_len_per_req=q_len_per_req)
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_len_per_req=q_len_per_req)
 
     def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
@@ -151,27 +146,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         return self._paged_kv((k, v))
 
 
-def _check_seq_lens(seq_lens: Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
-    """xqa's seq_lens as host ints, each within ``[q_len_per_req, max_seq_len]`` (one read of the tensor:
-    a device-to-host copy when it lives on a device)."""
-    host = seq_lens.cpu().to(torch.int64).tolist()
-    for i, n in enumerate(host):
-        if not q_len <= n <= max_seq_len:
-            raise ValueError(
-                f"seq_lens: got seq_lens[{i}] = {n} (request {i}), expected q_len_per_req ({q_len}) <= seq_len <= "
-                f"max_seq_len ({max_seq_len}); each block_tables row holds {pages * page_size} tokens "
-                f"({pages} pages of {page_size})")
-    return host
-
-
-class _XqaBatch(BatchMeta):
-    """xqa's batch: ``seq_lens`` are checked where a backend first reads them on the host."""
-
-    def host_kv_lens(self) -> List[int]:
-        if self.kv_lens_host is None:
-            self.kv_lens_host = _check_seq_lens(self.seq_lens, self.q_len_per_req, self.max_seq_len,
-                                                self.block_tables.shape[1], self.page_size)
-        return self.kv_lens_host
+# xqa's batch was a BatchMeta subclass that checked seq_lens where a backend first read them on the host;
+# BatchMeta.host_kv_lens() does that for every batch built from block tables now.
+_XqaBatch = BatchMeta
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -222,39 +199,32 @@ def xqa_batch_decode_with_kv_cache(
     if block_tables.shape[1] * page_size < max_seq_len:
         raise ValueError(f"block_tables: {block_tables.shape[1]} pages of {page_size} tokens cannot hold "
                          f"max_seq_len {max_seq_len}")
-    # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too):
-    # a mismatch is an error naming the request, never "attend over what fits" (issue 13). On the
-    # CPU they are read here without a copy; on a device, one copy of B ints (a device sync, the price
-    # of that guarantee), and backends then reuse the host list. Inside CUDA-graph capture nothing can
-    # be read back: there the values are the caller's responsibility (docs/semantics.md).
-    seq_host = None
-    if seq_lens.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
-        seq_host = _check_seq_lens(seq_lens, q_len, max_seq_len, block_tables.shape[1], page_size)
     if mask is not None:
         words = ((q_len + 31) // 32) * 2
         _api.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,
                           what="([batch_size, q_len_per_req, ceil(q_len/32)*2] uint16)")
     # bmm1_scale is the whole QK scale (1/sqrt(D) included): a float or a 1-element tensor (params.scale)
     sm_scale = _params.scale("bmm1_scale", bmm1_scale)
-    params = _api.make_params(head_dim=d, sm_scale=sm_scale, causal=True, logits_soft_cap=None,
-                              window_left=window_left, pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
+    params = _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=None, window_left=window_left,
+                              pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
     out_dtype = query.dtype
     if out is not None:
         _api.check_tensor("out", out, shape=list(query.shape), device=device,
                           dtype=(query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
-    qo_host = [i * q_len for i in range(b + 1)]
-    meta = _XqaBatch(batch_size=b, qo_indptr=_api.small_index(qo_host, device),
-                     qo_indptr_host=qo_host, block_tables=block_tables, seq_lens=seq_lens,
-                     kv_lens=seq_lens.to(torch.int32), kv_lens_host=seq_host, max_seq_len=max_seq_len,
-                     page_size=page_size, params=params, q_len_per_req=q_len, device=device,
-                     workspace=workspace_buffer)
+    # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
+    # checked by the constructor: a mismatch is an error naming the request, never "attend over what
+    # fits" (issue 13). On the CPU they are read without a copy; on a device, one copy of B ints (a device
+    # sync, the price of that guarantee), and backends then reuse the host list. Inside CUDA-graph capture
+    # nothing can be read back: there the values are the caller's responsibility (docs/semantics.md).
+    meta = BatchMeta.from_block_tables(block_tables, seq_lens, max_seq_len, page_size, device=device, params=params,
+                                       q_len_per_req=q_len, workspace=workspace_buffer)
     sinks = _api.check_sinks(sinks, hq, device)
     v_scale, o_scale = _params.scale("bmm2_scale", bmm2_scale), _params.scale("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
     problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
-                                 kv_layout=kv_layout, mask="causal", params=params, q_len_per_req=q_len,
+                                 kv_layout=kv_layout, mask=meta.mask, params=params, q_len_per_req=q_len,
                                  spec_mask=mask is not None, sinks=sinks is not None,
                                  fp8_scales=v_scale != 1.0 or o_scale != 1.0)
     planned = _api.Planned(problem, meta, backend)

@@ -146,10 +146,12 @@ def single_prefill(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[T
     from .prefill import _plan_single
 
     planned, args = _plan_single(
-        q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-        logits_soft_cap, rope_scale, rope_theta, lse is not None, backend=backend, sinks=sinks,
-        q_scale=q_scale if q_scale_t is None else q_scale_t, k_scale=k_scale if k_scale_t is None else k_scale_t,
-        v_scale=v_scale if v_scale_t is None else v_scale_t, out=out, lse=lse)
+        q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+        kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=lse is not None,
+        backend=backend, sinks=sinks, q_scale=q_scale if q_scale_t is None else q_scale_t,
+        k_scale=k_scale if k_scale_t is None else k_scale_t, v_scale=v_scale if v_scale_t is None else v_scale_t,
+        out=out, lse=lse)
     planned.run(args)
 
 
@@ -168,10 +170,8 @@ def _single_prefill_fake(q, k, v, out, lse, custom_mask, packed_custom_mask, cau
     exp = [None, hkv, d] if kv_layout == "NHD" else [hkv, None, d]
     for name, t in (("k", k), ("v", v)):
         _api.check_tensor(name, t, shape=exp, dtype=k.dtype, device=device)
-    params = _api.make_params(head_dim=d, sm_scale=sm_scale, causal=causal, logits_soft_cap=logits_soft_cap,
-                              window_left=window_left, pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale,
-                              rope_theta=rope_theta)
-    _api.check_rope_head_dim(params, d)
+    _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                     pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)  # checks
     _api.check_tensor("out", out, shape=[qo_len, hq, d], dtype=q.dtype, device=device)
     if lse is not None:
         _api.check_tensor("lse", lse, shape=[qo_len, hq], dtype=torch.float32, device=device)
@@ -182,10 +182,11 @@ def _single_prefill_fake(q, k, v, out, lse, custom_mask, packed_custom_mask, cau
     return None
 
 
-def single_prefill_traced(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                          window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, *, backend, sinks,
-                          q_scale, k_scale, v_scale, out, lse):
-    """``single_prefill_with_kv_cache`` while tracing: allocate out/lse and call ``single_prefill``."""
+def single_prefill_traced(*, q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                          window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend, sinks, q_scale,
+                          k_scale, v_scale, out, lse):
+    """``single_prefill_with_kv_cache`` while tracing: allocate out/lse and call ``single_prefill`` (every
+    argument by keyword, as ``prefill._plan_single`` takes them)."""
     _api.check_tensor("q", q, ndim=3, what="([qo_len, num_qo_heads, head_dim])")
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -197,6 +198,9 @@ def single_prefill_traced(q, k, v, custom_mask, packed_custom_mask, causal, kv_l
     ks, ks_t = _scale_arg("k_scale", k_scale)
     vs, vs_t = _scale_arg("v_scale", v_scale)
     torch.ops.attncore.single_prefill(
-        q, k, v, out, lse, custom_mask, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, sm_scale,
-        window_left, logits_soft_cap, rope_scale, rope_theta, backend or "auto", sinks, qs, ks, vs, qs_t, ks_t, vs_t)
+        q=q, k=k, v=v, out=out, lse=lse, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+        causal=bool(causal), kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+        window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+        backend=backend or "auto", sinks=sinks, q_scale=qs, k_scale=ks, v_scale=vs, q_scale_t=qs_t, k_scale_t=ks_t,
+        v_scale_t=vs_t)
     return (out, lse) if return_lse else out

@@ -16,7 +16,7 @@ from . import _api
 from . import ops as _ops
 from . import params as _params
 from .decode import BatchDecodeWithPagedKVCacheWrapper
-from .prefill import BatchPrefillWithPagedKVCacheWrapper, _single_prefill
+from .prefill import BatchPrefillWithPagedKVCacheWrapper, _plan_single, _run_single
 
 Tensor = torch.Tensor
 
@@ -102,14 +102,15 @@ class PODWithPagedKVCacheWrapper:
             raise ValueError("rope_scale_d/rope_theta_d: given, but the decode side was planned without RoPE")
         if causal_d and planned.meta.q_len_per_req == 1:
             pass  # one query row per request: causal is the same as no mask
-        prefill_args = (q_p, k_p, v_p, custom_mask_p, packed_custom_mask_p, causal_p, kv_layout_p, pos_encoding_mode_p,
-                        sm_scale_p, window_left_p, None, rope_scale_p, rope_theta_p, return_lse_p)
-        prefill_kw = dict(backend=self._requested_backend, sinks=None, q_scale=None, k_scale=None, v_scale=None,
-                          out=None, lse=None)
+        prefill = dict(q=q_p, k=k_p, v=v_p, custom_mask=custom_mask_p, packed_custom_mask=packed_custom_mask_p,
+                       causal=causal_p, kv_layout=kv_layout_p, pos_encoding_mode=pos_encoding_mode_p,
+                       sm_scale=sm_scale_p, window_left=window_left_p, logits_soft_cap=None, rope_scale=rope_scale_p,
+                       rope_theta=rope_theta_p, return_lse=return_lse_p, backend=self._requested_backend, sinks=None,
+                       q_scale=None, k_scale=None, v_scale=None, out=None, lse=None)
         if _ops.compiling():  # the backend is chosen inside attncore::single_prefill: .backend keeps its last value
-            res_p = _ops.single_prefill_traced(*prefill_args, **prefill_kw)
+            res_p = _ops.single_prefill_traced(**prefill)
         else:
-            res_p, self._prefill_backend = _single_prefill(*prefill_args, **prefill_kw)
+            res_p, self._prefill_backend = _run_single(*_plan_single(**prefill))
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                  return_lse=return_lse_d)
         return res_p, res_d

@@ -23,10 +23,12 @@ from .page import unpack_paged_kv_cache
 Tensor = torch.Tensor
 
 
-def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                 window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, *, backend, sinks, q_scale,
-                 k_scale, v_scale, out, lse) -> Tuple[_api.Planned, RunArgs]:
-    """Validate a single prefill and plan it; returns the plan and the run's arguments."""
+def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
+                 causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
+                 rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
+                 v_scale, out: Optional[Tensor], lse: Optional[Tensor]) -> Tuple[_api.Planned, RunArgs]:
+    """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
+    passed by keyword (the public functions, ``attncore.ops`` and POD all come here)."""
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
@@ -45,25 +47,18 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
     if causal and not has_mask and kv_len < qo_len:
         raise ValueError(f"causal: single prefill with causal=True needs kv_len >= qo_len, got kv_len {kv_len} "
                          f"< qo_len {qo_len}")
-    params = _api.make_params(head_dim=d, sm_scale=sm_scale, causal=causal and not has_mask,
-                              logits_soft_cap=logits_soft_cap, window_left=window_left,
+    params = _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                               pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
-    _api.check_rope_head_dim(params, d)
-    qo_host, kv_host = [0, qo_len], [0, kv_len]
-    meta = _api.ragged_meta(_api.small_index(qo_host, device), _api.small_index(kv_host, device),
-                            device, params=params, qo_host=qo_host, kv_host=kv_host)
-    mask_kind = "custom" if has_mask else ("causal" if causal else "none")
-    if has_mask:
-        if custom_mask is not None and packed_custom_mask is None:
-            _api.check_tensor("custom_mask", custom_mask, shape=[qo_len, kv_len], what="([qo_len, kv_len] bool)")
-            custom_mask = custom_mask.reshape(-1)
-        meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = _api.pack_batch_mask(
-            custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
+    if custom_mask is not None and packed_custom_mask is None:
+        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len, kv_len], what="([qo_len, kv_len] bool)")
+        custom_mask = custom_mask.reshape(-1)
+    meta = BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device, params=params,
+                            causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
     sinks = _api.check_sinks(sinks, hq, device)
     scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
     problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
-                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=mask_kind, params=params,
+                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=meta.mask, params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
     planned = _api.Planned(problem, meta, backend)
@@ -74,11 +69,10 @@ def _plan_single(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, po
     return planned, args
 
 
-def _single_prefill(*args, **kwargs):
-    """Plan and run a single prefill; returns (result, name of the backend that ran it)."""
-    planned, ra = _plan_single(*args, **kwargs)
-    planned.run(ra)
-    return ((ra.out, ra.lse) if ra.lse is not None else ra.out), planned.backend_name
+def _run_single(planned: _api.Planned, args: RunArgs):
+    """Run a planned single prefill; returns (out or (out, lse), name of the backend that ran it)."""
+    planned.run(args)
+    return ((args.out, args.lse) if args.lse is not None else args.out), planned.backend_name
 
 
 def single_prefill_with_kv_cache(
@@ -121,14 +115,13 @@ def single_prefill_with_kv_cache(
     -------
     out (``[qo_len, num_qo_heads, head_dim]``, q's dtype), and the LSE when ``return_lse``.
     """
+    single = dict(q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                  kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+                  logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
+                  backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.ops
-        return _ops.single_prefill_traced(
-            q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-            logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
-            k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
-    return _single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                           window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend=backend,
-                           sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)[0]
+        return _ops.single_prefill_traced(**single)
+    return _run_single(*_plan_single(**single))[0]
 
 
 def single_prefill_with_kv_cache_return_lse(
@@ -136,12 +129,17 @@ def single_prefill_with_kv_cache_return_lse(
     packed_custom_mask: Optional[Tensor] = None, causal: bool = False, kv_layout: str = "NHD",
     pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
     window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
-    rope_theta: Optional[float] = None, *, return_lse: bool = True, **kwargs,
+    rope_theta: Optional[float] = None, *, return_lse: bool = True, backend: str = "auto",
+    sinks: Optional[Tensor] = None, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+    use_fp16_qk_reduction: bool = False,
 ):
     """``single_prefill_with_kv_cache`` returning ``(out, lse)`` by default."""
-    return single_prefill_with_kv_cache(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout,
-                                        pos_encoding_mode, allow_fp16_qk_reduction, sm_scale, window_left,
-                                        logits_soft_cap, rope_scale, rope_theta, return_lse, **kwargs)
+    return single_prefill_with_kv_cache(
+        q, k, v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout,
+        pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
+        backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
 
 
 class _BatchWrapper:
@@ -206,14 +204,16 @@ class _BatchWrapper:
             raise ValueError(f"batch_size: got {batch_size}, but this wrapper uses CUDA graphs with a frozen "
                              f"batch size of {self._fixed_batch_size}")
 
-    def _plan_with(self, op: str, meta: BatchMeta, q_data_type, kv_data_type, o_data_type, **problem_kw) -> None:
-        """Build the problem of this plan (dtype names parsed, kv/out default to q) and plan it."""
+    def _plan_with(self, op: str, meta: BatchMeta, q_data_type, kv_data_type, o_data_type, *, num_qo_heads: int,
+                   num_kv_heads: int, head_dim: int, page_size: Optional[int] = None, q_len_per_req: int = 1) -> None:
+        """Build the problem of this plan (dtype names parsed, kv/out default to q; the mask and the
+        window are the batch's) and plan it."""
         q_dtype = _api.to_dtype(q_data_type, "q_data_type")
         problem = _api.build_problem(
             op, self._device, q_dtype=q_dtype, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
-            out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), kv_layout=self._kv_layout,
-            params=meta.params, cuda_graph=self._use_cuda_graph, **problem_kw)
-        meta.workspace = self._float_workspace_buffer
+            out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, kv_layout=self._kv_layout,
+            mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph)
         self._planned = _api.Planned(problem, meta, self._requested_backend)
         if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
             self._op_handle = _ops.register(self)
@@ -301,20 +301,6 @@ class _BatchWrapper:
         return self.run(*args, return_lse=True, **kwargs)
 
 
-def _mask_setup(wrapper, meta, qo_host, custom_mask, packed_custom_mask, causal) -> str:
-    """Pack a custom mask into ``meta`` (into the caller's fixed buffers in CUDA-graph mode)."""
-    if custom_mask is None and packed_custom_mask is None:
-        return "causal" if causal else "none"
-    qo_lens = [qo_host[i + 1] - qo_host[i] for i in range(len(qo_host) - 1)]
-    packed, indptr, offsets = _api.pack_batch_mask(custom_mask, packed_custom_mask, qo_lens, meta.kv_lens_host,
-                                                   wrapper._device)
-    if wrapper._use_cuda_graph:
-        packed = _api._into(wrapper._graph_buffers, "custom_mask", packed, "custom_mask_buf")
-        indptr = _api._into(wrapper._graph_buffers, "qk_indptr", indptr, "qk_indptr_buf")
-    meta.packed_mask, meta.mask_indptr, meta.mask_indptr_host = packed, indptr, offsets
-    return "custom"
-
-
 # What follows the head sizes in the prefill plan()s: keyword-only (FlashInfer 0.2.14 inserts head_dim_vo
 # first, older releases do not, so no position is shared).
 _PREFILL_PLAN_KEYWORDS = ("custom_mask", "packed_custom_mask", "causal", "pos_encoding_mode", "sm_scale",
@@ -353,18 +339,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
-        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, causal=causal and custom_mask is None
-                                  and packed_custom_mask is None, logits_soft_cap=logits_soft_cap,
+        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
-        _api.check_rope_head_dim(params, head_dim)
-        meta = _api.paged_meta(qo_host, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size,
-                               self._device, params=params, non_blocking=non_blocking,
-                               buffers=self._graph_buffers if self._use_cuda_graph else None)
-        mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
+        meta = BatchMeta.paged(qo_host, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size,
+                               device=self._device, params=params, causal=causal, custom_mask=custom_mask,
+                               packed_custom_mask=packed_custom_mask, non_blocking=non_blocking,
+                               buffers=self._graph_buffers if self._use_cuda_graph else None,
+                               workspace=self._float_workspace_buffer)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
-                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
-                        mask=mask_kind)
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
 
     def run(self, q: Tensor, paged_kv_cache, *args, k_scale: Optional[float] = None,
             v_scale: Optional[float] = None, return_lse: bool = False, q_scale: Optional[float] = None,
@@ -416,21 +400,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         _api.settled_positional("BatchPrefillWithRaggedKVCacheWrapper.plan", args, "head_dim", (),
                                 _PREFILL_PLAN_KEYWORDS)
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
-        has_mask = custom_mask is not None or packed_custom_mask is not None
-        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, causal=causal and not has_mask,
-                                  logits_soft_cap=logits_soft_cap, window_left=window_left,
-                                  pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
-        _api.check_rope_head_dim(params, head_dim)
+        params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                                  window_left=window_left, pos_encoding_mode=pos_encoding_mode,
+                                  rope_scale=rope_scale, rope_theta=rope_theta)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
-        meta = _api.ragged_meta(qo_indptr, kv_indptr, self._device, params=params, qo_host=qo_host)
-        if self._use_cuda_graph:
-            meta.qo_indptr = _api._into(self._graph_buffers, "qo_indptr", meta.qo_indptr, "qo_indptr_buf")
-            meta.kv_indptr = _api._into(self._graph_buffers, "kv_indptr", meta.kv_indptr, "kv_indptr_buf")
-            meta.kv_lens = _api._into(self._graph_buffers, "kv_lens", meta.kv_lens, "kv_lens")
-        mask_kind = _mask_setup(self, meta, qo_host, custom_mask, packed_custom_mask, causal)
+        meta = BatchMeta.ragged(qo_indptr, kv_indptr, qo_indptr_host=qo_host, device=self._device, params=params,
+                                causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+                                buffers=self._graph_buffers if self._use_cuda_graph else None,
+                                workspace=self._float_workspace_buffer)
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
-                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, mask=mask_kind)
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, *args, return_lse: bool = False,
             q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,

@@ -61,7 +61,7 @@ class ReferenceBackend(Backend):
         sm_scale = p.sm_scale * args.q_scale * args.k_scale
         v_scale = args.v_scale / args.o_scale
         qo_ptr = meta.qo_indptr_host
-        kv_lens = meta.host_kv_lens() if problem.op != "batch_prefill_ragged" and problem.op != "single_prefill" else None
+        kv_lens = meta.host_kv_lens()
         for i in range(meta.batch_size):
             q = args.q[qo_ptr[i]:qo_ptr[i + 1]]
             k, v = self._request_kv(problem, meta, args, i, kv_lens)
@@ -102,7 +102,7 @@ class ReferenceBackend(Backend):
         p = meta.params
         dev = args.q.device
         full: Optional[torch.Tensor] = None
-        if problem.mask == "custom":
+        if meta.mask == "custom":
             start = meta.mask_indptr_host[i]
             full = unpack_bits(meta.packed_mask, start, qo * kv).reshape(qo, kv)
         elif problem.op == "xqa_decode" and args.spec_mask is not None:
@@ -112,14 +112,15 @@ class ReferenceBackend(Backend):
                 full = full & window_mask(qo, kv, p.window_left, full.device)
             full = full.to(dev)
             return lambda q0, q1, k0, k1: full[q0:q1, k0:k1]
-        if not p.causal and p.window_left < 0:
+        causal = meta.mask == "causal"
+        if not causal and p.window_left < 0:
             return lambda q0, q1, k0, k1: None
 
         def block(q0, q1, k0, k1):
             rows = torch.arange(q0, q1, device=dev)[:, None] + (kv - qo)  # absolute query positions
             cols = torch.arange(k0, k1, device=dev)[None, :]
             keep = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=dev)
-            if p.causal:
+            if causal:
                 keep &= cols <= rows
             if p.window_left >= 0:
                 keep &= cols >= rows - p.window_left

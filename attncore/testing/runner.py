@@ -215,8 +215,8 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             v_scale = 1.5
         else:
             q_scale, k_scale, v_scale = 1.25, 0.75, 1.5
-    params = AttnParams(sm_scale=sm_scale, causal=p.mask == "causal", logits_soft_cap=cap,
-                        window_left=p.window_left, pos_encoding_mode=p.pos_encoding)
+    params = AttnParams(sm_scale=sm_scale, logits_soft_cap=cap, window_left=p.window_left,
+                        pos_encoding_mode=p.pos_encoding)
 
     # Per-request values (CPU, in the problem's dtypes).
     if reqs is None:
@@ -230,20 +230,17 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
 
     # Masks (meta: drawn from the shape seed).
     masks: List[Optional[torch.Tensor]] = [None] * bsz
-    packed = mask_indptr = mask_indptr_host = None
+    packed = None  # the requests' masks packed LSB-first, each from a byte boundary (the batch lays them out)
     spec = None
     if p.mask == "custom":
-        chunks, mask_indptr_host = [], [0]
+        chunks = []
         for i, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
             m = torch.rand(qo, kv, generator=mgen) < 0.7
             if qo > 1 and kv > 0:
                 m[rng.randrange(qo)] = False  # a fully masked row
             masks[i] = m
-            chunk = packbits(m.reshape(-1), bitorder="little")
-            chunks.append(chunk)
-            mask_indptr_host.append(mask_indptr_host[-1] + chunk.numel())
+            chunks.append(packbits(m.reshape(-1), bitorder="little"))
         packed = torch.cat(chunks).to(dev) if chunks else torch.zeros(0, dtype=torch.uint8, device=dev)
-        mask_indptr = torch.tensor(mask_indptr_host, dtype=torch.int32, device=dev)
     elif p.spec_mask:
         ql = p.q_len_per_req
         bits = torch.rand(bsz, ql, ql, generator=mgen) < 0.6
@@ -267,12 +264,12 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
         q = q_all.to(dev)
         storages.append(q)
 
-    meta_kw = dict(batch_size=bsz, params=params, q_len_per_req=p.q_len_per_req, device=dev,
-                   workspace=_workspace(dev))
+    # The batch: built by BatchMeta's constructors, as the API builds it (kv lengths, the resolved mask)
+    batch = dict(device=dev, params=params, causal=p.mask == "causal", packed_custom_mask=packed,
+                 workspace=_workspace(dev))
     qo_ptr = [0]
     for n in qo_lens:
         qo_ptr.append(qo_ptr[-1] + n)
-    meta_kw.update(qo_indptr=torch.tensor(qo_ptr, dtype=torch.int32, device=dev), qo_indptr_host=qo_ptr)
 
     if p.op in ("single_prefill", "batch_prefill_ragged"):
         kv_ptr = [0]
@@ -298,8 +295,7 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             kv_tensors.append(view)
             storages.append(buf)
         k, v = kv_tensors
-        meta_kw.update(kv_indptr=torch.tensor(kv_ptr, dtype=torch.int32, device=dev), kv_indptr_host=kv_ptr,
-                       kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev), kv_lens_host=list(kv_lens))
+        meta = BatchMeta.ragged(qo_indptr_host=qo_ptr, kv_indptr_host=kv_ptr, **batch)
     else:
         page = p.page_size
         npages = [-(-n // page) for n in kv_lens]
@@ -345,25 +341,22 @@ def build(p: AttentionProblem, tag: str, seed: int, device: str, *, data_seed: O
             for i, ids in enumerate(page_ids):
                 if ids:
                     bt[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
-            meta_kw.update(block_tables=bt.to(dev), seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
-                           max_seq_len=max(kv_lens) if kv_lens else 0, page_size=page)
+            # seq_lens not read back (read_seq_lens=False): the API's CUDA-graph-capture path, planned for
+            # max_seq_len (a custom mask reads them: it is laid out by them)
+            meta = BatchMeta.from_block_tables(
+                bt.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev), max(kv_lens) if kv_lens else 0,
+                page, q_len_per_req=p.q_len_per_req, read_seq_lens=False, device=dev, params=params,
+                packed_custom_mask=packed, workspace=batch["workspace"])
         else:
             kv_ptr = [0]
             for n in npages:
                 kv_ptr.append(kv_ptr[-1] + n)
             flat = [x for ids in page_ids for x in ids]
             last = [((n - 1) % page) + 1 if n else 0 for n in kv_lens]
-            meta_kw.update(
-                kv_indptr=torch.tensor(kv_ptr, dtype=torch.int32, device=dev), kv_indptr_host=kv_ptr,
-                kv_indices=torch.tensor(flat, dtype=torch.int32, device=dev),
-                kv_last_page_len=torch.tensor(last, dtype=torch.int32, device=dev),
-                kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev), kv_lens_host=list(kv_lens),
-                page_size=page)
-            if "max_page_id" in BatchMeta.__dataclass_fields__:
-                meta_kw["max_page_id"] = max(flat) if flat else -1
-    if packed is not None:
-        meta_kw.update(packed_mask=packed, mask_indptr=mask_indptr, mask_indptr_host=mask_indptr_host)
-    meta = BatchMeta(**{k_: v_ for k_, v_ in meta_kw.items() if k_ in BatchMeta.__dataclass_fields__})
+            i32 = dict(dtype=torch.int32, device=dev)
+            meta = BatchMeta.paged(qo_ptr, torch.tensor(kv_ptr, **i32), torch.tensor(flat, **i32),
+                                   torch.tensor(last, **i32), page, decode=p.op in DECODE_OPS,
+                                   q_len_per_req=p.q_len_per_req, **batch)
 
     # Outputs: NaN-poisoned, with a guard row on each side.
     out_buf = torch.full((nnz + 2, hq, dv), float("nan"), dtype=p.out_dtype, device=dev)

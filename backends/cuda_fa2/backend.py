@@ -15,7 +15,7 @@ import torch
 from attncore.backend import Backend, BatchMeta, cuda_device
 from attncore.capabilities import Capabilities, Reason
 from attncore.mask import alibi_slopes
-from attncore.problem import AttentionProblem
+from attncore.problem import DECODE_OPS, AttentionProblem
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
@@ -144,8 +144,10 @@ class CudaFa2Backend(Backend):
             return 52
         return 40
 
-    def _problem_sm90_reasons(self, problem: AttentionProblem) -> List[str]:
-        """The problem-level reasons why prefill90 cannot serve (device and batch checks aside)."""
+    def _problem_sm90_reasons(self, problem: AttentionProblem, window_left: Optional[int] = None) -> List[str]:
+        """The problem-level reasons why prefill90 cannot serve (device and batch checks aside).
+        ``window_left``: the batch's window (``meta.params``) once there is a batch; before (priority),
+        the problem's selection key."""
         import os
 
         from .specs import SM90_HEAD_DIMS
@@ -163,17 +165,18 @@ class CudaFa2Backend(Backend):
             r.append("soft cap")
         if problem.pos_encoding != "NONE":
             r.append(f"pos encoding {problem.pos_encoding}")
-        if problem.window_left >= 0:
+        if (problem.window_left if window_left is None else window_left) >= 0:
             r.append("sliding window")
         return r
 
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, config: str, page_size: int = 0, paged: bool = False):
+        """The kernel specialization of a problem (also what ``attncore build`` and the prebuild script
+        predict from problems alone): its mask is the one a batch of the problem gets,
+        ``BatchMeta.resolve_mask`` (decode without a mask is causal)."""
         from .specs import Fa2Key
 
-        mask = problem.mask
-        if problem.op == "batch_decode" and mask == "none":
-            mask = "causal"  # decode without a mask is causal (bottom-right) within the request
+        mask = BatchMeta.resolve_mask(problem.mask, decode=problem.op in DECODE_OPS)
         dt = "bf16" if problem.q_dtype == torch.bfloat16 else "fp16"
         return Fa2Key(config, dt, _kv_name(problem.kv_dtype, problem.q_dtype), problem.head_dim_qk, mask,
                       softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
@@ -185,12 +188,9 @@ class CudaFa2Backend(Backend):
 
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
         """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""
-        r = self._problem_sm90_reasons(problem)
+        r = self._problem_sm90_reasons(problem, meta.params.window_left)
         if torch.cuda.get_device_capability(dev) != (9, 0):
             r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % torch.cuda.get_device_capability(dev))
-        wl = meta.params.window_left
-        if wl is not None and wl >= 0 and "sliding window" not in r:
-            r.append("sliding window")
         return r
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
@@ -202,28 +202,12 @@ class CudaFa2Backend(Backend):
         qo_lens = [qo[i + 1] - qo[i] for i in range(B)]
         G = problem.group_size
         Hkv = problem.num_kv_heads
-        paged = meta.kv_indices is not None or problem.page_size is not None
-        if paged and meta.kv_indices is None:
-            raise ValueError("cuda_fa2: paged problem without kv_indices (block tables are not served)")
-        kv_lens = meta.kv_lens
-        if meta.kv_lens_host is not None:
-            kv_lens_host = list(meta.kv_lens_host)
-        elif kv_lens is not None:
-            kv_lens_host = meta.host_kv_lens()
-        elif not paged:
-            kvp = meta.kv_indptr_host
-            kv_lens_host = [kvp[i + 1] - kvp[i] for i in range(B)]
-        else:
-            kvp = meta.kv_indptr_host
-            last = meta.kv_last_page_len.to("cpu", torch.int64).tolist()
-            ps = meta.page_size or problem.page_size
-            kv_lens_host = [(kvp[i + 1] - kvp[i] - 1) * ps + last[i] if kvp[i + 1] > kvp[i] else 0 for i in range(B)]
-        if kv_lens is None:
-            kv_lens = torch.tensor(kv_lens_host, dtype=torch.int32, device=dev)
+        paged = meta.kv_indices is not None
+        kv_lens_host = meta.kv_lens_host
 
         max_rows = max([n * G for n in qo_lens] or [0])
         config = "decode" if max_rows <= 16 else "prefill"
-        page_size = int(meta.page_size or problem.page_size or 0) if paged else 0
+        page_size = meta.page_size if paged else 0
         sm90_why = ["decode tile"] if config == "decode" else self.sm90_reasons(problem, meta, dev)
         if self.force_config and self.force_config != "prefill90":
             sm90_why = sm90_why + [f"force_config {self.force_config}"]
@@ -247,7 +231,7 @@ class CudaFa2Backend(Backend):
 
         # ---- work list: (request, first packed row, kv_begin, kv_end, slot); split-KV when short
         causal = key.mask == "causal"
-        wl = meta.params.window_left if meta.params.window_left is not None else -1
+        wl = meta.params.window_left
         tiles = []  # (req, row0, kv extent estimate lo, hi)
         for i in range(B):
             rows = qo_lens[i] * G
@@ -309,27 +293,12 @@ class CudaFa2Backend(Backend):
         if tmp_rows:
             o_part = torch.empty(tmp_rows, Hq, D, dtype=torch.float32, device=dev)
             lse_part = torch.empty(tmp_rows, Hq, dtype=torch.float32, device=dev)
-        mask = mask_indptr = None
-        if key.mask == "custom":
-            if meta.packed_mask is None or meta.mask_indptr is None:
-                raise ValueError("cuda_fa2: custom mask problem without packed_mask / mask_indptr")
-            mask = meta.packed_mask.to(dev, torch.uint8).contiguous()
-            mask_indptr = meta.mask_indptr.to(dev, torch.int32).contiguous()
-        kv_indptr = meta.kv_indptr
-        if kv_indptr is None and not paged:  # ragged without offsets: requests back to back
-            acc = [0]
-            for n in kv_lens_host:
-                acc.append(acc[-1] + n)
-            kv_indptr = torch.tensor(acc, dtype=torch.int32)
+        custom = key.mask == "custom"
         plan = Fa2Plan(
-            problem=problem, meta=meta, lib=lib, device=dev, paged=paged,
-            page_size=int(meta.page_size or problem.page_size or 0) if paged else 0,
+            problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=page_size,
             nnz_q=qo[B] if B else 0,
-            qo_indptr=meta.qo_indptr.to(dev, torch.int32).contiguous(),
-            kv_indptr=kv_indptr.to(dev, torch.int32).contiguous(),
-            kv_indices=meta.kv_indices.to(dev, torch.int32).contiguous() if paged else None,
-            kv_lens=kv_lens.to(dev, torch.int32).contiguous(),
-            mask=mask, mask_indptr=mask_indptr,
+            qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices, kv_lens=meta.kv_lens,
+            mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
             alibi_slopes=alibi_slopes(Hq, dev) if key.alibi else None,
             work=work_t, num_work=len(work), needs_merge=tmp_rows > 0,
             num_splits=torch.tensor(num_splits or [1], dtype=torch.int32).to(dev),

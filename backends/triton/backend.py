@@ -237,69 +237,44 @@ class TritonBackend(Backend):
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         from . import config as _cfg
 
-        device = torch.device(meta.device)
-        if meta.qo_indptr is not None and meta.qo_indptr.device.type == "cuda":
-            device = meta.qo_indptr.device
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = meta.device
         B = meta.batch_size
         G = problem.group_size
         interp = _interpreting()
-        qo_host = list(meta.qo_indptr_host)
-        qo_lens = [qo_host[i + 1] - qo_host[i] for i in range(B)]
-        nnz_q = qo_host[-1] if qo_host else 0
+        qo_host = meta.qo_indptr_host
+        qo_lens = meta.qo_lens_host
+        nnz_q = qo_host[-1]
         i32 = dict(dtype=torch.int32, device=device)
         paged = problem.page_size is not None
 
-        # ---- KV addressing: kv_indptr (token or page offsets), kv_indices, kv_lens
+        # ---- KV addressing: kv_indptr (token or page offsets), kv_indices, kv_lens (all from the batch)
+        kv_lens, kv_host = meta.kv_lens, meta.kv_lens_host
         if problem.op == "xqa_decode":
             bt = meta.block_tables
             if bt.dtype != torch.int32 or bt.stride(-1) != 1:
                 bt = bt.to(torch.int32).contiguous()
             kv_indices = bt.reshape(-1) if bt.is_contiguous() else bt.contiguous().reshape(-1)
             kv_indptr = torch.arange(B + 1, **i32) * bt.shape[1]
-            sl = meta.seq_lens
-            if sl.dtype == torch.uint32:
-                sl = sl.view(torch.int32)
-            kv_lens = sl.to(torch.int32).contiguous()
-            if meta.kv_lens_host is None and meta.max_seq_len is not None:
-                # plan for max_seq_len, as the xqa API gives it: no device sync (the one-call
-                # function plans on every call, often under a CUDA graph); the kernel clamps each
-                # request's range to its seq_len and a split past it merges as empty
-                kv_host = [int(meta.max_seq_len)] * B
-            else:
-                kv_host = meta.host_kv_lens()
+            if kv_host is None:
+                # seq_lens not read on the host (planned inside CUDA-graph capture, where the xqa API reads
+                # nothing back): plan for max_seq_len, no device sync; the kernel clamps each request's
+                # range to its seq_len and a split past it merges as empty
+                kv_host = [meta.max_seq_len] * B
         else:
-            kv_indptr = meta.kv_indptr.to(torch.int32).contiguous()
-            kv_indices = meta.kv_indices.to(torch.int32).contiguous() if paged else None
-            if meta.kv_lens is not None:
-                kv_lens = meta.kv_lens.to(torch.int32).contiguous()
-            elif paged:
-                npg = kv_indptr[1:] - kv_indptr[:-1]
-                kv_lens = torch.where(npg > 0, (npg - 1) * problem.page_size + meta.kv_last_page_len.to(torch.int32),
-                                      torch.zeros_like(npg)).to(torch.int32)
-            else:
-                kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
-            if meta.kv_lens_host is None:
-                meta.kv_lens_host = [int(x) for x in kv_lens.cpu().tolist()]
-            kv_host = list(meta.kv_lens_host)
+            kv_indptr = meta.kv_indptr
+            kv_indices = meta.kv_indices if paged else None
         if kv_indices is not None and kv_indices.numel() == 0:
             kv_indices = torch.zeros(1, **i32)
 
-        # ---- mask mode
+        # ---- mask mode (the batch's mask is resolved: decode with no mask is causal)
         if problem.spec_mask:
             mask_mode = MASK_SPEC
-        elif problem.mask == "custom":
+        elif meta.mask == "custom":
             mask_mode = MASK_CUSTOM
-            if meta.packed_mask is None or meta.mask_indptr is None:
-                raise ValueError("custom mask: BatchMeta.packed_mask and mask_indptr are required")
-        elif problem.mask == "causal":
+        elif meta.mask == "causal":
             mask_mode = MASK_CAUSAL
         else:
             mask_mode = MASK_NONE
-        if mask_mode == MASK_NONE and problem.op in ("batch_decode", "xqa_decode") and max(
-                [qo_host[i + 1] - qo_host[i] for i in range(B)] + [1]) > 1:
-            mask_mode = MASK_CAUSAL  # q_len_per_req > 1 without a mask: causal within the draft
 
         # ---- launch config
         rows_max = max([q * G for q in qo_lens] + [1])
@@ -319,10 +294,10 @@ class TritonBackend(Backend):
             num_sms = 4
         chunk = 0
         max_kv = max(kv_host + [0])
-        fixed = getattr(meta, "fixed_split_size", None)
+        fixed = meta.fixed_split_size
         if self._kv_chunk is not None:
             chunk = self._kv_chunk
-        elif getattr(meta, "disable_split_kv", False):
+        elif meta.disable_split_kv:
             chunk = 0
         elif fixed:  # the user's hint, in pages (tokens for ragged KV), rounded up to whole tiles
             chunk = int(fixed) * (problem.page_size or 1)
@@ -359,7 +334,7 @@ class TritonBackend(Backend):
         work, num_items = _work_table(items, 5, device)
         plan = TritonPlan(
             problem=problem, meta=meta, device=device, nnz_q=nnz_q, mask_mode=mask_mode, cfg=cfg,
-            work=work, num_items=num_items, qo_indptr=meta.qo_indptr.to(torch.int32).contiguous(),
+            work=work, num_items=num_items, qo_indptr=meta.qo_indptr,
             kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens, slopes=None,
             max_splits=max_splits, heads_first=heads_first,
         )
@@ -403,8 +378,7 @@ class TritonBackend(Backend):
         if self._gather is False:
             return False
         p, meta = plan.problem, plan.meta
-        ip = meta.kv_indptr_host if meta.kv_indptr_host is not None else plan.kv_indptr.tolist()
-        n_pages, page = int(ip[-1]), p.page_size
+        n_pages, page = meta.kv_indptr_host[-1], p.page_size
         nbytes = 2 * n_pages * page * p.num_kv_heads * p.head_dim_qk * p.kv_dtype.itemsize
         if n_pages == 0 or nbytes > self._gather_cap:
             return False

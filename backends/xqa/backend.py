@@ -172,56 +172,41 @@ class XqaBackend(Backend):
 
         dev = cuda_device(meta.device, "xqa")
         B = meta.batch_size
-        QL = meta.q_len_per_req or problem.q_len_per_req
+        QL = meta.q_len_per_req
         G = problem.group_size
         Hkv = problem.num_kv_heads
         D = problem.head_dim_qk
-        ps = meta.page_size or problem.page_size
-        if ps is None or ps < 1 or ps & (ps - 1):
+        ps = meta.page_size
+        if ps & (ps - 1):
             raise ValueError(f"xqa: page_size {ps} is not a power of two")
         key = self.key_for(problem, QL)
         lib = binding.get_library(key, dev)
         R = G * QL
         m_groups = -(-R // lib.rows)
 
-        # ---- page table and kv lengths (read directly by the kernel)
-        indptr = None
+        # ---- page table and kv lengths (the batch's, int32 on the device: read directly by the kernel)
+        seq = meta.kv_lens
         if problem.op == "xqa_decode":
             bt = meta.block_tables
             if bt.stride(-1) != 1:
                 bt = bt.contiguous()
-            page_table, pt_stride = bt, bt.stride(0)
-            seq = meta.seq_lens
-            seq = seq.view(torch.int32) if seq.dtype == torch.uint32 else seq.to(torch.int32)
+            page_table, indptr, pt_stride = bt, None, bt.stride(0)
             max_len = meta.max_seq_len
-            if max_len is None:
-                max_len = max(meta.host_kv_lens() or [0])
         else:
-            if meta.kv_indices is None:
-                raise ValueError("xqa: batch_decode needs a paged cache (kv_indptr / kv_indices)")
             page_table, indptr, pt_stride = meta.kv_indices, meta.kv_indptr, 0
-            seq = meta.kv_lens
-            if seq is None:
-                npages = meta.kv_indptr[1:] - meta.kv_indptr[:-1]
-                seq = torch.where(npages > 0, (npages - 1) * ps + meta.kv_last_page_len, torch.zeros_like(npages))
-            seq = seq.to(torch.int32)
-            if meta.kv_lens_host is not None:
-                max_len = max(meta.kv_lens_host or [0])
-            else:
-                kvp = meta.kv_indptr_host
-                max_len = max([(kvp[i + 1] - kvp[i]) * ps for i in range(B)] or [0])
+            max_len = max(meta.kv_lens_host, default=0)
         if page_table.data_ptr() == 0:  # empty (no pages at all): never read, but keep a valid pointer
             page_table = torch.zeros(1, dtype=torch.int32, device=dev)
 
         # ---- split-KV
-        wl = meta.params.window_left if meta.params.window_left is not None else -1
+        wl = meta.params.window_left
         eff = min(max_len, wl + QL + lib.tile) if wl >= 0 else max_len
         max_tiles = -(-eff // lib.tile)
         base = B * Hkv * m_groups
-        fixed = getattr(meta, "fixed_split_size", None)
+        fixed = meta.fixed_split_size
         if self.split_override:
             splits = max(1, min(128, int(self.split_override)))
-        elif getattr(meta, "disable_split_kv", False):
+        elif meta.disable_split_kv:
             splits = 1
         elif fixed:
             splits = max(1, min(128, -(-max_tiles // max(1, -(-fixed // lib.tile)))))
@@ -276,7 +261,7 @@ class XqaBackend(Backend):
         params.num_splits = splits
         params.page_size_log2 = int(math.log2(ps))
         params.window_left = wl
-        params.causal = 1 if (problem.op == "xqa_decode" or problem.mask == "causal") else 0
+        params.causal = 1 if meta.mask == "causal" else 0
         params.device = dev.index
         fold = 1.0  # the kernel folds its own fp8 widening scale (sm_80 software path)
         return XqaPlan(problem=problem, meta=meta, lib=lib, device=dev, params=params, layout=problem.kv_layout,

@@ -116,7 +116,7 @@ class SdpaBackend(Backend):
     # ------------------------------------------------------------------------------------------
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> _Plan:
         qp, kp = meta.qo_indptr_host, meta.kv_indptr_host
-        causal = problem.mask == "causal"
+        causal = meta.mask == "causal"
         pieces, dead, biases = [], [], {}
         for i in range(meta.batch_size):
             q0, q1, k0, k1 = qp[i], qp[i + 1], kp[i], kp[i + 1]
