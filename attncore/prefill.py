@@ -115,13 +115,18 @@ def single_prefill_with_kv_cache(
     -------
     out (``[qo_len, num_qo_heads, head_dim]``, q's dtype), and the LSE when ``return_lse``.
     """
-    single = dict(q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
-                  kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
-                  logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
-                  backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.ops
-        return _ops.single_prefill_traced(**single)
-    return _run_single(*_plan_single(**single))[0]
+        return _ops.single_prefill_traced(
+            q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+            kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
+            backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+    planned, args = _plan_single(  # the same keywords (host time: no dict built and unpacked per call)
+        q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+        kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
+        backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+    return _run_single(planned, args)[0]
 
 
 def single_prefill_with_kv_cache_return_lse(
