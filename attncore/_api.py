@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import params as _params
-from . import selector
+from . import registry, selector
 from .backend import AttnParams, Backend, BatchMeta, RunArgs
 from .problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
 
@@ -211,7 +211,8 @@ class Planned:
     def __init__(self, problem: AttentionProblem, meta: BatchMeta, backend: str = "auto"):
         self.problem = problem
         self.meta = meta
-        self.requested = backend or "auto"
+        # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
+        self.requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
         self.backend: Backend = selector.select(problem, self.requested)
         self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {
             problem: (self.backend, self.backend.plan(problem, meta))}
@@ -264,6 +265,42 @@ def reject_extra(name: str, args: tuple) -> None:
     if args:
         raise TypeError(f"{name}: got {len(args)} unexpected extra positional argument(s); "
                         f"pass options by keyword")
+
+
+def alias(where: str, name: str, value, alias_name: str, alias_value):
+    """One parameter spelled two ways by different FlashInfer releases (``use_fp16_qk_reduction`` /
+    ``allow_fp16_qk_reduction``, ``head_dim_qk`` / ``head_dim``...): the value given, or a ``TypeError``
+    naming both when both are (both default to None, so "given" is "not None")."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"{where}: got both {name}={value!r} and {alias_name}={alias_value!r}; they are two "
+                        f"spellings of one parameter (FlashInfer releases differ): pass only one")
+    return alias_value
+
+
+def ambiguous(where: str, name: str, value, expected: str, order: str, other: str) -> TypeError:
+    """The ``TypeError`` for a value that does not fit parameter ``name`` of FlashInfer 0.2.14's positional
+    ``order`` but fits ``other`` (another release's parameter at that position): attncore reads positions in
+    0.2.14's order and never reinterprets one as another parameter."""
+    shown = f"a tensor of dtype {dtype_name(value.dtype)}" if isinstance(value, torch.Tensor) else repr(value)
+    return TypeError(f"{where}: got {shown} for {name}, expected {expected}. Positional arguments follow "
+                     f"FlashInfer 0.2.14's order ({order}); another release puts {other} at this position. "
+                     f"Pass {other.split(' ')[0]} (and what follows it) by keyword")
+
+
+def refuse_multi_item(where: str, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                      max_item_len_ptr) -> None:
+    """FlashInfer's multi-item scoring arguments of the prefill plan()s: accepted by name, refused when used
+    (never accepted and ignored)."""
+    used = [n for n, v in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                           ("max_item_len_ptr", max_item_len_ptr)) if v is not None]
+    if token_pos_in_items_len not in (None, 0):
+        used.append("token_pos_in_items_len")
+    if used:
+        raise NotImplementedError(f"{where}: {', '.join(used)}: multi-item scoring is not implemented by attncore "
+                                  f"(no backend serves it); leave prefix_len_ptr, token_pos_in_items_ptr, "
+                                  f"max_item_len_ptr None and token_pos_in_items_len 0")
 
 
 def settled_positional(where: str, args: tuple, after: str, settled: Sequence[str], keyword: Sequence[str]

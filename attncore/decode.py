@@ -16,17 +16,34 @@ from . import ops as _ops
 from . import params as _params
 from .backend import BatchMeta, RunArgs
 from .page import unpack_paged_kv_cache
-from .prefill import _BatchWrapper, single_prefill_with_kv_cache
+from .prefill import _BatchWrapper, _run_positional, single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
 
-# plan()'s options after page_size that sit at the same position in FlashInfer 0.2.14 and in the other
-# releases attncore follows; 0.2.14 continues with data_type, sm_scale, rope_scale, rope_theta while
-# others put o_data_type first, so everything after kv_data_type is keyword-only (a later issue settles
-# the signatures).
-_PLAN_SETTLED = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type")
-_PLAN_KEYWORD = ("o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
-                 "fixed_split_size", "disable_split_kv", "q_len_per_req")
+# FlashInfer 0.2.14's positional order of the decode plan() (for the messages); newer releases insert
+# o_data_type after kv_data_type, so a call in their order has a dtype where 0.2.14 has sm_scale.
+_PLAN_ORDER = ("indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, "
+               "window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale, rope_scale, rope_theta, "
+               "non_blocking, block_tables, seq_lens")
+_PLAN = "BatchDecodeWithPagedKVCacheWrapper.plan"
+_NEWER = "data_type (newer releases insert o_data_type after kv_data_type)"
+
+
+def _is_dtype_like(x) -> bool:
+    return isinstance(x, (torch.dtype, str))
+
+
+def _plan_slots(data_type, sm_scale, rope_scale, rope_theta, non_blocking) -> None:
+    """0.2.14's slots after kv_data_type checked against the newer order (everything one place later)."""
+    if data_type is not None and not _is_dtype_like(data_type):
+        raise _api.ambiguous(_PLAN, "data_type", data_type, "None or a dtype", _PLAN_ORDER, "o_data_type " + _NEWER[9:])
+    for n, x, other in (("sm_scale", sm_scale, _NEWER), ("rope_scale", rope_scale, "sm_scale " + _NEWER[9:]),
+                        ("rope_theta", rope_theta, "rope_scale " + _NEWER[9:])):
+        if x is not None and (_is_dtype_like(x) or isinstance(x, bool)):
+            raise _api.ambiguous(_PLAN, n, x, "None or a finite number > 0", _PLAN_ORDER, other)
+    if not isinstance(non_blocking, bool) and not (isinstance(non_blocking, int) and non_blocking in (0, 1)):
+        raise _api.ambiguous(_PLAN, "non_blocking", non_blocking, "a bool", _PLAN_ORDER,
+                             "rope_theta " + _NEWER[9:])
 
 
 def single_decode_with_kv_cache(
@@ -71,37 +88,49 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             indptr=("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
             indices=("paged_kv_indices_buffer", paged_kv_indices_buffer),
             last_page_len=("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)))
+        self._use_tensor_cores = bool(use_tensor_cores)
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        """As given to the constructor: a performance hint (attncore's backends choose their own kernels)."""
+        return self._use_tensor_cores
 
     def plan(self, indptr: Tensor, indices: Tensor, last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int,
-             head_dim: int, page_size: int, *args, pos_encoding_mode: str = "NONE", window_left: int = -1,
-             logits_soft_cap: Optional[float] = None, q_data_type="float16", kv_data_type=None, o_data_type=None,
-             data_type=None, sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-             rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables: Optional[Tensor] = None,
-             seq_lens: Optional[Tensor] = None, fixed_split_size: Optional[int] = None,
-             disable_split_kv: bool = False, q_len_per_req: int = 1) -> None:
+             head_dim: int, page_size: int, pos_encoding_mode: str = "NONE", window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, q_data_type="float16", kv_data_type=None, data_type=None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+             non_blocking: bool = True, block_tables: Optional[Tensor] = None, seq_lens: Optional[Tensor] = None, *,
+             o_data_type=None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+             q_len_per_req: int = 1) -> None:
         """Plan a decode batch: ``indptr [B+1]``, ``indices``, ``last_page_len [B]`` (int32).
-        ``q_len_per_req`` rows per request (speculative decoding)."""
-        if args:  # FlashInfer's positional options after page_size, as far as the releases agree
-            loc = _api.settled_positional("BatchDecodeWithPagedKVCacheWrapper.plan", args, "page_size",
-                                          _PLAN_SETTLED, _PLAN_KEYWORD)
-            pos_encoding_mode = loc.get("pos_encoding_mode", pos_encoding_mode)
-            window_left = loc.get("window_left", window_left)
-            logits_soft_cap = loc.get("logits_soft_cap", logits_soft_cap)
-            q_data_type = loc.get("q_data_type", q_data_type)
-            kv_data_type = loc.get("kv_data_type", kv_data_type)
+        ``q_len_per_req`` rows per request (speculative decoding).
+
+        Positional order: FlashInfer 0.2.14's (``..., q_data_type, kv_data_type, data_type, sm_scale,
+        rope_scale, rope_theta, non_blocking, block_tables, seq_lens``); a call in a newer release's order
+        (``o_data_type`` after ``kv_data_type``) that puts a dtype where 0.2.14 has ``sm_scale`` raises
+        ``TypeError``.  Newer releases' ``o_data_type``, ``fixed_split_size``, ``disable_split_kv`` and
+        attncore's ``q_len_per_req`` are keyword-only.  ``data_type`` (deprecated) fills ``q_data_type`` and
+        ``kv_data_type`` only where they are None, as in 0.2.14 (whose ``q_data_type`` defaults to float16)."""
+        if (data_type is not None or sm_scale is not None or rope_scale is not None or rope_theta is not None
+                or non_blocking is not True):
+            _plan_slots(data_type, sm_scale, rope_scale, rope_theta, non_blocking)
         if block_tables is not None or seq_lens is not None:
             raise ValueError("block_tables/seq_lens: attncore's plan() takes the page table as indptr/indices/"
                              "last_page_len; convert with attncore.page.block_tables_to_indptr")
-        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size <= 0):
+        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or isinstance(fixed_split_size, bool)
+                                             or fixed_split_size <= 0):
             raise ValueError(f"fixed_split_size: got {fixed_split_size!r}, expected None or a positive int")
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
             raise ValueError(f"q_len_per_req: got {q_len_per_req!r}, expected an int >= 1")
         b = indptr.numel() - 1 if isinstance(indptr, torch.Tensor) else 0
         self._freeze_batch(b)
-        if data_type is not None:
-            q_data_type = data_type
-            kv_data_type = kv_data_type or data_type
+        call_q, call_kv = q_data_type, kv_data_type
+        if data_type is not None:  # FlashInfer 0.2.14: fills only what is None
+            if q_data_type is None:
+                q_data_type = data_type
+            if kv_data_type is None:
+                kv_data_type = data_type
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
@@ -113,6 +142,18 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                                disable_split_kv=disable_split_kv)
         self._plan_with("batch_decode", meta, q_data_type, kv_data_type, o_data_type, num_qo_heads=num_qo_heads,
                         num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_len_per_req=q_len_per_req)
+        self._record_plan(
+            {"__args__": ((indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size),
+                          dict(q_data_type=call_q, kv_data_type=call_kv, data_type=data_type,
+                               non_blocking=non_blocking, o_data_type=o_data_type, fixed_split_size=fixed_split_size,
+                               disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req,
+                               pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                               rope_theta=rope_theta)),
+             "pos_encoding_mode": pos_encoding_mode, "window_left": window_left, "logits_soft_cap": logits_soft_cap,
+             "sm_scale": sm_scale, "rope_scale": rope_scale, "rope_theta": rope_theta},
+            _pos_encoding_mode=pos_encoding_mode, _window_left=window_left, _logits_soft_cap=logits_soft_cap,
+            _sm_scale=sm_scale, _rope_scale=rope_scale, _rope_theta=rope_theta)
 
     def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
@@ -121,7 +162,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         """Run the planned decode.  q: ``[B * q_len_per_req, Hq, D]``.  ``window_left`` here must
         match the plan (it is a plan-time choice)."""
         if args:
-            _api.reject_extra("run", args)
+            _run_positional("BatchDecodeWithPagedKVCacheWrapper.run", args, "q_scale, k_scale, v_scale, return_lse")
         if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
             if window_left is not None and self._planned is not None:
                 self._check_window(window_left)
@@ -135,6 +176,19 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         k, v = self._paged_kv(paged_kv_cache)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
+
+    def forward(self, q: Tensor, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale: Optional[float] = None,
+                k_scale: Optional[float] = None, v_scale: Optional[float] = None, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, *, return_lse: bool = False):
+        """FlashInfer 0.2.14's deprecated ``forward()``: its options (defaults included) replace the plan's."""
+        self._legacy_forward(dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                                  rope_theta=rope_theta))
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    def forward_return_lse(self, *args, **kwargs):
+        return self.forward(*args, return_lse=True, **kwargs)
 
     def _check_window(self, window_left) -> None:
         planned = self._planned.meta.params.window_left

@@ -26,7 +26,7 @@ Tensor = torch.Tensor
 def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                  causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                  rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
-                 v_scale, out: Optional[Tensor], lse: Optional[Tensor]) -> Tuple[_api.Planned, RunArgs]:
+                 v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None) -> Tuple[_api.Planned, RunArgs]:
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
     passed by keyword (the public functions, ``attncore.ops`` and POD all come here)."""
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
@@ -57,12 +57,14 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     sinks = _api.check_sinks(sinks, hq, device)
     scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
-    problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, num_qo_heads=hq,
+    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
+                                 num_qo_heads=hq,
                                  num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=meta.mask, params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
     planned = _api.Planned(problem, meta, backend)
-    out = _api.alloc_out("out", out, (qo_len, hq, d), q.dtype, device)
+    out = _api.alloc_out("out", out, (qo_len, hq, d), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
                    v_scale=scales[2])
@@ -75,17 +77,67 @@ def _run_single(planned: _api.Planned, args: RunArgs):
     return ((args.out, args.lse) if args.lse is not None else args.out), planned.backend_name
 
 
+# FlashInfer 0.2.14's positional order of single_prefill_with_kv_cache (for the messages)
+_SINGLE_ORDER = ("q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, "
+                 "pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, "
+                 "rope_theta, backend, return_lse")
+_SINGLE = "single_prefill_with_kv_cache"
+
+
+def _per_tensor_scale(name: str, value):
+    """``scale_q/k/v`` as FlashInfer 0.2.14 passes them: a float, a 1-element tensor, or a per-head tensor;
+    a per-head one is taken only when all heads share one value (attncore's scales are per tensor)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8)):
+        raise _api.ambiguous(_SINGLE, name, value, "None, a float or a float tensor", _SINGLE_ORDER,
+                             "custom_mask, packed_custom_mask, causal (releases before 0.2.14, right after v)")
+    if isinstance(value, torch.Tensor) and value.numel() > 1:
+        flat = value.reshape(-1)
+        if value.dim() != 1 or not bool((flat == flat[0]).all()):
+            raise NotImplementedError(f"{name}: got a tensor of shape {list(value.shape)} with differing per-head "
+                                      f"values; attncore applies one scale per tensor (a float, a 1-element tensor, "
+                                      f"or a per-head tensor whose entries are all equal)")
+        return flat[:1]
+    return value
+
+
+def _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale, backend,
+                   use_fp16_qk_reduction, allow_fp16_qk_reduction):
+    """0.2.14's positional slots checked against the other releases' order, and the aliases merged:
+    returns (q_scale, k_scale, v_scale)."""
+    if o_dtype is not None and not isinstance(o_dtype, torch.dtype) and (
+            isinstance(o_dtype, bool) or o_dtype in ("NHD", "HND") or isinstance(o_dtype, torch.Tensor)):
+        raise _api.ambiguous(_SINGLE, "o_dtype", o_dtype, "None or a torch dtype", _SINGLE_ORDER,
+                             "kv_layout / causal / packed_custom_mask (releases before 0.2.14)")
+    if not isinstance(backend, str):
+        raise _api.ambiguous(_SINGLE, "backend", backend, "'auto' or a backend name", _SINGLE_ORDER,
+                             "return_lse (releases before 0.2.14, right after rope_theta)")
+    _api.alias(_SINGLE, "use_fp16_qk_reduction", use_fp16_qk_reduction, "allow_fp16_qk_reduction",
+               allow_fp16_qk_reduction)
+    out = []
+    for n, canon, alias_n, al in (("scale_q", scale_q, "q_scale", q_scale), ("scale_k", scale_k, "k_scale", k_scale),
+                                  ("scale_v", scale_v, "v_scale", v_scale)):
+        if canon is not None:
+            canon = _per_tensor_scale(n, canon)
+        out.append(_api.alias(_SINGLE, n, canon, alias_n, al))
+    return out
+
+
 def single_prefill_with_kv_cache(
-    q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor] = None,
+    q: Tensor, k: Tensor, v: Tensor, scale_q: Optional[Tensor] = None, scale_k: Optional[Tensor] = None,
+    scale_v: Optional[Tensor] = None, o_dtype: Optional[torch.dtype] = None, custom_mask: Optional[Tensor] = None,
     packed_custom_mask: Optional[Tensor] = None, causal: bool = False, kv_layout: str = "NHD",
-    pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
+    pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: Optional[bool] = None, sm_scale: Optional[float] = None,
     window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
-    rope_theta: Optional[float] = None, return_lse: bool = False, *, backend: str = "auto",
+    rope_theta: Optional[float] = None, backend: str = "auto", return_lse: bool = False, *,
     sinks: Optional[Tensor] = None, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
     v_scale: Optional[float] = None, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
-    use_fp16_qk_reduction: bool = False,
+    allow_fp16_qk_reduction: Optional[bool] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Prefill/append attention of one request.
+
+    Positional order: FlashInfer 0.2.14's (``q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, ...,
+    rope_theta, backend, return_lse``).  A value that fits the older order instead (a bool mask where
+    ``scale_q`` goes, a bool where ``backend`` goes...) raises ``TypeError``: pass it by keyword.
 
     Parameters
     ----------
@@ -94,28 +146,41 @@ def single_prefill_with_kv_cache(
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND);
         q's dtype or fp8 (then pass ``k_scale``/``v_scale``).
+    scale_q, scale_k, scale_v : float or torch.Tensor, optional
+        FlashInfer 0.2.14's names of ``q_scale``/``k_scale``/``v_scale`` (keyword aliases; giving both
+        spellings is a ``TypeError``).  A per-head tensor is accepted when all its entries are equal.
+    o_dtype : torch.dtype, optional
+        Output dtype (default q's); a backend that cannot write it is refused with the reason.
     custom_mask : torch.Tensor, optional
         bool ``[qo_len, kv_len]``, True = keep (replaces ``causal``, ANDed with the window).
     packed_custom_mask : torch.Tensor, optional
         uint8, the custom mask packed LSB-first (``packbits(mask.flatten(), "little")``).
     causal : bool
         Bottom-right aligned causal mask; needs ``kv_len >= qo_len``.
-    allow_fp16_qk_reduction : bool
-        A permission, not a requirement: backends may accumulate QK in fp16 (none do today).
+    use_fp16_qk_reduction : bool
+        (alias ``allow_fp16_qk_reduction``) A permission, not a requirement: backends may accumulate QK
+        in fp16 (none do today).
     window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, pos_encoding_mode
         As in semantics.md.
+    backend : str
+        "auto", a backend name, or one of FlashInfer's names (semantics.md, "API surface").
     return_lse : bool
         Also return the base-2 LSE, float32 ``[qo_len, num_qo_heads]``.
-    backend : str
-        "auto" or a backend name.
     sinks : torch.Tensor, optional
         float32 ``[num_qo_heads]`` attention-sink logits.
 
     Returns
     -------
-    out (``[qo_len, num_qo_heads, head_dim]``, q's dtype), and the LSE when ``return_lse``.
+    out (``[qo_len, num_qo_heads, head_dim]``, ``o_dtype``), and the LSE when ``return_lse``.
     """
+    if (scale_q is not None or scale_k is not None or scale_v is not None or o_dtype is not None
+            or backend.__class__ is not str or use_fp16_qk_reduction is not None or allow_fp16_qk_reduction is not None):
+        q_scale, k_scale, v_scale = _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
+                                                   backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.ops
+        if o_dtype is not None and _api.to_dtype(o_dtype, "o_dtype") != q.dtype:
+            raise NotImplementedError("o_dtype: an output dtype other than q's is not supported under torch.compile "
+                                      "(attncore::single_prefill writes q's dtype); call it eagerly")
         return _ops.single_prefill_traced(
             q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
             kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
@@ -125,26 +190,29 @@ def single_prefill_with_kv_cache(
         q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
         kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
         logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
-        backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+        backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+        o_dtype=o_dtype)
     return _run_single(planned, args)[0]
 
 
 def single_prefill_with_kv_cache_return_lse(
-    q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor] = None,
+    q: Tensor, k: Tensor, v: Tensor, scale_q: Optional[Tensor] = None, scale_k: Optional[Tensor] = None,
+    scale_v: Optional[Tensor] = None, o_dtype: Optional[torch.dtype] = None, custom_mask: Optional[Tensor] = None,
     packed_custom_mask: Optional[Tensor] = None, causal: bool = False, kv_layout: str = "NHD",
-    pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
+    pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: Optional[bool] = None, sm_scale: Optional[float] = None,
     window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
-    rope_theta: Optional[float] = None, *, return_lse: bool = True, backend: str = "auto",
+    rope_theta: Optional[float] = None, backend: str = "auto", return_lse: bool = True, *,
     sinks: Optional[Tensor] = None, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
     v_scale: Optional[float] = None, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
-    use_fp16_qk_reduction: bool = False,
+    allow_fp16_qk_reduction: Optional[bool] = None,
 ):
-    """``single_prefill_with_kv_cache`` returning ``(out, lse)`` by default."""
+    """``single_prefill_with_kv_cache`` returning ``(out, lse)`` by default (FlashInfer 0.2.14's
+    ``functools.partial(single_prefill_with_kv_cache, return_lse=True)``: the same positional order)."""
     return single_prefill_with_kv_cache(
-        q, k, v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout,
-        pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
-        logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
-        backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+        q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout,
+        pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+        backend, return_lse, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+        allow_fp16_qk_reduction=allow_fp16_qk_reduction)
 
 
 class _BatchWrapper:
@@ -292,12 +360,29 @@ class _BatchWrapper:
             v_scale=_params.scale("v_scale", v_scale)))
         return (out, lse_t) if return_lse else out
 
+    def _record_plan(self, call: dict, **attrs) -> None:
+        """After a successful plan(): the attributes FlashInfer 0.2.14's wrappers keep and serving stacks read
+        (``_sm_scale`` as given, ``_logits_soft_cap`` 0.0 for None, ...), and the call itself, which the
+        legacy ``forward()`` plans again with its own options."""
+        self._plan_call = call
+        if attrs.get("_logits_soft_cap") is None:
+            attrs["_logits_soft_cap"] = 0.0
+        self.__dict__.update(attrs)
+
+    def _legacy_forward(self, options: dict) -> None:
+        """FlashInfer 0.2.14's ``forward()`` sets the plan-time options it is given (its defaults included)
+        before running; attncore plans them, so a forward() whose options differ from the plan's plans again."""
+        call = getattr(self, "_plan_call", None)
+        if call is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() called before begin_forward()/plan()")
+        norm = {"logits_soft_cap": lambda x: 0.0 if x is None else x, "use_fp16_qk_reduction": bool}
+        if any(norm.get(n, lambda x: x)(call.get(n)) != norm.get(n, lambda x: x)(v) for n, v in options.items()):
+            args, kwargs = call["__args__"]
+            self.plan(*args, **{**kwargs, **options})
+
     # FlashInfer's legacy names
     def begin_forward(self, *args, **kwargs):
         return self.plan(*args, **kwargs)
-
-    def forward(self, *args, **kwargs):
-        return self.run(*args, **kwargs)
 
     def end_forward(self) -> None:
         pass
@@ -306,11 +391,59 @@ class _BatchWrapper:
         return self.run(*args, return_lse=True, **kwargs)
 
 
-# What follows the head sizes in the prefill plan()s: keyword-only (FlashInfer 0.2.14 inserts head_dim_vo
-# first, older releases do not, so no position is shared).
-_PREFILL_PLAN_KEYWORDS = ("custom_mask", "packed_custom_mask", "causal", "pos_encoding_mode", "sm_scale",
-                          "window_left", "logits_soft_cap", "rope_scale", "rope_theta", "q_data_type",
-                          "kv_data_type", "...")
+# FlashInfer 0.2.14's positional orders of the prefill plan()s after the head sizes (for the messages)
+_PAGED_ORDER = ("..., num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal, "
+                "pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, "
+                "rope_theta, q_data_type, kv_data_type, non_blocking, prefix_len_ptr, ...")
+_RAGGED_ORDER = ("..., num_kv_heads, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask, causal, "
+                 "pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, "
+                 "rope_theta, q_data_type, kv_data_type, non_blocking, prefix_len_ptr, ...")
+
+
+def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask,
+                         causal, pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction, multi_item):
+    """The checks both prefill plan()s share: 0.2.14's slots against the older order (which has no head_dim_vo,
+    so everything after the head sizes sits one place earlier), the aliases, the refused options.
+    Returns (head_dim, use_fp16_qk_reduction)."""
+    head_dim = _api.alias(where, "head_dim_qk", head_dim_qk, "head_dim", head_dim)
+    if head_dim is None:
+        raise TypeError(f"{where}: missing head_dim_qk (also accepted as head_dim=)")
+    if head_dim_vo is not None and (not isinstance(head_dim_vo, int) or isinstance(head_dim_vo, bool)):
+        raise _api.ambiguous(where, "head_dim_vo", head_dim_vo, "None or an int", order,
+                             "custom_mask (releases before 0.2.14, which have no head_dim_vo)")
+    for n, t in (("custom_mask", custom_mask), ("packed_custom_mask", packed_custom_mask)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise _api.ambiguous(where, n, t, "None or a tensor", order,
+                                 ("packed_custom_mask" if n == "custom_mask" else "causal")
+                                 + " (releases before 0.2.14, which have no head_dim_vo)")
+    if not isinstance(causal, (bool, int)) or isinstance(causal, str):
+        raise _api.ambiguous(where, "causal", causal, "a bool", order,
+                             "pos_encoding_mode (releases before 0.2.14, which have no head_dim_vo)")
+    if not isinstance(pos_encoding_mode, str):
+        raise _api.ambiguous(where, "pos_encoding_mode", pos_encoding_mode, "a string such as 'NONE'", order,
+                             "allow_fp16_qk_reduction (releases before 0.2.14, which have no head_dim_vo)")
+    fp16 = _api.alias(where, "use_fp16_qk_reduction", use_fp16_qk_reduction, "allow_fp16_qk_reduction",
+                      allow_fp16_qk_reduction)
+    if head_dim_vo is not None and head_dim_vo != head_dim:
+        raise NotImplementedError(f"{where}: head_dim_vo: got {head_dim_vo} with head_dim_qk {head_dim}; attncore's "
+                                  f"wrappers need head_dim_vo == head_dim_qk (None means equal)")
+    _api.refuse_multi_item(where, *multi_item)
+    return head_dim, bool(fp16)
+
+
+def _check_split(fixed_split_size) -> None:
+    if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or isinstance(fixed_split_size, bool)
+                                         or fixed_split_size <= 0):
+        raise ValueError(f"fixed_split_size: got {fixed_split_size!r}, expected None or a positive int")
+
+
+def _run_positional(where: str, args: tuple, older: str) -> None:
+    """0.2.14's run() takes positional arguments after the KV only for JIT custom kernels (attncore has none);
+    releases before it read them as ``older``: neither reading is taken silently."""
+    if args:
+        raise TypeError(f"{where}: got {len(args)} positional argument(s) after the KV; FlashInfer 0.2.14 passes "
+                        f"them to JIT custom kernels (attncore has none), older releases read them as {older}: "
+                        f"pass {older} by keyword")
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
@@ -319,28 +452,55 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf: Optional[Tensor] = None, paged_kv_indptr_buf: Optional[Tensor] = None,
                  paged_kv_indices_buf: Optional[Tensor] = None, paged_kv_last_page_len_buf: Optional[Tensor] = None,
-                 custom_mask_buf: Optional[Tensor] = None, qk_indptr_buf: Optional[Tensor] = None,
-                 backend: str = "auto", jit_args=None):
+                 custom_mask_buf: Optional[Tensor] = None, mask_indptr_buf: Optional[Tensor] = None,
+                 backend: str = "auto", jit_args=None, jit_kwargs=None, *, qk_indptr_buf: Optional[Tensor] = None):
+        where = "BatchPrefillWithPagedKVCacheWrapper"
+        mask_indptr_buf = _api.alias(where, "mask_indptr_buf", mask_indptr_buf, "qk_indptr_buf", qk_indptr_buf)
+        if jit_kwargs is not None:
+            jit_args = jit_kwargs if jit_args is None else jit_args
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
             qo_indptr=("qo_indptr_buf", qo_indptr_buf), indptr=("paged_kv_indptr_buf", paged_kv_indptr_buf),
             indices=("paged_kv_indices_buf", paged_kv_indices_buf),
             last_page_len=("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
-            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("qk_indptr_buf", qk_indptr_buf)))
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)))
 
     def plan(self, qo_indptr: Tensor, paged_kv_indptr: Tensor, paged_kv_indices: Tensor,
-             paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-             *args, custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None,
-             causal: bool = False, pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False,
-             sm_scale: Optional[float] = None, window_left: int = -1, logits_soft_cap: Optional[float] = None,
-             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type="float16",
-             kv_data_type=None, non_blocking: bool = False, o_data_type=None) -> None:
+             paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: Optional[int] = None,
+             page_size: Optional[int] = None, head_dim_vo: Optional[int] = None, custom_mask: Optional[Tensor] = None,
+             packed_custom_mask: Optional[Tensor] = None, causal: bool = False, pos_encoding_mode: str = "NONE",
+             use_fp16_qk_reduction: Optional[bool] = None, sm_scale: Optional[float] = None, window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, q_data_type="float16", kv_data_type=None, non_blocking: bool = True,
+             prefix_len_ptr: Optional[Tensor] = None, token_pos_in_items_ptr: Optional[Tensor] = None,
+             token_pos_in_items_len: int = 0, max_item_len_ptr: Optional[Tensor] = None,
+             seq_lens: Optional[Tensor] = None, seq_lens_q: Optional[Tensor] = None,
+             block_tables: Optional[Tensor] = None, max_token_per_sequence: Optional[int] = None,
+             max_sequence_kv: Optional[int] = None, *, head_dim: Optional[int] = None,
+             allow_fp16_qk_reduction: Optional[bool] = None, o_data_type=None,
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
         """Plan a batch over a paged cache.  See FlashInfer's documentation; index tensors are int32
         (host or device), ``1 <= last_page_len <= page_size`` (0 only for an empty request).
 
-        Everything after ``page_size`` is keyword-only (a positional one raises ``TypeError``):
-        FlashInfer 0.2.14 puts ``head_dim_vo`` there, other releases ``custom_mask``."""
-        _api.settled_positional("BatchPrefillWithPagedKVCacheWrapper.plan", args, "page_size", (),
-                                _PREFILL_PLAN_KEYWORDS)
+        Positional order: FlashInfer 0.2.14's (``..., head_dim_qk, page_size, head_dim_vo, custom_mask, ...``);
+        a value that fits the older order instead (no ``head_dim_vo``) raises ``TypeError``.  Keyword aliases:
+        ``head_dim`` (``head_dim_qk``), ``allow_fp16_qk_reduction`` (``use_fp16_qk_reduction``).  Newer
+        releases' ``o_data_type``, ``fixed_split_size``, ``disable_split_kv`` are keyword-only.  Multi-item
+        scoring and the trtllm-gen arguments (``seq_lens``, ``block_tables``...) raise when given."""
+        where = "BatchPrefillWithPagedKVCacheWrapper.plan"
+        head_dim, fp16 = _prefill_plan_compat(
+            where, _PAGED_ORDER, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask, causal,
+            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction,
+            (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr))
+        if page_size is None:
+            raise TypeError(f"{where}: missing page_size")
+        _check_split(fixed_split_size)
+        trt = [n for n, x in (("seq_lens", seq_lens), ("seq_lens_q", seq_lens_q), ("block_tables", block_tables),
+                              ("max_token_per_sequence", max_token_per_sequence),
+                              ("max_sequence_kv", max_sequence_kv)) if x is not None]
+        if trt:
+            raise NotImplementedError(f"{where}: {', '.join(trt)}: FlashInfer's trtllm-gen prefill arguments are not "
+                                      f"supported; give the page table as paged_kv_indptr/paged_kv_indices/"
+                                      f"paged_kv_last_page_len (attncore.page converts block tables)")
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
@@ -351,21 +511,38 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                device=self._device, params=params, causal=causal, custom_mask=custom_mask,
                                packed_custom_mask=packed_custom_mask, non_blocking=non_blocking,
                                buffers=self._graph_buffers if self._use_cuda_graph else None,
-                               workspace=self._float_workspace_buffer)
+                               workspace=self._float_workspace_buffer, fixed_split_size=fixed_split_size,
+                               disable_split_kv=disable_split_kv)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
+        self._record_plan(
+            {"__args__": ((qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+                           num_kv_heads, head_dim, page_size),
+                          dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                               pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16, sm_scale=sm_scale,
+                               window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                               rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
+                               non_blocking=non_blocking, o_data_type=o_data_type, fixed_split_size=fixed_split_size,
+                               disable_split_kv=disable_split_kv)),
+             "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
+             "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
+             "rope_scale": rope_scale, "rope_theta": rope_theta},
+            _causal=causal, _pos_encoding_mode=pos_encoding_mode, _use_fp16_qk_reduction=fp16,
+            _window_left=window_left, _logits_soft_cap=logits_soft_cap, _sm_scale=sm_scale, _rope_scale=rope_scale,
+            _rope_theta=rope_theta)
 
-    def run(self, q: Tensor, paged_kv_cache, *args, k_scale: Optional[float] = None,
-            v_scale: Optional[float] = None, return_lse: bool = False, q_scale: Optional[float] = None,
-            out: Optional[Tensor] = None, lse: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-            enable_pdl: Optional[bool] = None):
+    def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
+            lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            window_left: Optional[int] = None, sinks: Optional[Tensor] = None):
         """Run the planned batch.  ``paged_kv_cache``: 5-D ``[pages, 2, page, Hkv, D]`` (NHD) /
         ``[pages, 2, Hkv, page, D]`` (HND) or a tuple of 4-D (k_cache, v_cache).
-        Returns out ``[nnz_qo, Hq, D]`` (and float32 base-2 LSE ``[nnz_qo, Hq]`` with ``return_lse``)."""
-        if args:  # FlashInfer's positional (k_scale, v_scale, return_lse)
-            if len(args) > 3:
-                _api.reject_extra("run", args[3:])
-            k_scale, v_scale, return_lse = (list(args) + [k_scale, v_scale, return_lse][len(args):])[:3]
+        Returns out ``[nnz_qo, Hq, D]`` (and float32 base-2 LSE ``[nnz_qo, Hq]`` with ``return_lse``).
+        ``window_left`` must match the plan (a plan-time choice)."""
+        if args:
+            _run_positional("BatchPrefillWithPagedKVCacheWrapper.run", args, "k_scale, v_scale, return_lse")
+        if window_left is not None and self._planned is not None:
+            _check_window(self, window_left)
         if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
             k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
@@ -376,8 +553,29 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 
+    def forward(self, q: Tensor, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
+                use_fp16_qk_reduction: bool = False, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, *, return_lse: bool = False):
+        """FlashInfer 0.2.14's deprecated ``forward()``: its options (defaults included) replace the plan's."""
+        self._legacy_forward(dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
+                                  use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left,
+                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                                  rope_theta=rope_theta))
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    def forward_return_lse(self, *args, **kwargs):
+        return self.forward(*args, return_lse=True, **kwargs)
+
     def _check_kv(self, k: Tensor, v: Tensor):
         return self._paged_kv((k, v))
+
+
+def _check_window(w: _BatchWrapper, window_left) -> None:
+    planned = w._planned.meta.params.window_left
+    if _params.window_left(window_left) != planned:
+        raise ValueError(f"window_left: got {window_left} in run(), but plan() used {planned}; plan again to "
+                         f"change it")
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
@@ -385,25 +583,38 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf: Optional[Tensor] = None, kv_indptr_buf: Optional[Tensor] = None,
-                 custom_mask_buf: Optional[Tensor] = None, qk_indptr_buf: Optional[Tensor] = None,
-                 backend: str = "auto", jit_args=None):
+                 custom_mask_buf: Optional[Tensor] = None, mask_indptr_buf: Optional[Tensor] = None,
+                 backend: str = "auto", jit_args=None, jit_kwargs=None, *, qk_indptr_buf: Optional[Tensor] = None):
+        where = "BatchPrefillWithRaggedKVCacheWrapper"
+        mask_indptr_buf = _api.alias(where, "mask_indptr_buf", mask_indptr_buf, "qk_indptr_buf", qk_indptr_buf)
+        if jit_kwargs is not None:
+            jit_args = jit_kwargs if jit_args is None else jit_args
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
             qo_indptr=("qo_indptr_buf", qo_indptr_buf), kv_indptr=("kv_indptr_buf", kv_indptr_buf),
-            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("qk_indptr_buf", qk_indptr_buf)))
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)))
 
-    def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-             *args, custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None,
-             causal: bool = False, pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = False,
-             window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+    def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int,
+             head_dim_qk: Optional[int] = None, head_dim_vo: Optional[int] = None,
+             custom_mask: Optional[Tensor] = None, packed_custom_mask: Optional[Tensor] = None, causal: bool = False,
+             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: Optional[bool] = None, window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
              rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type="float16",
-             kv_data_type=None, o_data_type=None, non_blocking: bool = False) -> None:
+             kv_data_type=None, non_blocking: bool = True, prefix_len_ptr: Optional[Tensor] = None,
+             token_pos_in_items_ptr: Optional[Tensor] = None, token_pos_in_items_len: int = 0,
+             max_item_len_ptr: Optional[Tensor] = None, *, head_dim: Optional[int] = None,
+             allow_fp16_qk_reduction: Optional[bool] = None, o_data_type=None,
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
         """Plan a ragged batch: request i has q rows ``qo_indptr[i]:qo_indptr[i+1]`` and keys
         ``kv_indptr[i]:kv_indptr[i+1]`` (int32 indptrs).
 
-        Everything after ``head_dim`` is keyword-only (a positional one raises ``TypeError``):
-        FlashInfer 0.2.14 puts ``head_dim_vo`` there, other releases ``custom_mask``."""
-        _api.settled_positional("BatchPrefillWithRaggedKVCacheWrapper.plan", args, "head_dim", (),
-                                _PREFILL_PLAN_KEYWORDS)
+        Positional order: FlashInfer 0.2.14's (``..., head_dim_qk, head_dim_vo, custom_mask, ...``); see
+        ``BatchPrefillWithPagedKVCacheWrapper.plan`` for the aliases and the refused options."""
+        where = "BatchPrefillWithRaggedKVCacheWrapper.plan"
+        head_dim, fp16 = _prefill_plan_compat(
+            where, _RAGGED_ORDER, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask, causal,
+            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction,
+            (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr))
+        _check_split(fixed_split_size)
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
@@ -414,18 +625,32 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                 causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
                                 buffers=self._graph_buffers if self._use_cuda_graph else None,
                                 workspace=self._float_workspace_buffer)
+        # the split-KV hints are kept as given (as the paged plans do), for the backends that read them
+        meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+        self._record_plan(
+            {"__args__": ((qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim),
+                          dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                               pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16,
+                               window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                               rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
+                               kv_data_type=kv_data_type, non_blocking=non_blocking, o_data_type=o_data_type,
+                               fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)),
+             "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
+             "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
+             "rope_scale": rope_scale, "rope_theta": rope_theta},
+            _causal=causal, _pos_encoding_mode=pos_encoding_mode, _use_fp16_qk_reduction=fp16,
+            _window_left=window_left, _logits_soft_cap=logits_soft_cap, _sm_scale=sm_scale, _rope_scale=rope_scale,
+            _rope_theta=rope_theta)
 
-    def run(self, q: Tensor, k: Tensor, v: Tensor, *args, return_lse: bool = False,
+    def run(self, q: Tensor, k: Tensor, v: Tensor, *args, out: Optional[Tensor] = None,
+            lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
             q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-            out: Optional[Tensor] = None, lse: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-            enable_pdl: Optional[bool] = None):
+            sinks: Optional[Tensor] = None):
         """Run the planned batch.  k, v: ``[nnz_kv, Hkv, D]`` (NHD) or ``[Hkv, nnz_kv, D]`` (HND)."""
         if args:
-            if len(args) > 1:
-                _api.reject_extra("run", args[1:])
-            return_lse = args[0]
+            _run_positional("BatchPrefillWithRaggedKVCacheWrapper.run", args, "return_lse")
         if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
@@ -434,6 +659,20 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         k, v = self._check_kv(k, v)
         return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False, pos_encoding_mode: str = "NONE",
+                use_fp16_qk_reduction: bool = False, window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                rope_theta: Optional[float] = None, *, return_lse: bool = False):
+        """FlashInfer 0.2.14's deprecated ``forward()``: its options (defaults included) replace the plan's."""
+        self._legacy_forward(dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
+                                  use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left,
+                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                                  rope_theta=rope_theta))
+        return self.run(q, k, v, return_lse=return_lse)
+
+    def forward_return_lse(self, *args, **kwargs):
+        return self.forward(*args, return_lse=True, **kwargs)
 
     def _check_kv(self, k: Tensor, v: Tensor):
         planned = self._planned

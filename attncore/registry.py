@@ -167,12 +167,50 @@ def unregister_backend(name: str) -> None:
             _entries.pop(name, None)
 
 
+# FlashInfer's backend= values (0.2.14 and later) and what attncore does with each: a name it maps to, or
+# the reason it refuses (never a silent stand-in).  "fa2" is cuda_fa2's own alias.
+FLASHINFER_MAPPED = {"cudnn": "sdpa"}
+FLASHINFER_REFUSED = {
+    "fa3": "attncore has no separate FA3 backend: cuda_fa2 ('fa2') already runs its sm90 (wgmma) prefill kernel "
+           "on Hopper where that kernel serves the problem; pass backend='fa2' or 'auto'",
+    "cutlass": "attncore has no CUTLASS (Blackwell FMHA) backend; pass backend='auto' or a name from "
+               "attncore.available_backends()",
+    "trtllm-gen": "attncore has no TensorRT-LLM-gen backend (FlashInfer's trtllm-gen kernels are closed cubins); "
+                  "pass backend='auto', 'xqa' for XQA-style decode, or 'fa2'",
+}
+
+
 def canonical_name(name: str) -> str:
     name = name.strip()
     for e in entries().values():
         if e.backend is not None and name in getattr(e.backend, "aliases", ()):
             return e.name
-    return name
+    return FLASHINFER_MAPPED.get(name, name)
+
+
+def resolve(name: str) -> str:
+    """``backend=`` as an entry point got it: "auto", or the canonical name of a known backend.  FlashInfer's
+    values are mapped ("fa2" -> cuda_fa2, "cudnn" -> the sdpa plugin, whose torch SDPA runs cuDNN among its
+    fused kernels) or refused with the reason ("fa3", "cutlass", "trtllm-gen", "cudnn" without the plugin);
+    an unknown name is a ``ValueError`` listing the known ones."""
+    if name is None or name == "auto":
+        return "auto"
+    if not isinstance(name, str):
+        raise TypeError(f"backend: got {name!r}, expected 'auto' or a backend name")
+    key = name.strip()
+    if key in FLASHINFER_REFUSED:
+        raise ValueError(f"backend={name!r}: {FLASHINFER_REFUSED[key]}")
+    canon = canonical_name(key)
+    es = entries()
+    if canon in es:
+        return canon
+    if key in FLASHINFER_MAPPED:
+        raise ValueError(f"backend={name!r}: FlashInfer's {key} backend maps to attncore's {canon!r} backend, "
+                         f"which is not installed (pip install attncore-sdpa); pass backend='auto'")
+    aliases = sorted(a for e in es.values() if e.backend is not None for a in getattr(e.backend, "aliases", ()))
+    known = ", ".join(["auto"] + sorted(es) + aliases + sorted(FLASHINFER_MAPPED) + sorted(FLASHINFER_REFUSED))
+    raise ValueError(f"backend={name!r} is not a known backend; known values: {known} (the last ones are "
+                     f"FlashInfer's names, mapped or refused with a reason)")
 
 
 def get_entry(name: str) -> BackendEntry:

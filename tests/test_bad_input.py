@@ -429,38 +429,30 @@ def test_logits_soft_cap_inf_is_no_cap(backend):
 
 
 # ----------------------------------------------------------------------------- positional arguments (issue 13)
-def test_flashinfer_0_2_14_positional_decode_plan_raises():
-    """Reproduction: 0.2.14's order after page_size is pos_encoding_mode, window_left, logits_soft_cap,
-    q_data_type, kv_data_type, data_type, sm_scale, rope_scale, rope_theta; attncore read 8.0 as
-    sm_scale and 5e5 as rope_scale."""
+def test_flashinfer_0_2_14_positional_decode_plan_is_read_in_its_order():
+    """0.2.14's order after page_size is pos_encoding_mode, window_left, logits_soft_cap, q_data_type,
+    kv_data_type, data_type, sm_scale, rope_scale, rope_theta (attncore once read 8.0 as sm_scale); a call in
+    a newer release's order (o_data_type after kv_data_type) puts a dtype at sm_scale and raises."""
     indptr = torch.tensor([0, 1], dtype=torch.int32)
     indices = torch.tensor([0], dtype=torch.int32)
     last = torch.tensor([3], dtype=torch.int32)
     w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16))
-    with pytest.raises(TypeError, match=r"BatchDecodeWithPagedKVCacheWrapper.plan: got 9 positional arguments "
-                                        r"after page_size, but only pos_encoding_mode, window_left, logits_soft_cap, "
-                                        r"q_data_type, kv_data_type may follow it by position .*; pass o_data_type, "
-                                        r"data_type, sm_scale, rope_scale, rope_theta, .* by keyword"):
-        w.plan(indptr, indices, last, 4, 2, 64, 16, "ROPE_LLAMA", -1, None, "float32", None, None, None, 8.0, 5e5)
-    with pytest.raises(TypeError, match=r"got 6 positional arguments after page_size"):
-        w.plan(indptr, indices, last, 4, 2, 64, 16, "NONE", -1, None, "float16", "float16", "float16")
-    # up to kv_data_type, positions are read as both orders agree
-    w.plan(indptr, indices, last, 4, 2, 64, 16, "ROPE_LLAMA", 7, 30.0, "float32", "float32")
+    w.plan(indptr, indices, last, 4, 2, 64, 16, "ROPE_LLAMA", -1, None, "float32", None, None, None, 8.0, 5e5)
     p = w._planned.meta.params
-    assert (p.pos_encoding_mode, p.window_left, p.logits_soft_cap) == ("ROPE_LLAMA", 7, 30.0)
-    assert w.problem.q_dtype == w.problem.kv_dtype == torch.float32
+    assert (p.rope_scale, p.rope_theta, p.sm_scale) == (8.0, 5e5, 1 / 8)
+    with pytest.raises(TypeError, match=r"BatchDecodeWithPagedKVCacheWrapper.plan: got 'float16' for sm_scale.*"
+                                        r"FlashInfer 0.2.14's order"):
+        w.plan(indptr, indices, last, 4, 2, 64, 16, "NONE", -1, None, "float16", "float16", "float16", "float16")
 
 
-def test_prefill_plans_take_options_by_keyword_only():
-    """FlashInfer 0.2.14 puts head_dim_vo right after the head sizes, other releases custom_mask."""
+def test_prefill_plans_read_positions_in_0_2_14_order():
+    """FlashInfer 0.2.14 puts head_dim_vo right after the head sizes, older releases custom_mask: a value
+    that only fits the older order raises."""
     w = _paged_wrapper()
     qo, indptr = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
     idx, last = torch.tensor([0], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(TypeError, match=r"BatchPrefillWithPagedKVCacheWrapper.plan: got 4 positional arguments after "
-                                        r"page_size, but nothing may follow it by position .*; pass custom_mask, "
-                                        r"packed_custom_mask, causal, .* by keyword"):
-        w.plan(qo, indptr, idx, last, 4, 2, 64, 16, 64, None, None, True)
+    with pytest.raises(TypeError, match=r"BatchPrefillWithPagedKVCacheWrapper.plan: got True for packed_custom_mask"):
+        w.plan(qo, indptr, idx, last, 4, 2, 64, 16, None, None, True)
     r = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16))
-    with pytest.raises(TypeError, match=r"BatchPrefillWithRaggedKVCacheWrapper.plan: got 1 positional argument after "
-                                        r"head_dim, but nothing may follow it by position"):
-        r.plan(qo, torch.tensor([0, 5], dtype=torch.int32), 4, 2, 64, None)
+    with pytest.raises(TypeError, match=r"BatchPrefillWithRaggedKVCacheWrapper.plan: got a tensor .* for head_dim_vo"):
+        r.plan(qo, torch.tensor([0, 5], dtype=torch.int32), 4, 2, 64, torch.ones(20, dtype=torch.bool))
