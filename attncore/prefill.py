@@ -1,8 +1,8 @@
 """Prefill / append attention: single request and batches (paged or ragged KV).
 
-FlashInfer-compatible signatures.  The wrappers' plan() options after the head sizes are keyword-only
-(FlashInfer releases order them differently: a positional one raises ``TypeError``, it is never read
-as another parameter).  Beyond FlashInfer, every entry
+FlashInfer-compatible signatures in FlashInfer 0.2.14's positional order (docs/semantics.md,
+"Parameters"): a value that only fits another release's order raises ``TypeError``, it is never read
+as another parameter; other releases' spellings are keyword aliases.  Beyond FlashInfer, every entry
 point takes ``backend=`` ("auto" or a backend name) and keyword-only ``sinks``, ``q_scale``,
 ``k_scale``, ``v_scale``, ``out`` and ``lse``; the chosen backend is visible as ``.backend``
 (wrappers) or through ``attncore.explain``.
