@@ -17,49 +17,15 @@
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
 // RoPE, fp8 KV, head dims other than 64 / 128.
+// Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, setmaxnreg), fa2_sm90_load.cuh
+// (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel).
 #pragma once
-#include "fa2_attention.cuh"
+#include "fa2_kernel_traits.cuh"
+#include "fa2_sm90_load.cuh"
 #include "fa2_sm90_wgmma.h"
-
-#ifndef FA2_SM90_VSWAP
-#define FA2_SM90_VSWAP 0  // 1: swap LBO / SBO of the MN-major V descriptor (selftest fallback)
-#endif
 
 namespace fa2 {
 namespace sm90 {
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// generic-proxy smem writes (cp.async, st.shared) made visible to the async proxy (wgmma)
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// keep the compiler from moving accumulator accesses across the async mma
-template <int N> __device__ __forceinline__ void reg_fence(float* r) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// byte offset of 16-byte chunk c of row r in a 128B-swizzled [ROWS][cols] 16-bit tile
-template <int ROWS> __device__ __forceinline__ uint32_t sw128(int r, int c) {
-  return (uint32_t)((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-// smem matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle
-__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-// K-major operand (rows = M or N, contiguous along K): k-step kk (16 elements) of a [ROWS][K] tile
-template <int ROWS> __device__ __forceinline__ uint64_t desc_k(uint32_t base, int kk) {
-  return make_desc(base + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024);
-}
-// MN-major B operand of a [KROWS][N] tile (contiguous along N): k-step kk covers rows 16kk..16kk+15.
-// LBO: next 64-column block (KROWS * 128 bytes); SBO: next 8 rows (1024 bytes).
-template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk, bool swap = FA2_SM90_VSWAP) {
-  const uint32_t lbo = KROWS * 128, sbo = 1024;
-  return swap ? make_desc(base + kk * 2048, sbo, lbo) : make_desc(base + kk * 2048, lbo, sbo);
-}
 
 template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56>
 struct Cfg90 {
@@ -83,112 +49,6 @@ struct Cfg90 {
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
   static constexpr int ws_bytes = WS ? 16 * STAGES : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
-};
-
-// mbarrier helpers (CTA scope)
-__device__ __forceinline__ void mbar_init(uint32_t a, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t a) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(a), "r"(parity) : "memory");
-  } while (!done);
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-// K/V tile copies of one thread: chunk column c of rows r0 + it * STEP (it < N) of each K and V tile,
-// into the 128B-swizzled stage; rows past kv_hi are zero-filled.  Ragged rows advance by the token
-// stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
-// plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
-// multiply-add and a cp.async per chunk.
-template <int KVT, int N, int STEP, typename T>
-struct KvTileCopy {
-  const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
-  const int32_t* pages;      // the request's page ids (paged)
-  int64_t k_sn, v_sn;        // ragged token strides
-  int r0, c, kv_lo, kv_hi, page_size, page_shift;
-  uint32_t k_unit, k_sp, k_rs, v_unit, v_sp, v_rs;
-  bool same;
-  uint32_t roff[N];          // paged: K row offsets of the tile prefetch() was last called for
-
-  __device__ __forceinline__ KvTileCopy(const Fa2Params& p, const T* k, const T* v, int kvh, int kv_base, int r0_,
-                                        int c_, int kv_lo_, int kv_hi_)
-      : kb(k + (int64_t)kvh * p.k_stride_h + c_ * 8), vb(v + (int64_t)kvh * p.v_stride_h + c_ * 8),
-        pages(p.kv_indices + kv_base), k_sn(p.k_stride_n), v_sn(p.v_stride_n), r0(r0_), c(c_), kv_lo(kv_lo_),
-        kv_hi(kv_hi_), page_size(p.page_size), page_shift(p.page_shift), k_unit(p.k_row_unit), k_sp(p.k_row_sp),
-        k_rs(p.k_row_sn), v_unit(p.v_row_unit), v_sp(p.v_row_sp), v_rs(p.v_row_sn), same(p.kv_same_strides != 0) {
-    if (page_size == 0) {
-      kb += (int64_t)kv_base * k_sn;
-      vb += (int64_t)kv_base * v_sn;
-    }
-  }
-  // paged: row offsets of `tile` (K, or V when the strides differ) into roff
-  __device__ __forceinline__ void rows(int tile, bool v) {
-    const int t0 = kv_lo + tile * KVT + r0;
-    const uint32_t sp = v ? v_sp : k_sp, rs = v ? v_rs : k_rs;
-    if (page_shift >= 0) {
-#pragma unroll
-      for (int it = 0; it < N; ++it) {
-        const int t = t0 + it * STEP;
-        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + (t >> page_shift)) : 0u;
-        roff[it] = pg * sp + (uint32_t)(t & (page_size - 1)) * rs;
-      }
-    } else {
-#pragma unroll
-      for (int it = 0; it < N; ++it) {
-        const int t = t0 + it * STEP, pi = t / page_size;
-        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + pi) : 0u;
-        roff[it] = pg * sp + (uint32_t)(t - pi * page_size) * rs;
-      }
-    }
-  }
-  __device__ __forceinline__ void prefetch(int tile) {
-    if (page_size > 0) rows(tile, false);
-  }
-  // cp.async of `tile` into dk / dv (paged: prefetch(tile) must have run).  STEP is a multiple of
-  // the 8-row swizzle period, so row r0 + it * STEP lands at a fixed offset from row r0: immediates,
-  // not registers held across the tile loop.
-  __device__ __forceinline__ void issue(int tile, uint8_t* dk, uint8_t* dv) {
-    static_assert(STEP % 8 == 0, "rows of one thread share the swizzle phase");
-    const int t0 = kv_lo + tile * KVT, left = kv_hi - t0 - r0;
-    const uint32_t so = sw128<KVT>(r0, c);
-    uint32_t sk = ac::smem_u32(dk) + so, sv = ac::smem_u32(dv) + so;
-    asm volatile("" : "+r"(sk), "+r"(sv));  // opaque per tile: ptxas would hoist 2N row addresses otherwise
-    if (page_size == 0) {
-      const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
-      const T* pv = vb + (int64_t)(t0 + r0) * v_sn;
-#pragma unroll
-      for (int it = 0; it < N; ++it) {
-        const bool ok = it * STEP < left;
-        ac::cp_async16(sk + it * STEP * 128, ok ? pk : kb, ok);  // zero-fill reads nothing: any valid address
-        ac::cp_async16(sv + it * STEP * 128, ok ? pv : vb, ok);
-        pk += STEP * k_sn;
-        pv += STEP * v_sn;
-      }
-      return;
-    }
-    copy_paged(sk, kb, k_unit, left);
-    if (!same) rows(tile, true);  // rare (K and V strides differ): V's rows now, not prefetched
-    copy_paged(sv, vb, v_unit, left);
-  }
-  __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
-#pragma unroll
-    for (int it = 0; it < N; ++it) {
-      const bool ok = it * STEP < left;
-      ac::cp_async16(dst + it * STEP * 128, base + (ok ? (uint64_t)roff[it] * unit : 0ull), ok);
-    }
-  }
 };
 
 template <typename Cfg, typename T, int MASK>

@@ -1,5 +1,7 @@
-// attncore cuda_fa2: wgmma (sm_90a) instruction wrappers used by fa2_sm90.cuh.  One warpgroup
-// (128 threads) issues each; accumulators d[] are fp32 in the m64nN register layout
+// attncore cuda_fa2: the sm_90a instruction wrappers fa2_sm90.cuh uses: wgmma and its fences, shared-
+// memory matrix descriptors (128-byte swizzle), mbarriers and setmaxnreg.
+//
+// wgmma: one warpgroup (128 threads) issues each; accumulators d[] are fp32 in the m64nN register layout
 // (n8 block j, element e: row 16 * warp + lane / 4 + 8 * (e / 2), column 8 j + 2 (lane % 4) + e % 2).
 //   mma_ss<T, N>(d, a_desc, b_desc, acc)  D (+)= A B: A (64 x 16) and B (16 x N) from shared memory,
 //                                        both K-major; acc = 0 overwrites D.
@@ -11,8 +13,67 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#ifndef FA2_SM90_VSWAP
+#define FA2_SM90_VSWAP 0  // 1: swap LBO / SBO of the MN-major V descriptor (selftest fallback)
+#endif
+
 namespace fa2 {
 namespace sm90 {
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// generic-proxy smem writes (cp.async, st.shared) made visible to the async proxy (wgmma)
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// keep the compiler from moving accumulator accesses across the async mma
+template <int N> __device__ __forceinline__ void reg_fence(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// byte offset of 16-byte chunk c of row r in a 128B-swizzled [ROWS][cols] 16-bit tile
+template <int ROWS> __device__ __forceinline__ uint32_t sw128(int r, int c) {
+  return (uint32_t)((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+// smem matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+// K-major operand (rows = M or N, contiguous along K): k-step kk (16 elements) of a [ROWS][K] tile
+template <int ROWS> __device__ __forceinline__ uint64_t desc_k(uint32_t base, int kk) {
+  return make_desc(base + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024);
+}
+// MN-major B operand of a [KROWS][N] tile (contiguous along N): k-step kk covers rows 16kk..16kk+15.
+// LBO: next 64-column block (KROWS * 128 bytes); SBO: next 8 rows (1024 bytes).
+template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk, bool swap = FA2_SM90_VSWAP) {
+  const uint32_t lbo = KROWS * 128, sbo = 1024;
+  return swap ? make_desc(base + kk * 2048, sbo, lbo) : make_desc(base + kk * 2048, lbo, sbo);
+}
+
+// mbarrier helpers (CTA scope)
+__device__ __forceinline__ void mbar_init(uint32_t a, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done);
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 template <typename T, int N> __device__ __forceinline__ void mma_ss(float* d, uint64_t da, uint64_t db, int acc);
 template <typename T, int N> __device__ __forceinline__ void mma_rs_t(float* d, const uint32_t* a, uint64_t db);
