@@ -28,6 +28,9 @@ from attncore.backends.xqa import specs as xqa_specs
 
 needs_nvcc = pytest.mark.skipif(jit.find_nvcc() is None,
                                 reason="nvcc not found (CUDA toolkit; CUDA_HOME or ATTNCORE_NVCC): CUDA sources not compiled")
+# building a library (link) goes through ninja as well
+needs_toolchain = pytest.mark.skipif(bool(jit.toolchain_reasons()),
+                                     reason="; ".join(map(str, jit.toolchain_reasons())) or "toolchain found")
 
 SHARED = Path(fa2_specs.INCLUDE) / "attncore"
 SPECS_MODULES = {"cuda_fa2": fa2_specs, "xqa": xqa_specs}
@@ -170,7 +173,7 @@ def _c_layout(cdll, prefix):
     return list(zip(names().decode().split(), buf[:n]))
 
 
-@needs_nvcc
+@needs_toolchain
 @pytest.mark.parametrize("backend,prefix,struct", [
     ("cuda_fa2", "fa2_params", fa2_binding.Fa2Params),
     ("cuda_fa2", "fa2_merge_params", fa2_binding.Fa2MergeParams),
@@ -194,7 +197,7 @@ def _mirror(struct, edit):
     return type("Bad" + struct.__name__, (ctypes.Structure,), {"_fields_": edit(list(struct._fields_))})
 
 
-@needs_nvcc
+@needs_toolchain
 @pytest.mark.parametrize("edit,field", [
     (lambda f: [(n, ctypes.c_int64 if n == "num_qo_heads" else t) for n, t in f], "num_kv_heads"),  # retyped: the next moves
     (lambda f: [x for x in f if x[0] != "causal_override"], "scale_log2"),  # dropped: the next one is off
@@ -206,7 +209,7 @@ def test_a_wrong_mirror_is_refused_naming_the_field(built, edit, field):
         fa2_binding.check_layout(built["cuda_fa2"], "fa2_params", _mirror(fa2_binding.Fa2Params, edit), "cuda_fa2")
 
 
-@needs_nvcc
+@needs_toolchain
 def test_a_wrong_xqa_mirror_is_refused_naming_the_field(built):
     bad = _mirror(xqa_binding.XqaParams, lambda f: [(n, ctypes.c_int64 if n == "mask_words16" else t) for n, t in f])
     with pytest.raises(RuntimeError, match="field 'mask_words16'"):
