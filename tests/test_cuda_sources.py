@@ -4,7 +4,8 @@
   export (attncore/abi.h); the JIT hash covers every header a specialization includes, so an
   edited shared header rebuilds.
 * Representative specializations of every CUDA backend compile for sm_80 and sm_90 (the Hopper
-  prefill for sm_90a) without register spills.
+  prefill for sm_90a) without register spills, but for the few known before (KNOWN_SPILLS), which
+  must not grow.
 * Each library exports its params structs' layout (offsetof of every field, the field names); one
   library per backend, built and linked for sm_90 here and loaded with ctypes, matches its ctypes
   mirror, and a mirror that is off by one field is refused with that field's name.
