@@ -275,11 +275,12 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper(_SharedPrefix):
                       num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                       data_type="float16") -> None:
         """Plan the decode over the unique suffixes (int32 ``indptr [B+1]``, ``indices``,
-        ``last_page_len [B]``). ``data_type``: the dtype of q and of the KV cache (as
-        ``BatchDecodeWithPagedKVCacheWrapper.plan``'s ``data_type``)."""
+        ``last_page_len [B]``). ``data_type``: the dtype of q and of the KV cache (FlashInfer
+        0.2.14's shared-prefix wrapper plans both with it)."""
         self._planned = False
         self._inner.plan(unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads, num_kv_heads,
-                         head_dim, page_size, pos_encoding_mode="NONE", data_type=data_type)
+                         head_dim, page_size, pos_encoding_mode="NONE", q_data_type=data_type,
+                         kv_data_type=data_type)
         self._planned = True
 
     plan = begin_forward
