@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -301,20 +301,6 @@ def refuse_multi_item(where: str, prefix_len_ptr, token_pos_in_items_ptr, token_
         raise NotImplementedError(f"{where}: {', '.join(used)}: multi-item scoring is not implemented by attncore "
                                   f"(no backend serves it); leave prefix_len_ptr, token_pos_in_items_ptr, "
                                   f"max_item_len_ptr None and token_pos_in_items_len 0")
-
-
-def settled_positional(where: str, args: tuple, after: str, settled: Sequence[str], keyword: Sequence[str]
-                       ) -> Dict[str, object]:
-    """Map the positional ``args`` given after parameter ``after`` onto ``settled``, the names whose
-    position attncore shares with FlashInfer 0.2.14; one more raises a ``TypeError`` naming the
-    ``keyword`` parameters that must be passed by keyword (docs/semantics.md, "Parameters": a
-    positional argument is never read as another parameter)."""
-    if len(args) > len(settled):
-        n = f"{len(args)} positional argument{'s' * (len(args) != 1)}"
-        read = f"only {', '.join(settled)} may follow it" if settled else "nothing may follow it"
-        raise TypeError(f"{where}: got {n} after {after}, but {read} by position (FlashInfer releases order "
-                        f"the rest differently); pass {', '.join(keyword)} by keyword")
-    return dict(zip(settled, args))
 
 
 # ----------------------------------------------------------------------------- batches

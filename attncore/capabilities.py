@@ -7,7 +7,7 @@ the problem is claimed.  Backends may add reasons the schema cannot express (``e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import torch

@@ -8,7 +8,7 @@ plan (``None`` means "as planned") or raise: they are never silently ignored.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
