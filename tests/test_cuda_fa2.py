@@ -26,6 +26,13 @@ from attncore.quantization import packbits
 from attncore.testing.contract import assert_batch, offsets, page_table
 from attncore.testing.golden import golden_attention, visible
 
+
+def _rank(backend, problem) -> int:
+    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
+    from attncore.ranking import rule_rank
+
+    return rule_rank(backend, problem).rank
+
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -68,7 +75,7 @@ def test_capabilities_claim_and_refuse():
     # decode measured slower than Triton on an H100 (BENCHMARKS.md): auto prefers Triton there, then
     # cuda_fa2, then the reference (the prefill ranking: test_priority_ranks_prefill90_against_triton...)
     dec = _problem(op="batch_decode")
-    assert 0 < b.priority(dec) < TritonBackend().priority(dec)
+    assert 0 < _rank(b, dec) < _rank(TritonBackend(), dec)
     refused = {
         "device": _problem(device_type="cpu"),
         "compute_capability": _problem(compute_capability=(7, 5)),
@@ -140,7 +147,7 @@ def test_priority_ranks_prefill90_against_triton_as_measured():
     from attncore.backends.triton.backend import TritonBackend
 
     b, t = CudaFa2Backend(), TritonBackend()
-    assert b.priority(_problem()) > t.priority(_problem())  # paged prefill: P4 424 vs 414
+    assert _rank(b, _problem()) > _rank(t, _problem())  # paged prefill: P4 424 vs 414
     for p in (_problem(op="single_prefill", page_size=None),  # Triton's dense kernel: P1 483 vs 470
               _problem(op="batch_prefill_ragged", page_size=None),
               _problem(op="single_prefill", page_size=None, compute_capability=(8, 0)),
@@ -148,7 +155,7 @@ def test_priority_ranks_prefill90_against_triton_as_measured():
               _problem(op="single_prefill", page_size=None, window_left=32),
               _problem(kv_dtype=torch.float8_e4m3fn),
               _problem(op="batch_decode")):
-        assert b.priority(p) < t.priority(p), p.describe()
+        assert _rank(b, p) < _rank(t, p), p.describe()
 
 
 def test_sm90_selection_reasons():

@@ -125,20 +125,6 @@ def test_the_grid_covers_every_rule():
     assert used == {r.id for r in ranking.RULES}
 
 
-# DELETE WITH THE priority() METHODS: this compares the table with the built-in backends' priority()
-# while any of them still defines one (it skips itself once none does; the frozen test above stays).
-def test_rule_table_equals_the_remaining_priority_methods(monkeypatch):
-    with_method = [b for b in backends() if type(b).priority is not Backend.priority]
-    if not with_method:
-        pytest.skip("no shipped backend defines priority() any more: delete this test")
-    for pid, p, fa2_off in grid():
-        monkeypatch.delenv("ATTNCORE_FA2_SM90", raising=False)
-        if fa2_off:
-            monkeypatch.setenv("ATTNCORE_FA2_SM90", "0")
-        for b in with_method:
-            assert ranking.rule_rank(b, p).rank == int(b.priority(p)), (b.name, pid)
-
-
 def test_every_shipped_backend_has_rows_ending_in_a_catch_all_and_evidence():
     for name in ranking.OWNERS:
         rows = ranking.rules_for(name)

@@ -4,7 +4,6 @@ Works whether or not the plugin is pip-installed: its source directory is put on
 the backend registered directly; the entry-point test runs only where it is installed.
 """
 
-import math
 import os
 import subprocess
 import sys
@@ -21,6 +20,13 @@ if PLUGIN_SRC not in sys.path:
 import attncore  # noqa: E402
 from attncore.problem import AttentionProblem  # noqa: E402
 from attncore_sdpa import SdpaBackend  # noqa: E402
+
+
+def _rank(backend, problem) -> int:
+    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
+    from attncore.ranking import rule_rank
+
+    return rule_rank(backend, problem).rank
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +73,10 @@ def test_claims_dense_prefill():
 
 def test_priority():
     b = SdpaBackend()
-    assert b.priority(_p()) == -1  # below the reference (0) on CPU
-    assert b.priority(_p(device_type="cuda", compute_capability=(9, 0))) == 55
-    assert b.priority(_p(device_type="cuda", compute_capability=(7, 5))) < 55
-    assert b.priority(_p(device_type="cuda", compute_capability=(9, 0), return_lse=True)) < 55
+    assert _rank(b, _p()) == -1  # below the reference (0) on CPU
+    assert _rank(b, _p(device_type="cuda", compute_capability=(9, 0))) == 55
+    assert _rank(b, _p(device_type="cuda", compute_capability=(7, 5))) < 55
+    assert _rank(b, _p(device_type="cuda", compute_capability=(9, 0), return_lse=True)) < 55
 
 
 def test_priority_ranks_as_the_plugin_readme_says():
@@ -85,9 +91,9 @@ def test_priority_ranks_as_the_plugin_readme_says():
         for cc in ((8, 0), (9, 0)):
             p = _p(op=op, device_type="cuda", compute_capability=cc, mask="causal", q_dtype=torch.bfloat16,
                    kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-            assert all(b.priority(p) > o.priority(p) for o in builtins), p.describe()
+            assert all(_rank(b, p) > _rank(o, p) for o in builtins), p.describe()
             lse = p.replace(return_lse=True)
-            assert all(ReferenceBackend().priority(lse) < b.priority(lse) < o.priority(lse) for o in builtins)
+            assert all(_rank(ReferenceBackend(), lse) < _rank(b, lse) < _rank(o, lse) for o in builtins)
 
 
 @pytest.mark.parametrize("qo, kv", [(5, 5), (3, 11), (1, 1)])

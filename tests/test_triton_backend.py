@@ -28,6 +28,13 @@ from attncore.testing import contract  # noqa: E402
 from attncore.testing.tile_model import slip_request, slips  # noqa: E402
 from attncore.backends.triton.backend import TritonBackend  # noqa: E402
 
+
+def _rank(backend, problem) -> int:
+    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
+    from attncore.ranking import rule_rank
+
+    return rule_rank(backend, problem).rank
+
 HAS_CUDA = torch.cuda.is_available()
 INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
 cpu_only = pytest.mark.skipif(not INTERP, reason="needs TRITON_INTERPRET=1 (CPU interpreter)")
@@ -49,14 +56,14 @@ def test_capabilities_and_priority():
     be = TritonBackend()
     assert be.name == "triton"
     base = AttentionProblem(op="batch_decode", device_type="cpu", page_size=16)
-    assert be.priority(base) < 0  # auto on CPU keeps the reference backend (priority 0)
+    assert _rank(be, base) < 0  # auto on CPU keeps the reference backend (priority 0)
     cuda = base.replace(device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
                         kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    assert be.priority(cuda) == 50
+    assert _rank(be, cuda) == 50
     dense = cuda.replace(op="single_prefill", page_size=None, mask="causal")
-    assert be.priority(dense) == 53  # the Hopper dense kernel, measured above cuda_fa2 (52)
-    assert be.priority(dense.replace(compute_capability=(8, 0))) == 50
-    assert be.priority(dense.replace(soft_cap=True)) == 50  # the dense kernel does not serve it
+    assert _rank(be, dense) == 53  # the Hopper dense kernel, measured above cuda_fa2 (52)
+    assert _rank(be, dense.replace(compute_capability=(8, 0))) == 50
+    assert _rank(be, dense.replace(soft_cap=True)) == 50  # the dense kernel does not serve it
     if INTERP:
         assert be.available() == []
         assert be.supports(base)

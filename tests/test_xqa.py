@@ -22,6 +22,13 @@ from attncore.mask import pack_spec_mask
 from attncore.problem import AttentionProblem
 from attncore.testing.contract import assert_batch, page_table
 
+
+def _rank(backend, problem) -> int:
+    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
+    from attncore.ranking import rule_rank
+
+    return rule_rank(backend, problem).rank
+
 gpu = pytest.mark.gpu
 HAS_GPU = torch.cuda.is_available()
 
@@ -102,8 +109,8 @@ def test_claims_and_refusals():
 
 def test_priority():
     b = _backend()
-    assert b.priority(_problem(cc=(9, 0))) == 70
-    assert b.priority(_problem(cc=(8, 0))) == 40
+    assert _rank(b, _problem(cc=(9, 0))) == 70
+    assert _rank(b, _problem(cc=(8, 0))) == 40
 
 
 def test_uri_roundtrip_and_splits():

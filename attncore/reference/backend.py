@@ -36,9 +36,6 @@ class ReferenceBackend(Backend):
         ),
     )
 
-    def priority(self, problem: AttentionProblem) -> int:
-        return 0
-
     def extra_reasons(self, problem):
         from ..capabilities import Reason
 

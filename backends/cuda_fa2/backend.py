@@ -131,22 +131,9 @@ class CudaFa2Backend(Backend):
             r.append(Reason("page_size", str(problem.page_size), ">= 1"))
         return r
 
-    def priority(self, problem: AttentionProblem) -> int:
-        # Measured on an H100 (2026-11-22, session 3, BENCHMARKS.md): the Hopper prefill90 kernel beats
-        # Triton on the prefill it serves (P1 causal 465 vs 430 TFLOP/s, P3 page 16 359 vs 299, P4 446
-        # vs 353), while decode and the FA2 kernel's features stay below Triton (D1 94% vs 95%): auto
-        # ranks it above Triton (50) only for the former.
-        if problem.device_type != "cuda":
-            return 0
-        if (problem.op in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
-                and problem.compute_capability is not None and tuple(problem.compute_capability) == (9, 0)
-                and not self._problem_sm90_reasons(problem)):
-            return 52
-        return 40
-
     def _problem_sm90_reasons(self, problem: AttentionProblem, window_left: Optional[int] = None) -> List[str]:
         """The problem-level reasons why prefill90 cannot serve (device and batch checks aside).
-        ``window_left``: the batch's window (``meta.params``) once there is a batch; before (priority),
+        ``window_left``: the batch's window (``meta.params``) once there is a batch; before (the rule table),
         the problem's selection key."""
         import os
 

@@ -220,19 +220,6 @@ class TritonBackend(Backend):
             r.append(Reason("num_qo_heads", f"{p.num_qo_heads}/{p.num_kv_heads}", "a multiple of num_kv_heads"))
         return r
 
-    def priority(self, problem: AttentionProblem) -> int:
-        # The interpreter is far slower than the reference backend: auto on CPU keeps the reference.
-        if problem.device_type != "cuda":
-            return -1
-        # Dense prefill on Hopper (the dense kernel's features): measured above cuda_fa2's prefill90
-        # (52) in the same run (H100, session 4, BENCHMARKS.md: P1 causal 483 vs 470, non-causal 530
-        # vs 516, P2 d64 360 vs 317-331 TFLOP/s).  Paged prefill stays below it: the gather pays
-        # on P3 but not P4 (414 vs 424), and the batch shape is not known here.
-        if (problem.op in ("single_prefill", "batch_prefill_ragged") and problem.compute_capability is not None
-                and tuple(problem.compute_capability) == (9, 0) and self._dense_serves(problem)):
-            return 53
-        return 50
-
     # ------------------------------------------------------------------ plan
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         from . import config as _cfg

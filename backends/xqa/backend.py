@@ -151,11 +151,6 @@ class XqaBackend(Backend):
                 r.append(Reason("out_dtype", "e4m3 with a 16-bit KV cache", "e4m3 output only with an fp8 KV cache"))
         return r
 
-    def priority(self, problem: AttentionProblem) -> int:
-        if problem.device_type != "cuda":
-            return 0
-        return 70 if tuple(problem.compute_capability or ()) == (9, 0) else 40
-
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, q_len: int):
         from .specs import XqaKey

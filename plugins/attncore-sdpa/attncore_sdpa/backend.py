@@ -103,16 +103,6 @@ class SdpaBackend(Backend):
                            f"same as q ({str(problem.q_dtype).replace('torch.', '')})")]
         return []
 
-    def priority(self, problem: AttentionProblem) -> int:
-        # cuDNN / flash SDPA is among the fastest dense prefill kernels on sm80+ (cuDNN on Hopper);
-        # the LSE path goes through the slower mem-efficient kernel, so it only beats the reference.
-        cc = problem.compute_capability
-        if problem.device_type == "cuda" and cc is not None and tuple(cc) >= (8, 0) and not problem.return_lse:
-            return 55
-        if problem.device_type == "cuda":
-            return 5
-        return -1  # on CPU the reference backend stays the default
-
     # ------------------------------------------------------------------------------------------
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> _Plan:
         qp, kp = meta.qo_indptr_host, meta.kv_indptr_host
