@@ -7,32 +7,32 @@ quantization APIs.  Every entry point takes ``backend=`` ("auto" or a backend na
 
 __version__ = "0.1.0"
 
-from . import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402
-from .backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
-from .capabilities import Capabilities, Reason  # noqa: E402
-from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
-from .cascade_wrappers import (  # noqa: E402
+from attncore import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402
+from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
+from attncore.core.capabilities import Capabilities, Reason  # noqa: E402
+from attncore.cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
+from attncore.cascade.wrappers import (  # noqa: E402
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
     BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     MultiLevelCascadeAttentionWrapper,
 )
-from .decode import (  # noqa: E402
+from attncore.decode import (  # noqa: E402
     BatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
     xqa_batch_decode_with_kv_cache,
 )
-from .hooks import hookimpl  # noqa: E402
-from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens  # noqa: E402
-from .pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: E402
-from .prefill import (  # noqa: E402
+from attncore.core.hooks import hookimpl  # noqa: E402
+from attncore.page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens  # noqa: E402
+from attncore.pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: E402
+from attncore.prefill import (  # noqa: E402
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
     single_prefill_with_kv_cache_return_lse,
 )
-from .problem import AttentionProblem  # noqa: E402
-from .quantization import packbits, segment_packbits  # noqa: E402
-from .rope import (  # noqa: E402
+from attncore.core.problem import AttentionProblem  # noqa: E402
+from attncore.quantization import packbits, segment_packbits  # noqa: E402
+from attncore.rope import (  # noqa: E402
     apply_llama31_rope,
     apply_llama31_rope_inplace,
     apply_llama31_rope_pos_ids,
@@ -44,8 +44,8 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from .registry import available_backends, get_backend, register_backend, unregister_backend  # noqa: E402
-from .selector import BackendSelectionError, explain, select  # noqa: E402
+from attncore.core.registry import available_backends, get_backend, register_backend, unregister_backend  # noqa: E402
+from attncore.core.selector import BackendSelectionError, explain, select  # noqa: E402
 
 __all__ = [
     "AttentionProblem", "AttnParams", "Backend", "BackendSelectionError", "BatchDecodeWithPagedKVCacheWrapper",

@@ -11,12 +11,12 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _api
-from . import ops as _ops
-from . import params as _params
-from .backend import BatchMeta, RunArgs
-from .page import unpack_paged_kv_cache
-from .prefill import _BatchWrapper, _run_positional, single_prefill_with_kv_cache
+from attncore.core import _api
+from attncore.core import ops as _ops
+from attncore.core import params as _params
+from attncore.core.backend import BatchMeta, RunArgs
+from attncore.page import unpack_paged_kv_cache
+from attncore.prefill import _BatchWrapper, _run_positional, single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
 
@@ -163,7 +163,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         match the plan (it is a plan-time choice)."""
         if args:
             _run_positional("BatchDecodeWithPagedKVCacheWrapper.run", args, "q_scale, k_scale, v_scale, return_lse")
-        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.core.ops)
             if window_left is not None and self._planned is not None:
                 self._check_window(window_left)
             k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
@@ -237,7 +237,7 @@ def xqa_batch_decode_with_kv_cache(
     _api.check_tensor("workspace_buffer", workspace_buffer, device=device)
     if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1:
         kv_cache = (kv_cache[:, 0], kv_cache[:, 0])  # K and V share storage
-    from .page import unpack_paged_kv_cache
+    from attncore.page import unpack_paged_kv_cache
 
     k_cache, _ = unpack_paged_kv_cache(kv_cache, kv_layout)
     page_size = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]

@@ -12,11 +12,11 @@ from typing import Optional
 
 import torch
 
-from . import _api
-from . import ops as _ops
-from . import params as _params
-from .decode import BatchDecodeWithPagedKVCacheWrapper
-from .prefill import BatchPrefillWithPagedKVCacheWrapper, _plan_single, _run_single
+from attncore.core import _api
+from attncore.core import ops as _ops
+from attncore.core import params as _params
+from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
+from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper, _plan_single, _run_single
 
 Tensor = torch.Tensor
 
@@ -81,7 +81,7 @@ class PODWithPagedKVCacheWrapper:
         if custom_mask_d is not None or packed_custom_mask_d is not None:
             raise ValueError("custom_mask_d: the decode side takes no custom mask (each decode row sees its "
                              "whole request, within the planned window)")
-        # every scalar is checked by its rule (attncore.params) under the name it was given; the prefill
+        # every scalar is checked by its rule (attncore.core.params) under the name it was given; the prefill
         # side's are checked again, under their plain names, by the single prefill
         sm_scale_p = _params.sm_scale(sm_scale_p, None, "sm_scale_p")
         window_left_p = _params.window_left(window_left_p, "window_left_p")

@@ -14,11 +14,11 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _api
-from . import ops as _ops
-from . import params as _params
-from .backend import BatchMeta, RunArgs
-from .page import unpack_paged_kv_cache
+from attncore.core import _api
+from attncore.core import ops as _ops
+from attncore.core import params as _params
+from attncore.core.backend import BatchMeta, RunArgs
+from attncore.page import unpack_paged_kv_cache
 
 Tensor = torch.Tensor
 
@@ -28,7 +28,7 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
                  rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
                  v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None) -> Tuple[_api.Planned, RunArgs]:
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
-    passed by keyword (the public functions, ``attncore.ops`` and POD all come here)."""
+    passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here)."""
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
@@ -177,7 +177,7 @@ def single_prefill_with_kv_cache(
             or backend.__class__ is not str or use_fp16_qk_reduction is not None or allow_fp16_qk_reduction is not None):
         q_scale, k_scale, v_scale = _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
                                                    backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
-    if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.ops
+    if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.core.ops
         if o_dtype is not None and _api.to_dtype(o_dtype, "o_dtype") != q.dtype:
             raise NotImplementedError("o_dtype: an output dtype other than q's is not supported under torch.compile "
                                       "(attncore::single_prefill writes q's dtype); call it eagerly")
@@ -235,7 +235,7 @@ class _BatchWrapper:
         self._requested_backend = backend
         self._planned: Optional[_api.Planned] = None
         self._fixed_batch_size: Optional[int] = None
-        # torch.compile (attncore.ops): the handle that names this wrapper to attncore::run_planned, and
+        # torch.compile (attncore.core.ops): the handle that names this wrapper to attncore::run_planned, and
         # what a traced run() needs from the plan, (handle, num_qo_heads, head_dim_vo, out dtype), or None
         # before plan(). Compiled graphs guard on this tuple only: a re-plan that keeps it reuses them.
         self._op_handle = _ops.register(self)
@@ -543,7 +543,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             _run_positional("BatchPrefillWithPagedKVCacheWrapper.run", args, "k_scale, v_scale, return_lse")
         if window_left is not None and self._planned is not None:
             _check_window(self, window_left)
-        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.core.ops)
             k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
@@ -651,7 +651,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         """Run the planned batch.  k, v: ``[nnz_kv, Hkv, D]`` (NHD) or ``[Hkv, nnz_kv, D]`` (HND)."""
         if args:
             _run_positional("BatchPrefillWithRaggedKVCacheWrapper.run", args, "return_lse")
-        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.ops)
+        if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.core.ops)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
         self._require_plan()

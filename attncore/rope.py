@@ -1,5 +1,5 @@
 """Rotary position embeddings applied to q and k (FlashInfer 0.2.14's ``flashinfer.rope``), as a Triton
-kernel (``attncore._rope_kernel``; on a machine without a CUDA GPU it runs through Triton's CPU
+kernel (``attncore.kernels.rope``; on a machine without a CUDA GPU it runs through Triton's CPU
 interpreter, which is switched on as for the triton backend).
 
 Layout: ``q [nnz, Hq, D]`` and ``k [nnz, Hk, D]`` (any strides; Hq and Hk may differ), token ``t`` of
@@ -35,8 +35,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import params as _params
-from .page import _check_indptr, _check_values, _same_device, _tensor
+from attncore.core import params as _params
+from attncore.page import _check_indptr, _check_values, _same_device, _tensor
 
 __all__ = [
     "apply_llama31_rope",
@@ -64,7 +64,7 @@ _QK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def rope_inv_freq(rotary_dim: int, rope_theta: float = 1e4, rope_scale: float = 1.0, *,
                   llama31: Optional[Tuple[float, float, float]] = None, device=None) -> torch.Tensor:
     """float32 ``[rotary_dim // 2]``: ``freq_i = rope_theta ** (-2i / rotary_dim) / rope_scale`` (the
-    formula of ``attncore.mask.rope_llama``, computed in float64), or, with
+    formula of ``attncore.core.mask.rope_llama``, computed in float64), or, with
     ``llama31=(low_freq_factor, high_freq_factor, old_context_len)``, Llama 3.1's smoothed frequencies
     (module docstring).  Computed on ``device`` without host copies (CUDA-graph capturable)."""
     i = torch.arange(rotary_dim // 2, dtype=torch.float64, device=device)
@@ -161,10 +161,10 @@ def _interpreting() -> bool:
 
 
 def _kernel():
-    from .backends.triton.plugin import _maybe_enable_interpreter
+    from attncore.backends.triton.plugin import _maybe_enable_interpreter
 
     _maybe_enable_interpreter()  # before the kernel module is first imported (decorated)
-    from ._rope_kernel import rope_kernel
+    from attncore.kernels.rope import rope_kernel
 
     return rope_kernel
 

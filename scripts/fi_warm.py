@@ -10,7 +10,7 @@ import time
 
 CHILD = """
 import sys, torch, flashinfer
-from attncore.bench import _setup, select_workloads
+from attncore.cli.bench import _setup, select_workloads
 w = select_workloads([sys.argv[1]])[0]
 try:
     _setup(w, "auto", "cuda", torch.bfloat16, 1, api=flashinfer)
@@ -21,7 +21,7 @@ except Exception as e:
 
 
 def main(ids):
-    from attncore.bench import select_workloads
+    from attncore.cli.bench import select_workloads
 
     t0 = time.time()
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, w.id], stdout=subprocess.PIPE,

@@ -20,7 +20,7 @@ python3 scripts/prebuild_conformance.py 2>&1 | tail -1
 stamp "cuda_fa2 libraries built"
 LOG="$OUT/issue13.log"; : > "$LOG"
 if has defects; then
-  for s in scripts/gpu_triton_issue13.py scripts/gpu_cuda_issue13.py; do
+  for s in backends/triton/scripts/gpu_triton_issue13.py backends/cuda_fa2/scripts/gpu_cuda_issue13.py; do
     [ -f "$s" ] || continue
     python3 "$s" >> "$LOG" 2>&1; echo "$s: exit $?" | tee -a "$LOG"
   done

@@ -9,7 +9,7 @@ Over-approximates: for each computed case it builds every tile config plan() cou
 import sys
 import time
 
-from attncore import jit
+from attncore.build import jit
 from attncore.testing import resolve_backend
 from attncore.testing.cases import generate
 

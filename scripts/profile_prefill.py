@@ -10,7 +10,7 @@ import sys
 import torch
 
 import attncore as ac
-from attncore.bench import WORKLOADS, _setup
+from attncore.cli.bench import WORKLOADS, _setup
 
 
 def main():

@@ -56,8 +56,8 @@ def test_non_contiguous_last_dim():
 def test_head_dim_a_forced_backend_cannot_serve():
     q, k = torch.randn(4, 4, 72).half(), torch.randn(5, 2, 72).half()
     # the reference serves any head dim; a forced backend with a fixed set refuses with its reason
-    from attncore import registry
-    from attncore.capabilities import Capabilities
+    from attncore.core import registry
+    from attncore.core.capabilities import Capabilities
     from attncore.reference.backend import ReferenceBackend
 
     class D128(ReferenceBackend):
@@ -222,7 +222,7 @@ def test_xqa_device_seq_lens_past_max_seq_len_raise(backend):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     q, cache, ws, bt = (t.cuda() for t in _xqa_case())
-    if backend != "auto" and not attncore.registry.get_entry(backend).is_available:
+    if backend != "auto" and not attncore.core.registry.get_entry(backend).is_available:
         pytest.skip(f"{backend} unavailable")
     with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 13 \(request 0\)"):
         attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor([13, 5], dtype=torch.int32).cuda(), 9,
@@ -382,7 +382,7 @@ def with_sdpa():
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "attncore-sdpa")
     if src not in sys.path:
         sys.path.insert(0, src)
-    from attncore import registry
+    from attncore.core import registry
     from attncore_sdpa import SdpaBackend
 
     if "sdpa" not in registry.available_backends():
@@ -408,7 +408,7 @@ def test_sm_scale_nan_raises_on_every_backend(with_sdpa, backend):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_logits_soft_cap_inf_is_no_cap(backend):
     """Reproduction: logits_soft_cap=inf computed inf * tanh(x / inf) = NaN everywhere."""
-    from attncore import params
+    from attncore.core import params
 
     if backend not in attncore.available_backends():
         pytest.skip(f"backend {backend} is not available here")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import attncore
-from attncore.backend import MASKS, AttnParams, BatchMeta
-from attncore.problem import AttentionProblem
+from attncore.core.backend import MASKS, AttnParams, BatchMeta
+from attncore.core.problem import AttentionProblem
 
 I32 = dict(dtype=torch.int32)
 PARAMS = AttnParams(sm_scale=0.125, window_left=5)
@@ -238,7 +238,7 @@ def test_by_hand_batch_is_completed():
 
 def test_by_hand_batch_plans_like_a_constructed_one():
     """The reference backend gives the same bits for a batch built by hand and by the constructor."""
-    be = attncore.registry.get_entry("reference").backend
+    be = attncore.core.registry.get_entry("reference").backend
     g = torch.Generator().manual_seed(3)
     q = torch.randn(5, 4, 16, generator=g).half()
     k = torch.randn(9, 2, 16, generator=g).half()
@@ -251,6 +251,6 @@ def test_by_hand_batch_plans_like_a_constructed_one():
     outs = []
     for meta in (built, by_hand):
         out = torch.empty_like(q)
-        be.run(be.plan(p, meta), attncore.backend.RunArgs(q=q, k=k, v=k, out=out))
+        be.run(be.plan(p, meta), attncore.core.backend.RunArgs(q=q, k=k, v=k, out=out))
         outs.append(out)
     assert torch.equal(outs[0], outs[1])

@@ -185,10 +185,10 @@ def test_bad_input():
 
 
 # ------------------------------------------------------------------------------------------------------
-# The fused merge kernel (attncore._merge_kernel): merge_state(s) run it on CUDA tensors, and on CPU ones
+# The fused merge kernel (attncore.kernels.merge_states): merge_state(s) run it on CUDA tensors, and on CPU ones
 # through Triton's interpreter (tests/conftest.py switches it on without a GPU); plain torch otherwise.
 # ------------------------------------------------------------------------------------------------------
-from attncore import cascade  # noqa: E402
+from attncore.cascade import merge as cascade  # noqa: E402
 
 FUSED_DEVICES = [d for d in DEVICES if cascade.fused_merge_available(d)]
 NAN = float("nan")

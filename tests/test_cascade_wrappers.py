@@ -1,6 +1,6 @@
-"""Cascade wrappers (attncore.cascade_wrappers, FlashInfer 0.2.14's flashinfer.cascade wrappers) against the
+"""Cascade wrappers (attncore.cascade.wrappers, FlashInfer 0.2.14's flashinfer.cascade wrappers) against the
 fp64 golden over each row's concatenated keys, through the reference backend and Triton (its CPU
-interpreter without a GPU); the levels' states are merged by the fused kernel (attncore._merge_kernel)."""
+interpreter without a GPU); the levels' states are merged by the fused kernel (attncore.kernels.merge_states)."""
 
 import math
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import attncore
-from attncore import cascade
+from attncore.cascade import merge as cascade
 from attncore.cascade import (
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
     BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     MultiLevelCascadeAttentionWrapper,
 )
-from attncore.selector import BackendSelectionError
+from attncore.core.selector import BackendSelectionError
 from attncore.testing.golden import golden_attention, visible
 
 NAN = float("nan")

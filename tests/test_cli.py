@@ -85,7 +85,7 @@ def test_bench_sequential_pages(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "pages: sequential" in r.stdout
     assert json.loads(j.read_text())["page_order"] == "sequential"
-    from attncore.bench import run_bench
+    from attncore.cli.bench import run_bench
     with pytest.raises(ValueError, match="page_order"):
         run_bench(ids=["D1"], device="cpu", page_order="random")
 
@@ -95,7 +95,7 @@ def test_bench_drives_any_flashinfer_api_module(wid):
     """--flashinfer drives the comparison module through the FlashInfer API alone (no backend=,
     no attncore-only arguments); attncore itself, being that API, stands in for it on the CPU."""
     import attncore
-    from attncore.bench import _setup, _shrink, select_workloads
+    from attncore.cli.bench import _setup, _shrink, select_workloads
 
     w = _shrink(select_workloads([wid])[0])
     runs, chosen = _setup(w, "auto", "cpu", torch.float16, 1, api=attncore)
@@ -104,7 +104,7 @@ def test_bench_drives_any_flashinfer_api_module(wid):
 
 
 def test_bench_flashinfer_needs_the_real_package(capsys):
-    from attncore.bench import _import_flashinfer
+    from attncore.cli.bench import _import_flashinfer
 
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         _import_flashinfer("cpu")
@@ -192,7 +192,7 @@ def test_device_cuda_without_a_gpu_is_a_usage_error(cmd, capsys):
 
 
 def test_bench_help_lists_the_workloads(capsys):
-    from attncore.bench import WORKLOADS, select_workloads
+    from attncore.cli.bench import WORKLOADS, select_workloads
     from attncore.cli import main
 
     with pytest.raises(SystemExit) as e:
@@ -205,7 +205,7 @@ def test_bench_help_lists_the_workloads(capsys):
 
 
 def test_explain_names_the_dtype_not_the_device_for_bf16_on_cpu(capsys):
-    from attncore import registry
+    from attncore.core import registry
     from attncore.cli import main
 
     if not registry.entries()["triton"].is_available:
@@ -218,7 +218,7 @@ def test_explain_names_the_dtype_not_the_device_for_bf16_on_cpu(capsys):
 
 
 def test_check_table_says_what_its_numbers_are():
-    from attncore.check import CheckResult, format_table
+    from attncore.cli.check import CheckResult, format_table
 
     table = format_table([CheckResult("reference", "single-causal-float16", "pass", 3.6e-4, 3.3e-3),
                           CheckResult("sdpa", "single-causal-float16", "n/a")])

@@ -281,7 +281,7 @@ def test_legacy_forward_applies_its_options():
 # ----------------------------------------------------------------------------- backend=
 def test_backend_names():
     q, k, v = _qkv()
-    from attncore import registry
+    from attncore.core import registry
     assert registry.resolve("fa2") == "cuda_fa2" and registry.resolve("auto") == "auto"
     for name, msg in (("fa3", "no separate FA3 backend"), ("cutlass", "no CUTLASS"),
                       ("trtllm-gen", "no TensorRT-LLM-gen backend")):

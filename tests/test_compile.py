@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
 import attncore
-from attncore import ops
+from attncore.core import ops
 from attncore.testing.golden import ATOL, max_error
 
 HQ, HKV, D, PAGE = 4, 2, 16, 4
@@ -421,7 +421,7 @@ def test_gpu_layer_compiles_fullgraph_inductor(backend, op, mode, request):
     """A layer (projection, attention, projection) under torch.compile(fullgraph=True) with inductor on
     the GPU, every backend that serves the op: no graph break, equal to eager (also replayed from
     CUDA graphs with mode="reduce-overhead"); the op's name shows in the profiler."""
-    from attncore.selector import BackendSelectionError
+    from attncore.core.selector import BackendSelectionError
 
     if op == "single_prefill" and mode == "reduce-overhead" and backend in ("triton", "cuda_fa2"):
         # H100 2026-11-24: the one-call op plans on every call, and a plan copies its index tensors to the

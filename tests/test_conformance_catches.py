@@ -15,8 +15,8 @@ import pytest
 FAKES = textwrap.dedent('''
     import math
     import torch
-    from attncore.backend import Backend
-    from attncore.capabilities import Capabilities
+    from attncore.core.backend import Backend
+    from attncore.core.capabilities import Capabilities
     from attncore.reference.backend import ReferenceBackend
 
     CAPS = (Capabilities(ops=frozenset({"single_prefill", "batch_prefill_ragged"}), devices=frozenset({"cpu"}),

@@ -17,19 +17,19 @@ from typing import List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from attncore import jit
-from attncore.backend import AttnParams, BatchMeta, RunArgs
+from attncore.build import jit
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs
 from attncore.backends.cuda_fa2 import specs
 from attncore.backends.cuda_fa2.backend import CudaFa2Backend
-from attncore.problem import AttentionProblem
+from attncore.core.problem import AttentionProblem
 from attncore.quantization import packbits
 from attncore.testing.contract import assert_batch, offsets, page_table
 from attncore.testing.golden import golden_attention, visible
 
 
 def _rank(backend, problem) -> int:
-    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
-    from attncore.ranking import rule_rank
+    """auto's rank of a shipped backend: the rule table (attncore.core.ranking)."""
+    from attncore.core.ranking import rule_rank
 
     return rule_rank(backend, problem).rank
 

@@ -87,7 +87,7 @@ def test_ragged_and_mask_buffers_are_used():
 def test_one_call_apis_reuse_their_small_index_tensors():
     """single prefill and xqa build index tensors per call: cached, so no host-to-device copy (and
     stream sync) repeats across layers."""
-    from attncore import _api
+    from attncore.core import _api
 
     q, k = torch.randn(3, 4, 16).half(), torch.randn(7, 2, 16).half()
     attncore.single_prefill_with_kv_cache(q, k, k, causal=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from attncore import jit
+from attncore.build import jit
 from attncore.backends.cuda_fa2 import binding as fa2_binding
 from attncore.backends.cuda_fa2 import specs as fa2_specs
 from attncore.backends.xqa import binding as xqa_binding
@@ -33,7 +33,7 @@ needs_nvcc = pytest.mark.skipif(jit.find_nvcc() is None,
 needs_toolchain = pytest.mark.skipif(bool(jit.toolchain_reasons()),
                                      reason="; ".join(map(str, jit.toolchain_reasons())) or "toolchain found")
 
-SHARED = Path(fa2_specs.INCLUDE) / "attncore"
+SHARED = Path(jit.INCLUDE_DIR) / "attncore"
 SPECS_MODULES = {"cuda_fa2": fa2_specs, "xqa": xqa_specs}
 
 
@@ -64,7 +64,7 @@ def _included(spec: jit.Spec):
 
 def test_every_cuda_backend_is_covered_here():
     """A new CUDA backend (one that offers JIT specs) must be added to this file's checks."""
-    from attncore.jit import _known_backends
+    from attncore.build.jit import _known_backends
 
     assert set(_known_backends()) <= set(SPECS_MODULES), _known_backends()
 
@@ -80,7 +80,7 @@ def test_shared_headers_ship_and_every_included_header_is_hashed():
 
 def test_editing_the_shared_header_changes_the_library_hash(tmp_path):
     inc = tmp_path / "include"
-    shutil.copytree(fa2_specs.INCLUDE, inc)
+    shutil.copytree(jit.INCLUDE_DIR, inc)
     for mod, key in ((fa2_specs, fa2_specs.Fa2Key()), (xqa_specs, xqa_specs.XqaKey())):
         s = key.spec()
         spec = jit.Spec(s.backend, s.uri, s.sources, s.defines, (str(mod.CSRC), str(inc)), s.extra_flags)

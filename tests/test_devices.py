@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import attncore as ac
-from attncore import registry
-from attncore.selector import BackendSelectionError
+from attncore.core import registry
+from attncore.core.selector import BackendSelectionError
 from attncore.testing.placement import device_type, parse_device, placed
 
 CUDA = torch.cuda.is_available()
@@ -68,7 +68,7 @@ def test_cli_device_usage_errors(capsys):
 
 def test_check_runs_placed_on_side_stream():
     """--stream side reaches every case (on the CPU placed() is a no-op, so this runs the plumbing)."""
-    from attncore.check import run_check
+    from attncore.cli.check import run_check
 
     res = run_check(["reference"], quick=True, device="cpu", stream="side", progress=lambda s: None)
     assert res and all(r.status in ("pass", "n/a") for r in res), [r for r in res if r.status != "pass"]

@@ -1,4 +1,4 @@
-"""attncore.jit on the CPU machine: nvcc builds, cache layout, file-lock reuse across processes."""
+"""attncore.build.jit on the CPU machine: nvcc builds, cache layout, file-lock reuse across processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attncore import jit
+from attncore.build import jit
 
 needs_nvcc = pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found")
 
@@ -87,7 +87,7 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
 
 _CHILD = textwrap.dedent("""
     import os, sys, time
-    from attncore import jit
+    from attncore.build import jit
     if len(sys.argv) > 2:  # wait for the go file (imports already done)
         while not os.path.exists(sys.argv[2]):
             time.sleep(0.005)

@@ -161,7 +161,7 @@ def test_preallocated_out_and_lse_are_written():
 
 
 def test_mask_materialization_matches_the_rules():
-    from attncore.mask import build_mask
+    from attncore.core.mask import build_mask
 
     qo, kv = 5, 9
     custom = torch.rand(qo, kv) < 0.5
@@ -178,7 +178,7 @@ def test_mask_materialization_matches_the_rules():
 
 
 def test_spec_mask_packing_round_trips():
-    from attncore.mask import pack_spec_mask, spec_mask_rows
+    from attncore.core.mask import pack_spec_mask, spec_mask_rows
 
     for q_len in (1, 3, 17, 33):
         bits = torch.rand(2, q_len, q_len) < 0.5

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import attncore
-from attncore import registry, selector
-from attncore.backend import Backend
-from attncore.capabilities import Capabilities, Reason
-from attncore.problem import AttentionProblem
+from attncore.core import registry
+from attncore.core import selector
+from attncore.core.backend import Backend
+from attncore.core.capabilities import Capabilities, Reason
+from attncore.core.problem import AttentionProblem
 
 
 class Fake(Backend):
@@ -244,7 +245,7 @@ def test_run_time_feature_replans_on_a_capable_backend(clean_registry):
 
 
 def test_cuda_device_refuses_other_devices_by_name():
-    from attncore.backend import cuda_device
+    from attncore.core.backend import cuda_device
 
     with pytest.raises(ValueError, match="xqa: device cpu is not a CUDA device"):
         cuda_device("cpu", "xqa")
@@ -272,7 +273,7 @@ def test_refusal_reasons_come_from_the_entry_for_the_problems_device():
 
 
 def test_summarize_is_plain_words():
-    from attncore.capabilities import summarize
+    from attncore.core.capabilities import summarize
 
     dense = Capabilities(ops=frozenset({"single_prefill"}), devices=frozenset({"cuda"}),
                          min_compute_capability=(8, 0), head_dim_multiple=16, max_head_dim=256)

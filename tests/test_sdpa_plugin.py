@@ -18,20 +18,20 @@ if PLUGIN_SRC not in sys.path:
     sys.path.insert(0, PLUGIN_SRC)
 
 import attncore  # noqa: E402
-from attncore.problem import AttentionProblem  # noqa: E402
+from attncore.core.problem import AttentionProblem  # noqa: E402
 from attncore_sdpa import SdpaBackend  # noqa: E402
 
 
 def _rank(backend, problem) -> int:
-    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
-    from attncore.ranking import rule_rank
+    """auto's rank of a shipped backend: the rule table (attncore.core.ranking)."""
+    from attncore.core.ranking import rule_rank
 
     return rule_rank(backend, problem).rank
 
 
 @pytest.fixture(scope="module")
 def sdpa():
-    from attncore import registry
+    from attncore.core import registry
 
     registry.register_backend(SdpaBackend(), origin="test")
     yield registry.get_backend("sdpa")
@@ -186,7 +186,7 @@ def test_entry_point_declared():
     assert isinstance(b, SdpaBackend) and b.name == "sdpa"
     installed = [ep for ep in metadata.entry_points(group="attncore.backends") if ep.name == "sdpa"]
     if installed:  # pip-installed: the registry finds it on its own
-        from attncore import registry
+        from attncore.core import registry
 
         assert installed[0].value == "attncore_sdpa.plugin"
         assert "sdpa" in registry.entries()

@@ -22,16 +22,16 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from attncore.backend import AttnParams, BatchMeta, RunArgs  # noqa: E402
-from attncore.problem import AttentionProblem  # noqa: E402
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs  # noqa: E402
+from attncore.core.problem import AttentionProblem  # noqa: E402
 from attncore.testing import contract  # noqa: E402
 from attncore.testing.tile_model import slip_request, slips  # noqa: E402
 from attncore.backends.triton.backend import TritonBackend  # noqa: E402
 
 
 def _rank(backend, problem) -> int:
-    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
-    from attncore.ranking import rule_rank
+    """auto's rank of a shipped backend: the rule table (attncore.core.ranking)."""
+    from attncore.core.ranking import rule_rank
 
     return rule_rank(backend, problem).rank
 

@@ -1,5 +1,5 @@
 """Measured selection: ``attncore tune`` writes a table per device into the cache, and auto ranks by
-it where it has data for the problem's class (attncore.ranking, attncore.tune)."""
+it where it has data for the problem's class (attncore.core.ranking, attncore.cli.tune)."""
 
 import json
 import os
@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import attncore
-from attncore import bench, ranking, registry, selector, tune
-from attncore.problem import AttentionProblem
+from attncore.cli import bench
+from attncore.core import ranking
+from attncore.core import registry
+from attncore.core import selector
+from attncore.cli import tune
+from attncore.core.problem import AttentionProblem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_SRC = os.path.join(ROOT, "plugins", "attncore-sdpa")

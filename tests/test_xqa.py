@@ -17,15 +17,15 @@ import random
 import pytest
 import torch
 
-from attncore.backend import AttnParams, BatchMeta, RunArgs
-from attncore.mask import pack_spec_mask
-from attncore.problem import AttentionProblem
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs
+from attncore.core.mask import pack_spec_mask
+from attncore.core.problem import AttentionProblem
 from attncore.testing.contract import assert_batch, page_table
 
 
 def _rank(backend, problem) -> int:
-    """auto's rank of a shipped backend: the rule table (attncore.ranking)."""
-    from attncore.ranking import rule_rank
+    """auto's rank of a shipped backend: the rule table (attncore.core.ranking)."""
+    from attncore.core.ranking import rule_rank
 
     return rule_rank(backend, problem).rank
 
@@ -143,7 +143,7 @@ def test_params_struct_layout():
 
 
 def _nvcc():
-    from attncore import jit
+    from attncore.build import jit
 
     return jit.find_nvcc()
 
@@ -151,7 +151,7 @@ def _nvcc():
 @pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
 def test_sources_compile_sm80_sm90():
     """Representative specializations compile for sm_80 and sm_90 without register spills."""
-    from attncore import jit
+    from attncore.build import jit
     from attncore.backends.xqa.specs import XqaKey
 
     keys = [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 2),
@@ -507,7 +507,7 @@ def test_gpu_sm80_code_path_via_ptx(tmp_path, dtype, kv_dtype, d, mt_rows):
     import ctypes
     import subprocess
 
-    from attncore import jit
+    from attncore.build import jit
     from attncore.backends.xqa import binding
 
     b = _backend()

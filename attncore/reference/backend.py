@@ -10,11 +10,11 @@ from typing import Optional
 
 import torch
 
-from ..backend import Backend, BatchMeta, RunArgs
-from ..capabilities import Capabilities
-from ..mask import alibi_slopes, spec_mask_rows, unpack_bits, window_mask
-from ..problem import FEATURES, OPS, AttentionProblem
-from .core import attend
+from attncore.core.backend import Backend, BatchMeta, RunArgs
+from attncore.core.capabilities import Capabilities
+from attncore.core.mask import alibi_slopes, spec_mask_rows, unpack_bits, window_mask
+from attncore.core.problem import FEATURES, OPS, AttentionProblem
+from attncore.reference.core import attend
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
@@ -37,7 +37,7 @@ class ReferenceBackend(Backend):
     )
 
     def extra_reasons(self, problem):
-        from ..capabilities import Reason
+        from attncore.core.capabilities import Reason
 
         rs = []
         if problem.out_dtype in _FP8 and problem.kv_dtype not in _FP8:

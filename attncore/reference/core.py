@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ..mask import rope_llama
+from attncore.core.mask import rope_llama
 
 SCORE_BUDGET = 1 << 24  # float32 score elements per block (64 MiB)
 KV_CHUNK = 1024

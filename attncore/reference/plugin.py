@@ -1,10 +1,10 @@
 """Entry point of the built-in reference backend (registered like any plugin)."""
 
-from ..hooks import hookimpl
+from attncore.core.hooks import hookimpl
 
 
 @hookimpl
 def attncore_backends():
-    from .backend import ReferenceBackend
+    from attncore.reference.backend import ReferenceBackend
 
     return [ReferenceBackend()]

@@ -9,7 +9,7 @@ import importlib
 import os
 from typing import List, Optional, Sequence
 
-from .golden import golden_alibi_slopes, golden_attention, golden_rope
+from attncore.testing.golden import golden_alibi_slopes, golden_attention, golden_rope
 
 __all__ = ["golden_attention", "golden_alibi_slopes", "golden_rope", "run_conformance", "resolve_backend"]
 
@@ -18,11 +18,11 @@ def resolve_backend(name: str):
     """(backend, unavailable reasons) for a registered name or ``module:attr``.
 
     ``module:attr`` may name a ``Backend`` instance, a class or a zero-argument factory; the
-    backend is then registered (``attncore.registry.register_backend``) so the selector sees it.
+    backend is then registered (``attncore.core.registry.register_backend``) so the selector sees it.
     A registered backend that failed to load raises; one unavailable here (no GPU, no compiler)
     is returned with its reasons, and the suite skips what needs running it.
     """
-    from ..backend import Backend
+    from attncore.core.backend import Backend
 
     if not name:
         raise ValueError("no backend name given")
@@ -34,15 +34,15 @@ def resolve_backend(name: str):
         if not isinstance(obj, Backend):
             obj = obj()
         if not isinstance(obj, Backend):
-            raise TypeError(f"{name} is not an attncore.backend.Backend")
+            raise TypeError(f"{name} is not an attncore.core.backend.Backend")
         try:
-            from ..registry import register_backend
+            from attncore.core.registry import register_backend
 
             register_backend(obj, origin=f"conformance {name}")
         except ImportError:
             pass
         return obj, list(obj.available())
-    from .. import registry
+    from attncore.core import registry
 
     entry = registry.get_entry(name)
     if entry.backend is None:

@@ -34,8 +34,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..backend import Backend
-from ..problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, device_info, dtype_name
+from attncore.core.backend import Backend
+from attncore.core.problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, device_info, dtype_name
 
 # ---------------------------------------------------------------------------------------------
 # Probe universe: values the suite tries on every axis (claimed -> computed, else -> refused).

@@ -22,11 +22,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..backend import AttnParams, BatchMeta, RunArgs
-from ..mask import pack_spec_mask
-from ..problem import AttentionProblem
-from ..quantization import packbits
-from . import runner
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs
+from attncore.core.mask import pack_spec_mask
+from attncore.core.problem import AttentionProblem
+from attncore.quantization import packbits
+from attncore.testing import runner
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,12 +23,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backend import Backend
-from ..problem import DECODE_OPS, AttentionProblem, device_info
-from . import runner
-from .cases import (TESTED_OPS, claims, copy_axis, find_base, float_dtypes, normalize, pick_device, problem_id,
+from attncore.core.backend import Backend
+from attncore.core.problem import DECODE_OPS, AttentionProblem, device_info
+from attncore.testing import runner
+from attncore.testing.cases import (TESTED_OPS, claims, copy_axis, find_base, float_dtypes, normalize, pick_device, problem_id,
                     sweep_claims, with_feature)
-from .placement import device_type, placed
+from attncore.testing.placement import device_type, placed
 
 # Longest sequence and largest batch drawn: on a GPU, tiles of up to 128 rows are crossed twice; the
 # CPU (the reference in float64, Triton's interpreter) gets smaller problems so that CI stays fast.
@@ -209,7 +209,7 @@ def default_configs(n: int, device: str) -> int:
 
 def _worker(args):
     name, n, seed, device, configs, w, jobs, stream = args
-    from . import resolve_backend
+    from attncore.testing import resolve_backend
 
     # each worker's host math on its own cores: J processes x all-core thread pools thrash
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
@@ -224,7 +224,7 @@ def fuzz_parallel(name: str, n: int, *, seed: int = 0, device: Optional[str] = N
                   jobs: int = 1, progress: Optional[Callable[[str], None]] = None,
                   stream: str = "default") -> FuzzReport:
     """``jobs`` processes share one run (kernels compile and goldens compute in parallel)."""
-    from . import resolve_backend
+    from attncore.testing import resolve_backend
 
     if jobs <= 1:
         backend, _ = resolve_backend(name)
@@ -250,7 +250,7 @@ def fuzz_parallel(name: str, n: int, *, seed: int = 0, device: Optional[str] = N
 def replay(name: str, seed: int, device: Optional[str] = None, stream: str = "default"
            ) -> Tuple[str, str, List[str]]:
     """(problem, shapes, errors) of one replayed problem."""
-    from . import resolve_backend
+    from attncore.testing import resolve_backend
 
     backend, _ = resolve_backend(name)
     dev = device or pick_device(backend)[0]

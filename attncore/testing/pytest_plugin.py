@@ -61,7 +61,7 @@ def pytest_configure(config):
     _shard(config)
     device = config.getoption("--attncore-device", default=None)
     if device:
-        from .placement import parse_device
+        from attncore.testing.placement import parse_device
 
         try:
             parse_device(device)
@@ -90,7 +90,7 @@ def pytest_runtest_call(item):
     case = getattr(item, "funcargs", {}).get("attncore_case")
     if case is None or case.problem is None:
         return (yield)
-    from .placement import placed
+    from attncore.testing.placement import placed
 
     with placed(case.device, item.config.getoption("--attncore-stream", default="default")):
         return (yield)
@@ -100,8 +100,8 @@ def _cases(config):
     cached = getattr(config, "_attncore_cases", None)
     if cached is not None:
         return cached
-    from . import resolve_backend
-    from .cases import generate
+    from attncore.testing import resolve_backend
+    from attncore.testing.cases import generate
 
     name = config.getoption("--attncore-backend")
     try:
@@ -137,7 +137,7 @@ def pytest_generate_tests(metafunc):
         cases = fams.get("skip", []) + fams.get("fail", [])
         if not cases:
             n = sum(len(v) for k, v in fams.items() if k in ("numerics", "nonfinite", "merge", "cuda_graph"))
-            from .cases import Case
+            from attncore.testing.cases import Case
 
             cases = [Case("ok", f"{backend.name}-collected-{n}", backend, note=f"{n} computed cases")]
     else:
@@ -160,7 +160,7 @@ def pytest_report_header(config):
         backend, fams = _cases(config)
     except pytest.UsageError:
         return None
-    from .cases import pick_device
+    from attncore.testing.cases import pick_device
 
     dev, why = pick_device(backend, config.getoption("--attncore-device"))
     counts = ", ".join(f"{k} {len(v)}" for k, v in fams.items() if v)

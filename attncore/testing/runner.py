@@ -24,13 +24,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..backend import AttnParams, BatchMeta, RunArgs
-from ..capabilities import Reason
-from ..problem import DECODE_OPS, PAGED_OPS, AttentionProblem
-from ..mask import pack_spec_mask
-from ..quantization import packbits
-from .golden import TOL_FACTOR, golden_and_baseline, tolerance_terms, visible
-from .golden import dtype_attention, golden_attention  # noqa: F401  (runner.dtype_attention: docs)
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs
+from attncore.core.capabilities import Reason
+from attncore.core.problem import DECODE_OPS, PAGED_OPS, AttentionProblem
+from attncore.core.mask import pack_spec_mask
+from attncore.quantization import packbits
+from attncore.testing.golden import TOL_FACTOR, golden_and_baseline, tolerance_terms, visible
+from attncore.testing.golden import dtype_attention, golden_attention  # noqa: F401  (runner.dtype_attention: docs)
 
 LN2 = math.log(2.0)
 
@@ -564,13 +564,14 @@ def run_refusal(case) -> None:
     else:
         for r in rs:
             if not isinstance(r, Reason) or not r.axis:
-                errs.append(f"reasons() must return attncore.capabilities.Reason objects with an axis, got {r!r}")
+                errs.append(f"reasons() must return attncore.core.capabilities.Reason objects with an axis, got {r!r}")
             else:
                 str(r)
     if be.supports(p):
         errs.append(f"{be.name}.supports() is True but reasons() gives {[str(r) for r in rs]}")
     try:
-        from .. import registry, selector
+        from attncore.core import registry
+        from attncore.core import selector
     except ImportError:
         selector = None
     if selector is not None and not errs:
@@ -595,7 +596,7 @@ def _api_refuses(case) -> List[str]:
     (a ``ValueError``/``TypeError`` naming what is wrong), never compute it."""
     try:
         import attncore
-        from .. import registry
+        from attncore.core import registry
     except ImportError:
         return []
     be, p = case.backend, case.problem
@@ -650,7 +651,7 @@ def run_merge(case) -> None:
         parts.append(b)
     a, c = parts
     try:
-        from ..cascade import merge_state
+        from attncore.cascade import merge_state
     except ImportError:  # pragma: no cover - the core always ships it
         merge_state = None
     oa, la, ob, lb = a.args.out, a.args.lse, c.args.out, c.args.lse

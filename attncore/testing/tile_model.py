@@ -5,7 +5,7 @@ without the old last-token formula, and requests that the slip got wrong.
 With a GQA group G, packed row p is token p // G, so a row tile ending at packed row ``end`` has its
 last token at ``(end - 1) // G``; the kernel took ``end // G - 1`` (one short when G does not divide
 ``end``) and cut the causal / window KV range of the tile's last token (groups 3, 5, 7: wrong
-output, no error).  Used by tests/test_triton_backend.py and scripts/gpu_triton_issue13.py to pick
+output, no error).  Used by tests/test_triton_backend.py and backends/triton/scripts/gpu_triton_issue13.py to pick
 lengths the slip broke.
 """
 

@@ -2,7 +2,7 @@
 
 Serves single/batch prefill (ragged or paged, NHD/HND) and batch decode (GQA rows packed into the
 Q tile, split-KV with a merge kernel when the batch cannot fill the GPU).  Kernels are built on
-first use by :mod:`attncore.jit` (or ahead with ``attncore build cuda_fa2``).
+first use by :mod:`attncore.build.jit` (or ahead with ``attncore build cuda_fa2``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, List, Optional
 
 import torch
 
-from attncore.backend import Backend, BatchMeta, cuda_device
-from attncore.capabilities import Capabilities, Reason
-from attncore.mask import alibi_slopes
-from attncore.problem import DECODE_OPS, AttentionProblem
+from attncore.core.backend import Backend, BatchMeta, cuda_device
+from attncore.core.capabilities import Capabilities, Reason
+from attncore.core.mask import alibi_slopes
+from attncore.core.problem import DECODE_OPS, AttentionProblem
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
@@ -105,17 +105,17 @@ class CudaFa2Backend(Backend):
 
     def jit_specs(self, arch: str) -> list:
         """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
-        from . import specs
+        from attncore.backends.cuda_fa2 import specs
 
         return specs.list_specs(arch)
 
     def parse_jit_spec(self, uri: str):
-        from . import specs
+        from attncore.backends.cuda_fa2 import specs
 
         return specs.parse(uri)
 
     def available(self) -> List[Reason]:
-        from attncore import jit
+        from attncore.build import jit
 
         r = list(jit.toolchain_reasons()) + list(jit.gpu_reasons())
         if not r:
@@ -137,7 +137,7 @@ class CudaFa2Backend(Backend):
         the problem's selection key."""
         import os
 
-        from .specs import SM90_HEAD_DIMS
+        from attncore.backends.cuda_fa2.specs import SM90_HEAD_DIMS
 
         r = []
         if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
@@ -161,7 +161,7 @@ class CudaFa2Backend(Backend):
         """The kernel specialization of a problem (also what ``attncore build`` and the prebuild script
         predict from problems alone): its mask is the one a batch of the problem gets,
         ``BatchMeta.resolve_mask`` (decode without a mask is causal)."""
-        from .specs import Fa2Key
+        from attncore.backends.cuda_fa2.specs import Fa2Key
 
         mask = BatchMeta.resolve_mask(problem.mask, decode=problem.op in DECODE_OPS)
         dt = "bf16" if problem.q_dtype == torch.bfloat16 else "fp16"
@@ -181,7 +181,7 @@ class CudaFa2Backend(Backend):
         return r
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
-        from . import binding
+        from attncore.backends.cuda_fa2 import binding
 
         dev = cuda_device(meta.device, "cuda_fa2")
         B = meta.batch_size
@@ -296,6 +296,6 @@ class CudaFa2Backend(Backend):
         return plan
 
     def run(self, plan: Fa2Plan, args) -> None:
-        from . import binding
+        from attncore.backends.cuda_fa2 import binding
 
         binding.launch(plan, args)

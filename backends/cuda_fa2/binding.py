@@ -13,10 +13,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from attncore import jit
-from attncore.abi import check_layout
+from attncore.build import jit
+from attncore.build.abi import check_layout
 
-from .specs import Fa2Key
+from attncore.backends.cuda_fa2.specs import Fa2Key
 
 LOG2E = 1.4426950408889634
 

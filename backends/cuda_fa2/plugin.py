@@ -1,11 +1,11 @@
 """pluggy entry point of the built-in cuda_fa2 backend.  Cheap to import."""
 
-from attncore.hooks import hookimpl
+from attncore.core.hooks import hookimpl
 
 
 @hookimpl
 def attncore_backends():
     # an import error propagates: the registry lists the backend as unavailable with the reason
-    from .backend import CudaFa2Backend
+    from attncore.backends.cuda_fa2.backend import CudaFa2Backend
 
     return [CudaFa2Backend()]

@@ -31,14 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
 
-from attncore import jit
+from attncore.build import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = str(CSRC / "fa2_attention.cu")
-# attncore/include: the device helpers both CUDA backends share ("attncore/ptx.cuh"); an include
-# dir, so the JIT hash covers every header in it (an edited shared header rebuilds).
-INCLUDE = str(Path(jit.__file__).resolve().parent / "include")
-INCLUDE_DIRS = (str(CSRC), INCLUDE)
+INCLUDE_DIRS = (str(CSRC), jit.INCLUDE_DIR)
 
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}

@@ -14,10 +14,10 @@ from typing import Any, List, Optional
 
 import torch
 
-from attncore.backend import Backend, BatchMeta, RunArgs
-from attncore.capabilities import Capabilities, Reason
-from attncore.mask import alibi_slopes
-from attncore.problem import FP8_DTYPES, AttentionProblem, dtype_name
+from attncore.core.backend import Backend, BatchMeta, RunArgs
+from attncore.core.capabilities import Capabilities, Reason
+from attncore.core.mask import alibi_slopes
+from attncore.core.problem import FP8_DTYPES, AttentionProblem, dtype_name
 
 LOG2E = 1.4426950408889634
 _F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
@@ -222,7 +222,7 @@ class TritonBackend(Backend):
 
     # ------------------------------------------------------------------ plan
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
-        from . import config as _cfg
+        from attncore.backends.triton import config as _cfg
 
         device = meta.device
         B = meta.batch_size
@@ -361,7 +361,7 @@ class TritonBackend(Backend):
         """Whether paged prefill goes through the dense kernel: pages copied to contiguous K/V.
         The copy reads and writes every page once (about 2 x bytes / 2.7 TB/s on an H100) and
         saves the generic kernel's pointer gathers (P3 333 -> 397, P4 382 -> 414 TFLOP/s with the
-        copy included, benchmarks/triton.md session 4), so auto requires enough FLOPs per byte."""
+        copy included, backends/triton/bench/triton.md session 4), so auto requires enough FLOPs per byte."""
         if self._gather is False:
             return False
         p, meta = plan.problem, plan.meta
@@ -384,7 +384,7 @@ class TritonBackend(Backend):
         return True
 
     def _plan_dense(self, plan: TritonPlan, qo_lens, kv_host, causal: bool, num_sms: int) -> None:
-        from . import config as _cfg
+        from attncore.backends.triton import config as _cfg
 
         cands = ([_cfg.DenseConfig(**self._dense)] if isinstance(self._dense, dict)
                  else _cfg.dense_candidates(plan.problem, causal))
@@ -428,7 +428,7 @@ class TritonBackend(Backend):
         plan.launch_cache[key] = self._first_run(plan, args)
 
     def _first_run(self, plan: TritonPlan, args: RunArgs):
-        from .kernels.attention import _attn_fwd
+        from attncore.backends.triton.kernels.attention import _attn_fwd
 
         p = plan.problem
         q, k, v, out = args.q, args.k, args.v, args.out
@@ -482,8 +482,8 @@ class TritonBackend(Backend):
     @staticmethod
     def _launch(plan, args, ks, vs, sm, cap, out_scale, mask_bytes, mask_indptr, spec_q_len,
                 spec_row_bytes):
-        from .kernels.attention import attention_fwd
-        from .kernels.merge import merge_splits
+        from attncore.backends.triton.kernels.attention import attention_fwd
+        from attncore.backends.triton.kernels.merge import merge_splits
 
         p, prm, c = plan.problem, plan.meta.params, plan.cfg
         q, k, v, out = args.q, args.k, args.v, args.out
@@ -517,7 +517,7 @@ class TritonBackend(Backend):
     def _launch_dense(plan, args, ks, vs, qk_scale, out_scale):
         """Launch the dense kernel with the first config that compiles; None: not applicable to
         these tensors (alignment, scale sign) or no config compiled -> the generic kernel."""
-        from .kernels.dense import dense_fwd, tma_ready
+        from attncore.backends.triton.kernels.dense import dense_fwd, tma_ready
 
         q, k, v, out = args.q, args.k, args.v, args.out
         g = plan.gather

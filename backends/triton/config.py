@@ -2,7 +2,7 @@
 
 A config is (block_m, block_n, num_warps, num_stages).  ``candidates()`` lists what fits the
 problem (shared memory, head dim, dtype); the first entry is the default pick, ordered from
-the sweeps measured on an H100 on 2026-11-22 (benchmarks/triton.md, results/triton-h100-*.json):
+the sweeps measured on an H100 on 2026-11-22 (backends/triton/bench/triton.md, results/triton-h100-*.json):
 decode bf16 block_n 64 / 2 stages; fp8 KV block_n 128 / 2 stages, with bf16 q the dots in fp16
 (D5 0.229 vs 0.285 ms, session 4); prefill 128x64, 8 warps, 3 stages (d256: 2); paged prefill
 gathers the next tile's page ids one iteration ahead.  Picks are cached per (device, key) so that
@@ -110,7 +110,7 @@ class DenseConfig:
 
 def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[DenseConfig]:
     """Configs of the dense kernel, best measured first (H100, triton 3.6, 2026-11-22,
-    benchmarks/triton.md, session 4).  Head dim 128: 128x64 tiles in one warp-specialized loop
+    backends/triton/bench/triton.md, session 4).  Head dim 128: 128x64 tiles in one warp-specialized loop
     that masks only the diagonal / tail tiles (P1 causal 480, non-causal 525 TFLOP/s); the same
     loop without warp specialization on 64x64 tiles next (448 / 508), which is also the head dim 64
     default (P2 d64 355; specialized: 332-362 by stages).  run() falls back down the list, then to

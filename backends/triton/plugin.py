@@ -13,7 +13,7 @@ computing (it checks the kernels' mode against the tensors' device).
 
 import os
 
-from attncore.hooks import hookimpl
+from attncore.core.hooks import hookimpl
 
 
 def _maybe_enable_interpreter() -> None:
@@ -33,6 +33,6 @@ def _maybe_enable_interpreter() -> None:
 def attncore_backends():
     _maybe_enable_interpreter()
     # an import error propagates: the registry lists triton as unavailable with the reason
-    from .backend import TritonBackend
+    from attncore.backends.triton.backend import TritonBackend
 
     return [TritonBackend()]

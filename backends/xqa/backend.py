@@ -5,7 +5,7 @@ dimension of one MMA, so every KV page is read once per group.  One CTA per (req
 chunk); long sequences / small batches split the KV range across CTAs and the last CTA of each
 (request, KV head) merges the partials (no second launch).  Serves ``xqa_decode`` (block tables)
 and ``batch_decode`` (indptr / indices, read directly: no conversion).  Kernels are built on first
-use by :mod:`attncore.jit` (or ahead with ``attncore build xqa``).
+use by :mod:`attncore.build.jit` (or ahead with ``attncore build xqa``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, List, Optional
 
 import torch
 
-from attncore.backend import Backend, BatchMeta, cuda_device
-from attncore.capabilities import Capabilities, Reason
-from attncore.problem import AttentionProblem, dtype_name
+from attncore.core.backend import Backend, BatchMeta, cuda_device
+from attncore.core.capabilities import Capabilities, Reason
+from attncore.core.problem import AttentionProblem, dtype_name
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
@@ -115,17 +115,17 @@ class XqaBackend(Backend):
 
     def jit_specs(self, arch: str) -> list:
         """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
-        from . import specs
+        from attncore.backends.xqa import specs
 
         return specs.list_specs(arch)
 
     def parse_jit_spec(self, uri: str):
-        from . import specs
+        from attncore.backends.xqa import specs
 
         return specs.parse(uri)
 
     def available(self) -> List[Reason]:
-        from attncore import jit
+        from attncore.build import jit
 
         r = list(jit.toolchain_reasons()) + list(jit.gpu_reasons())
         if not r:
@@ -153,7 +153,7 @@ class XqaBackend(Backend):
 
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, q_len: int):
-        from .specs import XqaKey
+        from attncore.backends.xqa.specs import XqaKey
 
         rows = problem.group_size * q_len
         d = problem.head_dim_qk
@@ -163,7 +163,7 @@ class XqaBackend(Backend):
                       "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune))
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
-        from . import binding
+        from attncore.backends.xqa import binding
 
         dev = cuda_device(meta.device, "xqa")
         B = meta.batch_size
@@ -267,6 +267,6 @@ class XqaBackend(Backend):
                        workspace=ws)
 
     def run(self, plan: XqaPlan, args) -> None:
-        from . import binding
+        from attncore.backends.xqa import binding
 
         binding.launch(plan, args)

@@ -14,9 +14,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from attncore import abi
+from attncore.build import abi
 
-from .specs import XqaKey
+from attncore.backends.xqa.specs import XqaKey
 
 LOG2E = 1.4426950408889634
 
@@ -43,7 +43,7 @@ class XqaParams(ctypes.Structure):
 
 
 def check_layout(cdll, prefix: str = "xqa_params", struct=XqaParams, what: str = "xqa") -> None:
-    """XqaParams of a loaded library against its C struct (``attncore.abi.check_layout``)."""
+    """XqaParams of a loaded library against its C struct (``attncore.build.abi.check_layout``)."""
     abi.check_layout(cdll, prefix, struct, what)
 
 
@@ -72,7 +72,7 @@ def arch_of(device: torch.device) -> str:
 
 
 def get_library(key: XqaKey, device: torch.device) -> Library:
-    """Build (first use, through :mod:`attncore.jit`) and load the specialization for ``device``."""
+    """Build (first use, through :mod:`attncore.build.jit`) and load the specialization for ``device``."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     lib = _LIBS.get((key, idx))
     if lib is not None:
@@ -80,7 +80,7 @@ def get_library(key: XqaKey, device: torch.device) -> Library:
     with _LOCK:
         lib = _LIBS.get((key, idx))
         if lib is None:
-            from attncore import jit
+            from attncore.build import jit
 
             lib = wrap_library(key, jit.load(key.spec(), arch_of(torch.device("cuda", idx))), idx)
             _LIBS[(key, idx)] = lib

@@ -8,7 +8,7 @@ URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arc
 32 (d64/d128 only: d256 with 32 rows would spill).  Everything else (page size, NHD/HND, window,
 sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time parameter.
 
-``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``benchmarks/xqa_tune.py``), each a name
+``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``backends/xqa/bench/xqa_tune.py``), each a name
 and a number: ``kpw`` keys per warp per tile (16 or 32), ``st`` cp.async ring depth, ``mb`` CTAs per
 SM the register budget is sized for, ``l2`` the cp.async L2 prefetch hint in bytes (0, 64, 128,
 256), ``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong
@@ -22,14 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
 
-from attncore import jit
+from attncore.build import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = str(CSRC / "xqa_decode.cu")
-# attncore/include: the device helpers both CUDA backends share ("attncore/ptx.cuh"); an include
-# dir, so the JIT hash covers every header in it (an edited shared header rebuilds).
-INCLUDE = str(Path(jit.__file__).resolve().parent / "include")
-INCLUDE_DIRS = (str(CSRC), INCLUDE)
+INCLUDE_DIRS = (str(CSRC), jit.INCLUDE_DIR)
 
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}

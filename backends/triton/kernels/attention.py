@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import fast_launcher
+from attncore.backends.triton.kernels.launch import fast_launcher
 
 LOG2E = 1.4426950408889634
 

@@ -6,7 +6,7 @@ gathers K/V with pointer loads.  This kernel reads Q/K/V through tensor descript
 the device per (request, head): rows past a request's end are zero-filled by the copy engine, so
 no address arithmetic or load masks run in the KV loop.  ``WS`` runs the loop under Triton's
 Hopper warp specialization (one loop only: Triton 3.6 cannot specialize a loop next to another);
-config.dense_candidates holds the measured configs (H100, benchmarks/triton.md: P1 causal 476-485
+config.dense_candidates holds the measured configs (H100, backends/triton/bench/triton.md: P1 causal 476-485
 TFLOP/s with WS 128x64 tiles, the generic kernel 402-412).
 
 One program per (work item, query head); a work item is (request, first query row), planned on
@@ -22,8 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import with_sink
-from .launch import fast_launcher
+from attncore.backends.triton.kernels.attention import with_sink
+from attncore.backends.triton.kernels.launch import fast_launcher
 
 
 @triton.jit

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .launch import fast_launcher
+from attncore.backends.triton.kernels.launch import fast_launcher
 
 
 @triton.jit

@@ -40,9 +40,7 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 
-from attncore.backend import Backend, BatchMeta, RunArgs
-from attncore.capabilities import Capabilities, Reason
-from attncore.problem import AttentionProblem
+from attncore import AttentionProblem, Backend, BatchMeta, Capabilities, Reason, RunArgs
 
 LOG2E = 1.0 / math.log(2.0)
 _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})

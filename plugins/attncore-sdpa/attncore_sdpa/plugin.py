@@ -3,7 +3,7 @@
 Keep it cheap: attncore imports it when its registry first loads.
 """
 
-from attncore.hooks import hookimpl
+from attncore import hookimpl
 
 from .backend import SdpaBackend
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import attncore
-from attncore import registry
-from attncore.problem import AttentionProblem
+from attncore.core import registry
+from attncore.core.problem import AttentionProblem
 from attncore.testing import run_conformance
 
 from attncore_sdpa import SdpaBackend

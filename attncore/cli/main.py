@@ -1,0 +1,471 @@
+"""The ``attncore`` command: info, explain, check, bench, tune, build, conformance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from typing import List, Optional
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing: main() reports it as argparse does (usage, exit 2)."""
+
+
+def _known_backend(name: str) -> None:
+    from attncore.core import registry
+
+    try:
+        registry.get_entry(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _runnable_device(device: Optional[str]) -> None:
+    """check and bench run on ``device`` (explain only describes a problem on it)."""
+    from attncore.testing.placement import parse_device
+
+    if device is not None:
+        try:
+            parse_device(device)
+        except ValueError as e:
+            raise UsageError(f"--device {e}") from None
+
+
+def _versions() -> List[str]:
+    import torch
+
+    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    try:
+        import triton
+
+        lines.append(f"triton {triton.__version__}")
+    except Exception as e:  # noqa: BLE001 - report, never fail
+        lines.append(f"triton not importable ({type(e).__name__})")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=20).stdout
+            lines.append("nvcc " + out.strip().splitlines()[-1])
+        except Exception:  # noqa: BLE001
+            lines.append(f"nvcc at {nvcc} (version unknown)")
+    else:
+        lines.append("nvcc not found")
+    return lines
+
+
+def cmd_info(args) -> int:
+    import torch
+
+    from attncore import __version__
+    from attncore.core import registry
+    from attncore.core.capabilities import summarize
+
+    print(f"attncore {__version__}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cc = torch.cuda.get_device_capability(i)
+            print(f"device cuda:{i}: {torch.cuda.get_device_name(i)} (sm{cc[0]}{cc[1]})")
+    else:
+        print("device: cpu (no CUDA GPU)")
+    for line in _versions():
+        print(line)
+    print("\nbackends:")
+    for name, e in sorted(registry.entries().items()):
+        rs = e.unavailable_reasons()
+        state = "available" if not rs else "unavailable: " + "; ".join(map(str, rs))
+        print(f"  {name} [{e.origin}] {state}")
+        if e.backend is not None:
+            if e.backend.description:
+                print(f"      {e.backend.description}")
+            for line in summarize(e.backend.capabilities):
+                print(f"      {line}")
+    return 0
+
+
+def _problem_from_args(a):
+    import torch
+
+    from attncore.core._api import check_heads
+    from attncore.core.problem import AttentionProblem
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cc = None
+    if device == "cuda":
+        if a.cc:
+            cc = a.cc
+        elif torch.cuda.is_available():
+            cc = tuple(torch.cuda.get_device_capability())
+        else:
+            cc = (9, 0)
+    hq, hkv = a.heads
+    try:  # the API's own rule, so explain never shows a problem the API would reject
+        check_heads(hq, hkv, a.head_dim)
+    except ValueError as e:
+        raise UsageError(f"--heads {hq}/{hkv}: {e}") from None
+    q_dtype = a.q_dtype
+    kv_dtype = a.kv_dtype or q_dtype
+    paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode")
+    mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
+    return AttentionProblem(
+        op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
+        out_dtype=a.out_dtype or q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
+        kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
+        sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
+        cuda_graph=a.cuda_graph)
+
+
+def cmd_explain(a) -> int:
+    from attncore.core.selector import explain
+
+    if a.backend != "auto":
+        _known_backend(a.backend)
+    ex = explain(_problem_from_args(a), a.backend)
+    print(ex)
+    return 0 if ex.chosen else 1
+
+
+def cmd_fuzz(a, names: List[str]) -> int:
+    """``check --fuzz N`` / ``check --replay SEED``: randomized problems against the fp64 golden."""
+    from attncore.testing import fuzz
+
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if a.replay is not None:
+        failed = False
+        for n in names:
+            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device, stream=a.stream)
+            print(f"{n} --replay {a.replay}: {desc} {shapes}: " + ("ok" if not errs else "MISMATCH"))
+            for e in errs:
+                print("  " + e)
+            failed |= bool(errs)
+        return 1 if failed else 0
+    reports = []
+    for n in names:
+        reports.append(fuzz.fuzz_parallel(n, a.fuzz, seed=a.seed, device=a.device, configs=a.configs,
+                                          jobs=a.jobs or 1, progress=say, stream=a.stream))
+    print(f"{'backend':12s}{'device':8s}{'problems':>10s}{'configs':>9s}{'mismatches':>12s}{'seconds':>9s}"
+          f"{'per s':>8s}   seed {a.seed}")
+    for r in reports:
+        print(f"{r.backend:12s}{r.device:8s}{r.run:10d}{r.configs:9d}{len(r.mismatches):12d}{r.seconds:9.1f}"
+              f"{r.run / max(r.seconds, 1e-9):8.1f}")
+        for m in r.mismatches[:20]:
+            print(f"  attncore check --backend {r.backend} --replay {m.seed}   # {m.problem} {m.shapes}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([dict(r.__dict__, mismatches=[m.__dict__ for m in r.mismatches]) for r in reports], f,
+                      indent=1, default=str)
+    return 1 if any(r.mismatches for r in reports) or not any(r.run for r in reports) else 0
+
+
+def cmd_check(a) -> int:
+    from attncore.core import registry
+    from attncore.cli.check import format_table, run_check
+
+    _runnable_device(a.device)
+    if a.fuzz is not None or a.replay is not None:
+        from attncore.testing import resolve_backend
+
+        names = a.backend or sorted(registry.available_backends())
+        for n in names:  # a registered name or module:attr, like `attncore conformance`
+            try:
+                _, unavailable = resolve_backend(n)
+            except (ImportError, AttributeError, TypeError, ValueError) as e:
+                raise UsageError(f"--backend {n}: {e}") from None
+            if unavailable:
+                raise UsageError(f"backend {n!r} is unavailable here: " + "; ".join(map(str, unavailable)))
+        return cmd_fuzz(a, names)
+    names = a.backend or None
+    if names:
+        for n in names:
+            try:
+                registry.get_backend(n)  # unknown/unavailable: a clear error now, not per case
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    else:
+        es = registry.entries()
+        for n, e in sorted(es.items()):
+            if not e.is_available:
+                print(f"skipping {n}: " + "; ".join(map(str, e.unavailable_reasons())), file=sys.stderr)
+    results = run_check(names, quick=a.quick, device=a.device, stream=a.stream,
+                        progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(results))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([r.__dict__ for r in results], f, indent=1, default=str)
+    ran = [r for r in results if r.status in ("pass", "FAIL", "ERROR")]
+    if not ran:
+        print("no case ran", file=sys.stderr)
+        return 1
+    return 1 if any(r.status in ("FAIL", "ERROR") for r in results) else 0
+
+
+def cmd_bench(a) -> int:
+    from attncore.cli.bench import format_table, run_bench
+
+    _runnable_device(a.device)
+    for n in a.backend or ():
+        _known_backend(n)  # an unavailable one gets an n/a row with its reasons
+    if a.flashinfer:
+        import torch
+
+        from attncore.cli.bench import _import_flashinfer
+
+        try:
+            _import_flashinfer(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    info = run_bench(a.backend or None, ids=a.workload or None, device=a.device, page_order=a.page_order,
+                     flashinfer=a.flashinfer,
+                     progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(info))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(info, f, indent=1, default=str)
+    return 0
+
+
+def cmd_tune(a) -> int:
+    import torch
+
+    from attncore.cli import tune
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.list:  # the grid of any device, also one not here
+        cases = tune.grid(device, a.quick, a.op)
+        for c in cases:
+            print(c.describe())
+        print(f"{len(cases)} grid points")
+        return 0
+    _runnable_device(a.device)
+    for n in a.backend or ():
+        _known_backend(n)  # an unavailable one is recorded as such in every grid point
+    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device,
+                          progress=lambda s: print(s, file=sys.stderr, flush=True))
+    path, written = tune.save(table, fresh=a.fresh)
+    print(tune.format_table(table))
+    print(f"table: {path} ({len(written['entries'])} grid points in all; auto ranks by it unless ATTNCORE_TUNE=0)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(written, f, indent=1)
+    return 0 if any(e["times_ms"] for e in table["entries"]) else 1
+
+
+def cmd_build(a) -> int:
+    from attncore.build import jit
+    from attncore.core.registry import canonical_name
+
+    backend = canonical_name(a.backend)
+    # names and URIs first: a typo is reported as such, also where nothing can be built
+    try:
+        jit.list_specs(backend, a.arch)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        specs = [jit.parse_uri(backend, u) for u in a.spec]
+    except ValueError as e:  # the first line: a URI grammar may follow
+        raise UsageError(str(e).splitlines()[0] + f" (attncore build {backend} --list shows the URIs)") from None
+    if a.list:
+        for s in jit.list_specs(backend, a.arch):
+            print(f"{s.uri_for(jit.default_arch(a.arch))}  {s.text()}")
+        return 0
+    rs = jit.toolchain_reasons()
+    if rs:
+        print("cannot build: " + "; ".join(map(str, rs)), file=sys.stderr)
+        return 1
+    for r in jit.build(backend, specs or None, arch=a.arch, force=a.force):
+        state = f"built in {r.seconds:.1f} s" if r.built else "cached"
+        print(f"{r.spec.uri_for(r.arch)}: {state} -> {r.path}")
+    return 0
+
+
+def cmd_conformance(a, extra: List[str]) -> int:
+    from attncore.testing import run_conformance
+
+    if ":" not in a.name:  # module:attr is resolved (and its errors shown) by the suite
+        _known_backend(a.name)
+    return run_conformance(a.name, extra)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _heads(text: str) -> tuple:
+    try:
+        hq, hkv = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (query heads / KV heads, e.g. 32/8; 32/32 "
+                                         f"without GQA), got {text!r}") from None
+    return hq, hkv
+
+
+def _device_name(text: str) -> str:
+    from attncore.testing.placement import parse_device
+
+    try:
+        return parse_device(text, present=False)  # presence: _runnable_device, a usage error naming the GPUs
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _cc(text: str) -> tuple:
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MAJOR.MINOR, e.g. 9.0, got {text!r}") from None
+    return major, minor
+
+
+def _window(text: str) -> int:
+    from attncore.core.params import window_left
+
+    try:
+        return window_left(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected -1 (off) or an int >= 0, got {text!r}") from None
+
+
+def _dtype(kind: str):
+    """A converter for dtype names, accepting those the API accepts for ``kind`` (q or kv)."""
+
+    def convert(text: str):
+        from attncore.core._api import _DTYPE_ALIASES, SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES
+
+        allowed = SUPPORTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
+        dtype = _DTYPE_ALIASES.get(text.replace("torch.", ""))
+        if dtype not in allowed:
+            names = ", ".join(n for n, d in _DTYPE_ALIASES.items() if d in allowed)
+            raise argparse.ArgumentTypeError(f"expected one of {names}; got {text!r}")
+        return dtype
+
+    convert.__name__ = f"{kind} dtype"
+    return convert
+
+
+def _workload(text: str) -> str:
+    from attncore.cli.bench import select_workloads
+
+    try:
+        select_workloads([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _arch(text: str) -> str:
+    from attncore.build.jit import default_arch
+
+    arch = default_arch(text)
+    if not arch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an SM arch such as 90, sm90 or sm_90, got {text!r}")
+    return arch
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="attncore", description="attncore: attention backends, checked")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="device, versions and every backend with its state and capabilities")
+
+    e = sub.add_parser("explain", help="which backend serves a problem, and why the others refuse",
+                       usage="%(prog)s [options]")
+    e.add_argument("--op", default="batch_decode",
+                   choices=["single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode",
+                            "xqa_decode"])
+    e.add_argument("--device", choices=["cpu", "cuda"])
+    e.add_argument("--cc", type=_cc, help="compute capability for cuda, e.g. 9.0")
+    e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16", help="float16, bfloat16 or float32")
+    e.add_argument("--kv-dtype", type=_dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
+    e.add_argument("--out-dtype", type=_dtype("kv"), help="default: the q dtype")
+    e.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv, e.g. 32/8")
+    e.add_argument("--head-dim", type=_positive, default=128)
+    e.add_argument("--page-size", type=_positive, default=16)
+    e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
+    e.add_argument("--mask", choices=["none", "causal", "custom"])
+    e.add_argument("--window", type=_window, default=-1, help="sliding window (keys left of the diagonal); -1: off")
+    e.add_argument("--soft-cap", action="store_true")
+    e.add_argument("--pos", default="NONE", choices=["NONE", "ROPE_LLAMA", "ALIBI"])
+    e.add_argument("--sinks", action="store_true")
+    e.add_argument("--fp8-scales", action="store_true")
+    e.add_argument("--lse", action="store_true")
+    e.add_argument("--q-len", type=_positive, default=1)
+    e.add_argument("--spec-mask", action="store_true")
+    e.add_argument("--cuda-graph", action="store_true")
+    e.add_argument("--backend", default="auto")
+
+    c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
+    c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")
+    c.add_argument("--quick", action="store_true", help="a smaller suite")
+    c.add_argument("--device", type=_device_name, help="cpu, cuda or cuda:N (default: cuda when present)")
+    c.add_argument("--stream", choices=["default", "side"], default="default",
+                   help="side: run every case on a fresh stream of the device (the current device left alone)")
+    c.add_argument("--json", metavar="FILE")
+    c.add_argument("--fuzz", type=_positive, metavar="N",
+                   help="N random problems per backend over every claimed axis instead of the fixed cases")
+    c.add_argument("--seed", type=int, default=0, help="seed of the --fuzz run (default 0)")
+    c.add_argument("--replay", type=int, metavar="SEED", help="replay one problem that --fuzz printed")
+    c.add_argument("--configs", type=_positive, metavar="C",
+                   help="kernel configurations the N problems share (default: N/150 within 4..128 on a "
+                        "GPU, N on the CPU)")
+    c.add_argument("--jobs", type=_positive, metavar="J", help="--fuzz worker processes (default 1)")
+
+    from attncore.cli.bench import WORKLOADS
+
+    b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
+    b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
+    b.add_argument("--workload", action="append", type=_workload,
+                   help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
+                        + ", ".join(w.id for w in WORKLOADS) + "; default: all")
+    b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
+                   help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
+    b.add_argument("--flashinfer", action="store_true",
+                   help="also time the importable flashinfer package on each workload, in the same run")
+    b.add_argument("--device", choices=["cpu", "cuda"])
+    b.add_argument("--json", metavar="FILE")
+
+    from attncore.cli.tune import TUNE_OPS
+
+    t = sub.add_parser("tune", help="time every available backend on a grid of problem classes; auto then "
+                                    "ranks by the measured times")
+    t.add_argument("--quick", action="store_true", help="one grid point per op (tiny shapes on the CPU)")
+    t.add_argument("--backend", action="append", help="backend (repeatable); default: every available one "
+                                                      "(on a GPU all but the reference)")
+    t.add_argument("--op", action="append", choices=list(TUNE_OPS), help="only these ops (repeatable)")
+    t.add_argument("--device", choices=["cpu", "cuda"])
+    t.add_argument("--fresh", action="store_true", help="replace the cached table instead of merging into it")
+    t.add_argument("--list", action="store_true", help="print the grid points and exit")
+    t.add_argument("--json", metavar="FILE", help="also write the resulting table (the cache file) to FILE")
+
+    bl = sub.add_parser("build", help="prebuild CUDA kernel specializations into the cache")
+    bl.add_argument("backend", nargs="?", default="cuda_fa2")
+    bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
+    bl.add_argument("--list", action="store_true", help="list the specializations instead")
+    bl.add_argument("--arch", type=_arch, help="target arch, e.g. 90 (default: the current GPU, else 90)")
+    bl.add_argument("--force", action="store_true", help="rebuild even if cached")
+
+    cf = sub.add_parser("conformance", help="run the conformance suite on one backend (extra args go to pytest)")
+    cf.add_argument("name")
+
+    args, extra = p.parse_known_args(argv)
+    if extra and args.cmd != "conformance":
+        p.error("unrecognized arguments: " + " ".join(extra))
+    commands = {"info": cmd_info, "explain": cmd_explain, "check": cmd_check, "bench": cmd_bench,
+                "tune": cmd_tune, "build": cmd_build}
+    try:
+        if args.cmd == "conformance":
+            return cmd_conformance(args, extra)
+        return commands[args.cmd](args)
+    except UsageError as err:
+        sub.choices[args.cmd].error(str(err))  # exits 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""``attncore tune``: time every available backend on a grid of problem classes on this device and
+write the table that ``backend="auto"`` then ranks by (``attncore.core.ranking``).
+
+A grid point is a problem class (op, mask, head dim, GQA group, q dtype, KV dtype, page size) at one
+size: a KV length bucket and a batch bucket (``ranking.length_bucket`` / ``batch_bucket``), measured
+at one representative shape.  Each backend is forced on it (``backend=NAME``) through
+``attncore.cli.bench``'s set-up and timer: plan once, time ``run()``, input copies rotated beyond L2 on
+a GPU.  A backend that refuses is recorded as such; one that fails, with its error.
+
+The table goes to ``ranking.cache_path(<device name>)``, merged into what is there (a grid point
+measured again replaces that backend's earlier time; ``fresh=True`` starts over), so the grid can be
+measured in several runs (``ops=``).  The default table shipped for sm90
+(``attncore/data/tune-sm90.json``) is such a table, measured on an H100.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from itertools import product
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from attncore.cli import bench
+from attncore.core import ranking
+from attncore.core import registry
+from attncore.core.problem import dtype_name
+from attncore.core.selector import BackendSelectionError
+
+_BENCH_OP = {"single_prefill": "prefill", "batch_prefill_ragged": "ragged_prefill",
+             "batch_prefill_paged": "paged_prefill", "batch_decode": "decode", "xqa_decode": "xqa"}
+TUNE_OPS = tuple(_BENCH_OP)
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# do_bench on a GPU (warm-up and repetitions in ms); shorter than `attncore bench`'s 25 / 100 for a
+# grid of hundreds of points, still a median of ~100 runs of a 0.3 ms kernel.
+GPU_TIMER = dict(warmup=10, rep=50)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One grid point: a problem class at one shape."""
+
+    op: str
+    mask: str
+    head_dim: int
+    group: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    page_size: Optional[int]
+    batch: int
+    qo: int
+    kv: int
+    hq: int
+
+    @property
+    def hkv(self) -> int:
+        return self.hq // self.group
+
+    def key(self) -> ranking.ProblemClass:
+        return ranking.ProblemClass(self.op, self.mask, self.head_dim, self.group, dtype_name(self.q_dtype),
+                                    dtype_name(self.kv_dtype), self.page_size)
+
+    @property
+    def len_bucket(self) -> str:
+        return ranking.length_bucket(self.kv)
+
+    @property
+    def batch_bucket(self) -> str:
+        return ranking.batch_bucket(self.batch)
+
+    def describe(self) -> str:
+        return (f"{self.key().describe()} {self.len_bucket} {self.batch_bucket} "
+                f"(B{self.batch} qo{self.qo} kv{self.kv} {self.hq}/{self.hkv})")
+
+    def workload(self) -> bench.Workload:
+        if self.kv_dtype in _FP8 and self.kv_dtype != torch.float8_e4m3fn:
+            raise ValueError("bench's set-up has e4m3 as its only fp8 KV dtype")
+        return bench.Workload(self.describe(), _BENCH_OP[self.op], self.batch, self.qo, self.kv, hq=self.hq,
+                              hkv=self.hkv, d=self.head_dim, page=self.page_size or 16,
+                              causal=self.mask == "causal", kv_fp8=self.kv_dtype in _FP8)
+
+
+def _cases(op, masks, dims, groups, dtypes, kv_fp8, pages, shapes, hq) -> List[Case]:
+    out = []
+    for mask, d, g, dt, fp8, page, (b, qo, kv) in product(masks, dims, groups, dtypes, kv_fp8, pages, shapes):
+        out.append(Case(op, mask, d, g, dt, torch.float8_e4m3fn if fp8 else dt, page, b, qo, kv, hq))
+    return out
+
+
+def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) -> List[Case]:
+    """The grid points timed on ``device`` (``quick``: one point per op, tiny on the CPU)."""
+    bf16, fp16 = torch.bfloat16, torch.float16
+    if device != "cuda":  # the CPU: tiny shapes (Triton runs through its interpreter)
+        dims, groups, dts = ((64,), (2,), (fp16,)) if quick else ((64, 128), (1, 4), (fp16, torch.float32))
+        hq = 4 if quick else 8
+        s = 1 if quick else 4  # length scale
+        cases = (_cases("single_prefill", ("causal",), dims, groups, dts, (False,), (None,), [(1, 64 * s, 64 * s)], hq)
+                 + _cases("batch_prefill_ragged", ("causal",), dims, groups, dts, (False,), (None,),
+                          [(2, 32, 64 * s)], hq)
+                 + _cases("batch_prefill_paged", ("causal",), dims, groups, dts, (False,), (16,), [(2, 32, 64 * s)], hq)
+                 + _cases("batch_decode", ("causal",), dims, groups, dts, (False,), (16,), [(2, 1, 128 * s)], hq)
+                 + _cases("xqa_decode", ("causal",), dims, groups, dts, (False,), (16,), [(2, 1, 128 * s)], hq))
+    elif quick:  # one class per op (fp8 KV beside bf16 for decode), one shape
+        cases = (_cases("single_prefill", ("causal",), (128,), (4,), (bf16,), (False,), (None,), [(1, 4096, 4096)], 32)
+                 + _cases("batch_prefill_ragged", ("causal",), (128,), (4,), (bf16,), (False,), (None,),
+                          [(16, 512, 4096)], 32)
+                 + _cases("batch_prefill_paged", ("causal",), (128,), (4,), (bf16,), (False,), (16,),
+                          [(16, 512, 4096)], 32)
+                 + _cases("batch_decode", ("causal",), (128,), (4,), (bf16,), (False, True), (16,), [(64, 1, 4096)], 32)
+                 + _cases("xqa_decode", ("causal",), (128,), (8,), (bf16,), (False, True), (16,), [(64, 1, 4096)], 64))
+    else:
+        dims, dts = (64, 128, 256), (bf16, fp16)
+        prefill_shapes = [(4, 1024, 1024), (16, 512, 4096)]  # P3-like (B4 kv1k) and P4-like (B16 qo512 kv4k)
+        decode_shapes = [(8, 1, 16384), (64, 1, 4096)]  # D2-like and D1
+        cases = (_cases("single_prefill", ("causal", "none"), dims, (1, 4), dts, (False,), (None,),
+                        [(1, 1024, 1024), (1, 8192, 8192)], 32)
+                 + _cases("batch_prefill_ragged", ("causal",), dims, (4,), dts, (False,), (None,), prefill_shapes, 32)
+                 + _cases("batch_prefill_paged", ("causal",), dims, (4,), dts, (False,), (1, 16), prefill_shapes, 32)
+                 + _cases("batch_decode", ("causal",), dims, (1, 4, 8), dts, (False, True), (1, 16), decode_shapes, 32)
+                 + _cases("xqa_decode", ("causal",), dims, (4, 8), dts, (False, True), (16,), decode_shapes, 64))
+    if ops:
+        unknown = set(ops) - set(TUNE_OPS)
+        if unknown:
+            raise ValueError(f"unknown op {', '.join(sorted(unknown))}; tune knows {', '.join(TUNE_OPS)}")
+        cases = [c for c in cases if c.op in ops]
+    return cases
+
+
+def device_identity(device: str) -> Dict:
+    """Name, type and compute capability of the device a table is measured on."""
+    if device == "cuda":
+        return {"device": torch.cuda.get_device_name(), "device_type": "cuda",
+                "compute_capability": list(torch.cuda.get_device_capability())}
+    return {"device": ranking.cpu_name(), "device_type": device, "compute_capability": None}
+
+
+def _entry_id(e: Dict) -> tuple:
+    return tuple(ranking.entry_class(e)) + (e.get("len_bucket"), e.get("batch_bucket"))
+
+
+def default_backends(device: str) -> List[str]:
+    """Every available backend; on a GPU not the reference (pure torch: never the fastest there,
+    and slow to time; name it with ``backends=`` to include it)."""
+    names = sorted(registry.available_backends())
+    return [n for n in names if not (device == "cuda" and n == "reference")]
+
+
+def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, ops: Optional[Sequence[str]] = None,
+             device: Optional[str] = None, progress: Callable[[str], None] = print) -> Dict:
+    """Time ``backends`` (default: ``default_backends``) on the grid; return this run's table."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = [registry.canonical_name(n) for n in backends] if backends else default_backends(device)
+    cases = grid(device, quick, ops)
+    t = bench._timer(device, **GPU_TIMER) if device == "cuda" else bench._timer(device)
+    unavailable = {}
+    for n in names:
+        rs = registry.get_entry(n).unavailable_reasons()
+        if rs:
+            unavailable[n] = "unavailable: " + "; ".join(map(str, rs))
+    if device != "cuda":
+        progress("no CUDA GPU: timing tiny shapes on the CPU (Triton through its interpreter)")
+    progress(f"attncore tune: {len(cases)} grid points x {len(names)} backends ({', '.join(names)}) on "
+             f"{device_identity(device)['device']}")
+    entries, t0 = [], time.perf_counter()
+    for i, c in enumerate(cases):
+        w = c.workload()
+        e = dict(zip(ranking.CLASS_FIELDS, c.key()))
+        e.update(len_bucket=c.len_bucket, batch_bucket=c.batch_bucket,
+                 shape={"batch": c.batch, "qo": c.qo, "kv": c.kv, "hq": c.hq, "hkv": c.hkv},
+                 times_ms={}, failed={})
+        for n in names:
+            if n in unavailable:
+                e["failed"][n] = unavailable[n]
+                continue
+            runs = None
+            try:
+                runs, _ = bench._setup(w, n, device, c.q_dtype, bench.copies_for(w, device))
+                e["times_ms"][n] = round(bench.time_runs(t, runs), 6)
+                msg = f"{e['times_ms'][n]:.4g} ms"
+            except BackendSelectionError as err:
+                e["failed"][n] = "refused: " + str(err)[:300]
+                msg = "refuses"
+            except Exception as err:  # noqa: BLE001 - recorded, the grid goes on
+                e["failed"][n] = f"error: {type(err).__name__}: {err}"[:300]
+                msg = e["failed"][n][:120]
+            finally:
+                del runs
+            progress(f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:.0f}s] {c.describe()} {n}: {msg}")
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        entries.append(e)
+    table = {"format": ranking.TABLE_FORMAT, **_versions(), **device_identity(device),
+             "date": time.strftime("%Y-%m-%d"), "quick": quick,
+             "timer": (f"triton.testing.do_bench median, warmup {GPU_TIMER['warmup']} ms, rep {GPU_TIMER['rep']} ms"
+                       if device == "cuda" else "median of 3 calls after a warm-up"),
+             "backends": {n: registry.get_entry(n).origin for n in names},
+             "seconds": round(time.perf_counter() - t0, 1), "entries": entries}
+    return table
+
+
+def _versions() -> Dict:
+    from attncore import __version__
+
+    v = {"attncore": __version__, "torch": torch.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return v
+
+
+def merge(old: Optional[Dict], new: Dict) -> Dict:
+    """``new`` merged into ``old`` (same device): a grid point measured again replaces the times and
+    failures of the backends this run measured; everything else of ``old`` stays."""
+    if not old or old.get("device") != new.get("device") or old.get("format") != new.get("format"):
+        return new
+    out = {k: v for k, v in new.items() if k != "entries"}
+    out["backends"] = {**old.get("backends", {}), **new.get("backends", {})}
+    out["quick"] = bool(old.get("quick")) and bool(new.get("quick"))
+    out["seconds"] = round(float(old.get("seconds", 0)) + float(new.get("seconds", 0)), 1)
+    entries = {_entry_id(e): e for e in old.get("entries", [])}
+    for e in new["entries"]:
+        k = _entry_id(e)
+        if k in entries:
+            o = entries[k]
+            measured = set(e["times_ms"]) | set(e["failed"])
+            times = {n: v for n, v in o.get("times_ms", {}).items() if n not in measured}
+            failed = {n: v for n, v in o.get("failed", {}).items() if n not in measured}
+            e = dict(e, times_ms={**times, **e["times_ms"]}, failed={**failed, **e["failed"]})
+        entries[k] = e
+    out["entries"] = list(entries.values())
+    return out
+
+
+def save(table: Dict, *, fresh: bool = False, path=None):
+    """Write ``table`` (merged into the device's cached table unless ``fresh``) to the cache, or to
+    ``path``; return (path, the table written).  The selector re-reads its tables afterwards."""
+    from pathlib import Path
+
+    path = Path(path) if path is not None else ranking.cache_path(table["device"])
+    old = None
+    if not fresh and path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = None
+    out = table if fresh else merge(old, table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(path)
+    ranking.reload()
+    return path, out
+
+
+def format_table(table: Dict) -> str:
+    """One line per grid point: the backends fastest first (failures after)."""
+    lines = [f"device: {table['device']}  date: {table['date']}  attncore {table['attncore']}  "
+             f"{len(table['entries'])} grid points"]
+    for e in table["entries"]:
+        key = ranking.entry_class(e)
+        times = sorted(e.get("times_ms", {}).items(), key=lambda kv: kv[1])
+        cells = [f"{n} {t:.4g} ms" for n, t in times]
+        if times:
+            best = times[0][1]
+            cells = [c + (f" ({t / best:.2f}x)" if j else "") for j, (c, (_, t)) in enumerate(zip(cells, times))]
+        cells += [f"{n} {why.split(':')[0]}" for n, why in sorted(e.get("failed", {}).items())]
+        lines.append(f"{key.describe()} {e['len_bucket']} {e['batch_bucket']}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
+__all__ = ["Case", "grid", "run_tune", "merge", "save", "format_table", "default_backends", "TUNE_OPS"]

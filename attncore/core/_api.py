@@ -1,0 +1,388 @@
+"""Machinery shared by the public API modules: input checks, problem building, the index helpers the
+``BatchMeta`` constructors use (the batches themselves are built by ``BatchMeta.ragged/paged/
+from_block_tables``), and the planned dispatch that remembers the backend chosen at plan time.
+
+Every check raises ``ValueError``/``TypeError`` naming the argument, what was given and what is
+accepted (semantics.md, "Bad input").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from attncore.core import params as _params
+from attncore.core import registry
+from attncore.core import selector
+from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
+from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
+
+log = logging.getLogger("attncore")
+
+_DTYPE_ALIASES = {
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn, "e4m3": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2, "e5m2": torch.float8_e5m2, "fp8_e5m2": torch.float8_e5m2,
+}
+SUPPORTED_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_KV_DTYPES = SUPPORTED_Q_DTYPES + FP8_DTYPES
+
+
+# ----------------------------------------------------------------------------- argument checks
+def to_dtype(value, name: str, default: Optional[torch.dtype] = None) -> torch.dtype:
+    if value is None:
+        if default is None:
+            raise TypeError(f"{name}: got None, expected a torch dtype or its name")
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        key = value.replace("torch.", "")
+        if key in _DTYPE_ALIASES:
+            return _DTYPE_ALIASES[key]
+    raise TypeError(f"{name}: got {value!r}, expected a torch dtype or one of {sorted(_DTYPE_ALIASES)}")
+
+
+def check_choice(name: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: got {value!r}, expected one of {list(choices)}")
+
+
+def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtype=None, device=None,
+                 shape: Optional[Sequence[Optional[int]]] = None, what: str = "") -> torch.Tensor:
+    """Check a tensor argument.  ``shape`` entries of None are free; dtype may be a tuple."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor{' ' + what if what else ''}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: got a {t.dim()}-D tensor of shape {tuple(t.shape)}, expected {ndim}-D"
+                         f"{' ' + what if what else ''}")
+    if dtype is not None:
+        ok = t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype
+        if not ok:
+            exp = ", ".join(dtype_name(d) for d in dtype) if isinstance(dtype, tuple) else dtype_name(dtype)
+            raise TypeError(f"{name}: got dtype {dtype_name(t.dtype)}, expected {exp}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name}: got a tensor on {t.device}, expected one on {device}")
+    if shape is not None:
+        if len(shape) != t.dim() or any(s is not None and s != ts for s, ts in zip(shape, t.shape)):
+            exp = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name}: got shape {list(t.shape)}, expected {exp}{' ' + what if what else ''}")
+    return t
+
+
+def same_device(device: torch.device, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name}: got a tensor on {t.device}, expected one on {device} (the device of the inputs)")
+
+
+def norm_device(d: torch.device) -> torch.device:
+    """``d`` as a torch.device, a CUDA one with its index (the current device when it has none)."""
+    if not isinstance(d, torch.device):  # host time: torch.device(d) costs ~2 us even when d is one
+        d = torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None) -> List[int]:
+    """Validate a CSR indptr (int32, 1-D, starts at 0, non-decreasing); returns it as host ints."""
+    check_tensor(name, t, ndim=1, dtype=torch.int32)
+    if t.numel() < 1:
+        raise ValueError(f"{name}: got an empty tensor, expected [batch_size + 1] entries starting at 0")
+    if length is not None and t.numel() != length:
+        raise ValueError(f"{name}: got {t.numel()} entries, expected {length} (batch_size + 1)")
+    host = t.tolist()  # int32: Python ints (host time: no conversion first)
+    if host[0] != 0:
+        raise ValueError(f"{name}: got {name}[0] = {host[0]}, expected 0")
+    for i in range(len(host) - 1):
+        if host[i + 1] < host[i]:
+            raise ValueError(f"{name}: not non-decreasing: {name}[{i}] = {host[i]} > {name}[{i + 1}] = {host[i + 1]}")
+    return host
+
+
+def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    for n, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{n}: got {v!r}, expected a positive int")
+    if num_qo_heads % num_kv_heads != 0:
+        raise ValueError(f"num_qo_heads: got {num_qo_heads} with num_kv_heads {num_kv_heads}; "
+                         f"num_qo_heads must be a multiple of num_kv_heads")
+
+
+def make_params(*, head_dim: int, sm_scale, logits_soft_cap, window_left, pos_encoding_mode: str, rope_scale,
+                rope_theta) -> AttnParams:
+    """The plan-time scalars, each checked by its rule in ``attncore.core.params``, and RoPE's even head dim
+    (the mask is the batch's: ``BatchMeta.mask``)."""
+    check_choice("pos_encoding_mode", pos_encoding_mode, POS_ENCODINGS)
+    params = AttnParams(
+        sm_scale=_params.sm_scale(sm_scale, head_dim),
+        logits_soft_cap=_params.logits_soft_cap(logits_soft_cap), window_left=_params.window_left(window_left),
+        pos_encoding_mode=pos_encoding_mode, rope_scale=_params.rope("rope_scale", rope_scale),
+        rope_theta=_params.rope("rope_theta", rope_theta),
+    )
+    if pos_encoding_mode == "ROPE_LLAMA" and head_dim % 2:
+        raise ValueError(f"head_dim: got {head_dim}, ROPE_LLAMA needs an even head_dim")
+    return params
+
+
+def check_sinks(sinks, num_qo_heads: int, device) -> Optional[torch.Tensor]:
+    if sinks is None:
+        return None
+    check_tensor("sinks", sinks, ndim=1, shape=[num_qo_heads], device=device,
+                 dtype=(torch.float32, torch.float16, torch.bfloat16))
+    return sinks.float()
+
+
+# ----------------------------------------------------------------------------- masks
+def pack_batch_mask(custom_mask, packed_custom_mask, qo_lens: List[int], kv_lens: List[int], device
+                    ) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+    """Validate a batch custom mask and return (packed uint8, mask_indptr int32, host offsets).
+
+    ``custom_mask``: bool, each request's [qo_i, kv_i] flattened, concatenated.
+    ``packed_custom_mask``: uint8, each request packed LSB-first from a byte boundary
+    (``segment_packbits(..., bitorder="little")``); it wins over custom_mask.
+    """
+    from attncore.quantization import packbits
+
+    sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
+    byte_sizes = [(s + 7) // 8 for s in sizes]
+    offsets = [0]
+    for b in byte_sizes:
+        offsets.append(offsets[-1] + b)
+    if packed_custom_mask is not None:
+        check_tensor("packed_custom_mask", packed_custom_mask, ndim=1, dtype=torch.uint8)
+        if packed_custom_mask.numel() != offsets[-1]:
+            raise ValueError(f"packed_custom_mask: got {packed_custom_mask.numel()} bytes, expected {offsets[-1]} "
+                             f"(sum of ceil(qo_len*kv_len/8) per request, each request starting on a byte boundary)")
+        packed = packed_custom_mask.to(device).contiguous()
+    else:
+        check_tensor("custom_mask", custom_mask, ndim=1, what="(flattened bool mask)")
+        if custom_mask.dtype != torch.bool:
+            raise TypeError(f"custom_mask: got dtype {dtype_name(custom_mask.dtype)}, expected bool")
+        if custom_mask.numel() != sum(sizes):
+            raise ValueError(f"custom_mask: got {custom_mask.numel()} elements, expected {sum(sizes)} "
+                             f"(sum of qo_len*kv_len per request)")
+        parts, start = [], 0
+        for s in sizes:
+            parts.append(packbits(custom_mask[start:start + s], bitorder="little"))
+            start += s
+        packed = (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)).to(device)
+    indptr = small_index(offsets, device)
+    return packed, indptr, offsets
+
+
+# ----------------------------------------------------------------------------- problems
+def build_problem(op: str, device: torch.device, *, q_dtype, kv_dtype, out_dtype=None, num_qo_heads: int,
+                  num_kv_heads: int, head_dim: int, head_dim_vo: Optional[int] = None,
+                  page_size: Optional[int] = None, kv_layout: str = "NHD", mask: str = "none",
+                  params: Optional[AttnParams] = None, q_len_per_req: int = 1, spec_mask: bool = False,
+                  cuda_graph: bool = False, return_lse: bool = False, sinks: bool = False,
+                  fp8_scales: bool = False) -> AttentionProblem:
+    check_choice("kv_layout", kv_layout, LAYOUTS)
+    if q_dtype not in SUPPORTED_Q_DTYPES:
+        raise TypeError(f"q_data_type: got {dtype_name(q_dtype)}, expected one of fp16, bf16, fp32")
+    if kv_dtype not in SUPPORTED_KV_DTYPES:
+        raise TypeError(f"kv_data_type: got {dtype_name(kv_dtype)}, expected one of fp16, bf16, fp32, e4m3, e5m2")
+    dev_type, cc = device_info(device)
+    p = params or AttnParams(sm_scale=1.0)
+    return AttentionProblem(
+        op=op, device_type=dev_type, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
+        out_dtype=out_dtype or q_dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+        head_dim_qk=head_dim, head_dim_vo=head_dim_vo or head_dim, page_size=page_size, kv_layout=kv_layout,
+        mask=mask, window_left=p.window_left, soft_cap=p.logits_soft_cap > 0, pos_encoding=p.pos_encoding_mode,
+        q_len_per_req=q_len_per_req, spec_mask=spec_mask, cuda_graph=cuda_graph and dev_type == "cuda",
+        return_lse=return_lse, sinks=sinks, fp8_scales=fp8_scales,
+    )
+
+
+class Planned:
+    """A problem planned on the backend chosen at plan time.
+
+    Run-time features (LSE, sinks, fp8 scales) are only known in ``run()``: when a run needs one
+    the planned backend refuses, ``auto`` re-plans once on the best backend that serves it (cached
+    per feature set); a forced backend raises instead.
+    """
+
+    def __init__(self, problem: AttentionProblem, meta: BatchMeta, backend: str = "auto"):
+        self.problem = problem
+        self.meta = meta
+        # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
+        self.requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
+        self.backend: Backend = selector.select(problem, self.requested)
+        self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {
+            problem: (self.backend, self.backend.plan(problem, meta))}
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def variant(self, *, return_lse: bool, sinks: bool, fp8_scales: bool) -> Tuple[Backend, object]:
+        p = self.problem
+        if (return_lse, sinks, fp8_scales) != (p.return_lse, p.sinks, p.fp8_scales):
+            p = p.replace(return_lse=return_lse or p.return_lse, sinks=sinks or p.sinks,
+                          fp8_scales=fp8_scales or p.fp8_scales)
+        v = self._variants.get(p)
+        if v is None:
+            if self.backend.supports(p):
+                b = self.backend
+            elif self.requested != "auto":
+                reasons = self.backend.reasons(p)
+                raise selector.BackendSelectionError(
+                    f"backend {self.backend.name!r} (forced at plan) cannot serve this run: "
+                    + "; ".join(map(str, reasons)), {self.backend.name: reasons})
+            else:
+                b = selector.select(p, "auto")
+                log.info("attncore: run-time features of %s need backend %s instead of %s",
+                         p.describe(), b.name, self.backend.name)
+            v = (b, b.plan(p, self.meta))
+            self._variants[p] = v
+        return v
+
+    def run(self, args: RunArgs) -> None:
+        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        b.run(plan, args)
+
+
+def alloc_out(name: str, out, shape, dtype, device) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return check_tensor(name, out, shape=list(shape), dtype=dtype, device=device)
+
+
+def alloc_lse(lse, rows: int, heads: int, device) -> torch.Tensor:
+    if lse is None:
+        return torch.empty((rows, heads), dtype=torch.float32, device=device)
+    return check_tensor("lse", lse, shape=[rows, heads], dtype=torch.float32, device=device)
+
+
+def reject_extra(name: str, args: tuple) -> None:
+    if args:
+        raise TypeError(f"{name}: got {len(args)} unexpected extra positional argument(s); "
+                        f"pass options by keyword")
+
+
+def alias(where: str, name: str, value, alias_name: str, alias_value):
+    """One parameter spelled two ways by different FlashInfer releases (``use_fp16_qk_reduction`` /
+    ``allow_fp16_qk_reduction``, ``head_dim_qk`` / ``head_dim``...): the value given, or a ``TypeError``
+    naming both when both are (both default to None, so "given" is "not None")."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"{where}: got both {name}={value!r} and {alias_name}={alias_value!r}; they are two "
+                        f"spellings of one parameter (FlashInfer releases differ): pass only one")
+    return alias_value
+
+
+def ambiguous(where: str, name: str, value, expected: str, order: str, other: str) -> TypeError:
+    """The ``TypeError`` for a value that does not fit parameter ``name`` of FlashInfer 0.2.14's positional
+    ``order`` but fits ``other`` (another release's parameter at that position): attncore reads positions in
+    0.2.14's order and never reinterprets one as another parameter."""
+    shown = f"a tensor of dtype {dtype_name(value.dtype)}" if isinstance(value, torch.Tensor) else repr(value)
+    return TypeError(f"{where}: got {shown} for {name}, expected {expected}. Positional arguments follow "
+                     f"FlashInfer 0.2.14's order ({order}); another release puts {other} at this position. "
+                     f"Pass {other.split(' ')[0]} (and what follows it) by keyword")
+
+
+def refuse_multi_item(where: str, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                      max_item_len_ptr) -> None:
+    """FlashInfer's multi-item scoring arguments of the prefill plan()s: accepted by name, refused when used
+    (never accepted and ignored)."""
+    used = [n for n, v in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                           ("max_item_len_ptr", max_item_len_ptr)) if v is not None]
+    if token_pos_in_items_len not in (None, 0):
+        used.append("token_pos_in_items_len")
+    if used:
+        raise NotImplementedError(f"{where}: {', '.join(used)}: multi-item scoring is not implemented by attncore "
+                                  f"(no backend serves it); leave prefix_len_ptr, token_pos_in_items_ptr, "
+                                  f"max_item_len_ptr None and token_pos_in_items_len 0")
+
+
+# ----------------------------------------------------------------------------- batches
+_SMALL: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+def small_index(values: Sequence[int], device) -> torch.Tensor:
+    """A small read-only int32 tensor on ``device``, cached by value.
+
+    The one-call APIs (single prefill, xqa) build index tensors on every call; a plain host-to-device
+    copy of a Python list synchronises the stream, so these are cached (the same shapes repeat
+    across layers) and copied from pinned memory without blocking.  Backends never mutate them.
+    """
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    key = (device, tuple(values))  # host time: hashing a torch.device is ~10x cheaper than str(device)
+    t = _SMALL.get(key)
+    if t is None:
+        host = torch.tensor(values, dtype=torch.int32)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        t = host.to(device, non_blocking=True)
+        _SMALL[key] = t
+        if len(_SMALL) > 512:
+            _SMALL.popitem(last=False)
+    else:
+        _SMALL.move_to_end(key)
+    return t
+
+
+def host_int32(values: Sequence[int], device, non_blocking: bool = False) -> torch.Tensor:
+    """A new int32 tensor of ``values`` on ``device`` (a copy from the host unless it is the CPU)."""
+    t = torch.tensor(values, dtype=torch.int32)
+    return t if device.type == "cpu" else t.to(device, non_blocking=non_blocking)
+
+
+def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
+    """An index tensor as a ``BatchMeta`` keeps it: int32, contiguous, on ``device`` (no copy when it
+    already is)."""
+    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
+
+
+def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:
+    """Copy ``src`` into the user's CUDA-graph buffer ``buffers[key]`` (allocated on first use)."""
+    buf = buffers.get(key)
+    if buf is None:
+        buf = torch.empty(max(src.numel(), 1), dtype=src.dtype, device=src.device)
+        buffers[key] = buf
+    if buf.numel() < src.numel():
+        raise ValueError(f"{name}: needs {src.numel()} entries but the CUDA-graph buffer holds {buf.numel()}")
+    buf[:src.numel()].copy_(src)
+    return buf[:src.numel()]
+
+
+def check_paged_cache(paged_kv_cache, *, kv_layout: str, num_kv_heads: int, head_dim: int, page_size: int,
+                      kv_dtype, device, max_page_id: int, name: str = "paged_kv_cache"
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Split a paged cache into (k_cache, v_cache) 4-D views and check them against the plan."""
+    from attncore.page import unpack_paged_kv_cache
+
+    k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
+    if kv_layout == "NHD":
+        exp = [None, page_size, num_kv_heads, head_dim]
+    else:
+        exp = [None, num_kv_heads, page_size, head_dim]
+    for n, t in ((name + " (k)", k_cache), (name + " (v)", v_cache)):
+        check_tensor(n, t, shape=exp, dtype=kv_dtype, device=device,
+                     what=f"({kv_layout}: [pages, {'page_size, Hkv' if kv_layout == 'NHD' else 'Hkv, page_size'}, D])")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{n}: the last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
+    if max_page_id >= k_cache.shape[0]:
+        raise ValueError(f"paged_kv_indices: page id {max_page_id} is out of range for a cache of "
+                         f"{k_cache.shape[0]} pages")
+    return k_cache, v_cache
+
+
+def check_ragged_kv(name: str, t: torch.Tensor, *, kv_layout: str, n: int, num_kv_heads: int, head_dim: int,
+                    kv_dtype, device) -> torch.Tensor:
+    exp = [n, num_kv_heads, head_dim] if kv_layout == "NHD" else [num_kv_heads, n, head_dim]
+    check_tensor(name, t, shape=exp, dtype=kv_dtype, device=device,
+                 what=f"({kv_layout}: {'[kv_len, Hkv, D]' if kv_layout == 'NHD' else '[Hkv, kv_len, D]'})")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
+    return t

@@ -1,0 +1,499 @@
+"""The backend contract: capabilities as data, ``plan()`` on the host, ``run()`` launch-only.
+
+Every op reaches a backend in one canonical form, a *batch of requests*:
+
+* query rows ``q[qo_indptr[i]:qo_indptr[i+1]]`` belong to request ``i`` (single prefill is a
+  batch of one; batch decode has ``q_len_per_req`` rows per request);
+* the keys/values of request ``i`` are either *ragged* (``k[kv_indptr[i]:kv_indptr[i+1]]``, token
+  offsets) or *paged* (pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` of a paged cache, the last
+  one holding ``last_page_len[i]`` tokens), or, for ``xqa_decode``, ``block_tables[i]`` /
+  ``seq_lens[i]``;
+* the mask (``BatchMeta.mask``) is causal (bottom-right), none, or a packed custom mask (request
+  ``i``'s ``[qo_len_i, kv_len_i]`` bits, row-major, LSB-first, starting at byte ``mask_indptr[i]``),
+  always ANDed with the sliding window (``BatchMeta.params.window_left``).
+
+The batch is built by ``BatchMeta.ragged()``, ``BatchMeta.paged()`` or
+``BatchMeta.from_block_tables()`` (the API in ``plan()``, and ``attncore.testing``), which validate
+the index tensors and fill every field a backend relies on (``BatchMeta``'s docstring lists them):
+a backend may assume shapes, dtypes and index ranges are consistent with the problem, and reads
+kv lengths and the mask from the batch instead of deriving them.  See
+``docs/writing-a-backend.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from attncore.core.capabilities import Capabilities, Reason, check
+from attncore.core.problem import AttentionProblem
+
+
+MASKS = ("none", "causal", "custom")
+
+
+@dataclass(frozen=True, init=False)
+class AttnParams:
+    """Scalar options fixed at plan time, each checked by its rule in ``attncore.core.params``.
+
+    sm_scale: QK scale before any fp8 scales (the API multiplies in q_scale/k_scale at run time
+    through ``RunArgs``).  logits_soft_cap: 0 when off.  window_left: -1 when off; this is the one
+    home of the sliding window that backends read (``AttentionProblem.window_left`` is the selection
+    key, derived from it by the API).
+
+    The mask is not here: a backend applies ``BatchMeta.mask``.  ``causal=`` is still accepted (in its
+    old position) for a ``BatchMeta`` built by hand (tests, benchmarks), whose ``mask`` it fills when
+    none is given; nothing else reads it, and ``params.causal`` raises.
+    """
+
+    sm_scale: float
+    logits_soft_cap: float
+    window_left: int
+    pos_encoding_mode: str
+    rope_scale: float
+    rope_theta: float
+
+    def __init__(self, sm_scale: float, causal: Optional[bool] = None, logits_soft_cap: float = 0.0,
+                 window_left: int = -1, pos_encoding_mode: str = "NONE", rope_scale: float = 1.0,
+                 rope_theta: float = 1e4) -> None:
+        setattr_ = object.__setattr__  # frozen
+        setattr_(self, "sm_scale", sm_scale)
+        setattr_(self, "logits_soft_cap", logits_soft_cap)
+        setattr_(self, "window_left", window_left)
+        setattr_(self, "pos_encoding_mode", pos_encoding_mode)
+        setattr_(self, "rope_scale", rope_scale)
+        setattr_(self, "rope_theta", rope_theta)
+        if causal is not None:
+            setattr_(self, "_by_hand_causal", bool(causal))
+
+    @property
+    def causal(self):
+        raise AttributeError("AttnParams has no 'causal': the mask a backend applies is BatchMeta.mask "
+                             "('none', 'causal' or 'custom', resolved from the problem's mask)")
+
+
+@dataclass
+class BatchMeta:
+    """One batch as every backend's ``plan()`` receives it (see the module docstring).
+
+    Built by the API in ``plan()``, and by ``attncore.testing``, through the constructors
+    ``BatchMeta.ragged()``, ``BatchMeta.paged()`` and ``BatchMeta.from_block_tables()``, which
+    validate what they read and always fill:
+
+    * ``kv_lens`` (int32 ``[B]`` on ``device``) and ``kv_lens_host`` (Python ints): each request's KV
+      length.  One exception: block tables planned inside CUDA-graph capture, where ``seq_lens``
+      cannot be read back; ``kv_lens_host`` is None there, ``max_seq_len`` bounds every length and
+      ``host_kv_lens()`` reads and checks them (a device sync);
+    * ``mask``: what the kernels apply, ``"none"``, ``"causal"`` (bottom-right) or ``"custom"`` (then
+      ``packed_mask``, ``mask_indptr`` and ``mask_indptr_host`` are set), resolved once from the
+      problem's mask kind by ``resolve_mask`` (a custom mask wins over causal; decode with no mask
+      is causal);
+    * ``params``: the plan-time scalars, the sliding window among them (``params.window_left``);
+    * the index tensors of the batch's form, int32, contiguous, on ``device`` (an indexed device):
+      ``qo_indptr`` (+ host list) always; ``kv_indptr`` (+ host list, token offsets) when ragged;
+      ``kv_indptr`` (+ host list, page offsets), ``kv_indices``, ``kv_last_page_len``, ``page_size``
+      and ``max_page_id`` when paged; ``block_tables``, ``seq_lens`` (as given), ``max_seq_len`` and
+      ``page_size`` for xqa's block tables.
+
+    ``*_host`` lists are Python ints: ``plan()`` may read them, ``run()`` must not depend on new host
+    data.  A BatchMeta built directly (tests, benchmarks) is completed the same way in
+    ``__post_init__`` from what it was given.
+    """
+
+    batch_size: int
+    qo_indptr: torch.Tensor  # int32 [B+1]
+    qo_indptr_host: List[int]
+    kv_indptr: Optional[torch.Tensor] = None  # int32 [B+1]: token offsets (ragged) or page offsets (paged)
+    kv_indptr_host: Optional[List[int]] = None
+    kv_indices: Optional[torch.Tensor] = None  # int32 [nnz_pages] (paged)
+    kv_last_page_len: Optional[torch.Tensor] = None  # int32 [B] (paged)
+    kv_lens: Optional[torch.Tensor] = None  # int32 [B] on device, kv length of each request
+    kv_lens_host: Optional[List[int]] = None
+    page_size: Optional[int] = None
+    packed_mask: Optional[torch.Tensor] = None  # uint8, custom mask bits
+    mask_indptr: Optional[torch.Tensor] = None  # int32 [B+1], byte offsets into packed_mask
+    mask_indptr_host: Optional[List[int]] = None
+    block_tables: Optional[torch.Tensor] = None  # xqa: int32 [B, max_pages]
+    seq_lens: Optional[torch.Tensor] = None  # xqa: int32/uint32 [B]
+    max_seq_len: Optional[int] = None
+    params: AttnParams = field(default_factory=lambda: AttnParams(sm_scale=1.0))
+    q_len_per_req: int = 1
+    max_page_id: int = -1  # largest page id referenced (the API checks it against the cache)
+    fixed_split_size: Optional[int] = None  # decode: user's split-KV hint (pages per split)
+    disable_split_kv: bool = False
+    # The caller's float workspace buffer (uint8), or None.  Backends should carve split-KV partials
+    # from it: in CUDA-graph mode its address is what a captured graph keeps using across plans.
+    workspace: Optional[torch.Tensor] = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    mask: Optional[str] = None  # "none" | "causal" | "custom": what the kernels apply (resolve_mask)
+
+    def __post_init__(self) -> None:
+        if self.mask is None or self.kv_lens is None or (self.kv_lens_host is None and self.block_tables is None):
+            self._complete()
+
+    @property
+    def qo_lens_host(self) -> List[int]:
+        p = self.qo_indptr_host
+        return [p[i + 1] - p[i] for i in range(self.batch_size)]
+
+    def host_kv_lens(self) -> List[int]:
+        """Each request's KV length as Python ints.  Filled at construction, except for block tables
+        planned inside CUDA-graph capture: ``seq_lens`` is read here then (a device sync) and checked."""
+        if self.kv_lens_host is None:
+            self.kv_lens_host = _check_seq_lens(self.seq_lens, self.q_len_per_req, self.max_seq_len,
+                                                self.block_tables.shape[1], self.page_size)
+        return self.kv_lens_host
+
+    @staticmethod
+    def resolve_mask(mask: str, *, decode: bool) -> str:
+        """The mask the kernels apply for a problem's mask kind (``none``, ``causal``, ``custom``):
+        decode with no mask is causal, bottom-right within each request (with one row per request
+        that keeps every key).  The one home of that rule: the constructors apply it, backends read
+        ``BatchMeta.mask``."""
+        if mask not in MASKS:
+            raise ValueError(f"mask: got {mask!r}, expected one of {list(MASKS)}")
+        return "causal" if decode and mask == "none" else mask
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def ragged(cls, qo_indptr: Optional[torch.Tensor] = None, kv_indptr: Optional[torch.Tensor] = None, *,
+               qo_indptr_host: Optional[List[int]] = None, kv_indptr_host: Optional[List[int]] = None,
+               device, params: AttnParams, causal: bool = False, custom_mask: Optional[torch.Tensor] = None,
+               packed_custom_mask: Optional[torch.Tensor] = None, buffers: Optional[dict] = None,
+               workspace: Optional[torch.Tensor] = None) -> "BatchMeta":
+        """Request ``i`` has the query rows ``qo_indptr[i]:qo_indptr[i+1]`` and the keys
+        ``kv_indptr[i]:kv_indptr[i+1]`` of ragged K/V (single prefill is a batch of one).
+
+        Each indptr comes as an int32 tensor (validated, read to the host), as a host list the caller
+        built or validated (uploaded once, cached by value), or both.  The mask is custom when
+        ``custom_mask`` (bool, the requests' ``[qo_i, kv_i]`` masks flattened) or
+        ``packed_custom_mask`` (uint8, LSB-first, each request from a byte boundary) is given, else
+        causal when ``causal``.  ``buffers``: the caller's CUDA-graph buffers the index tensors are
+        copied into (``qo_indptr``, ``kv_indptr``, ``kv_lens``, ``custom_mask``, ``qk_indptr``;
+        allocated on first use)."""
+        device = _api.norm_device(device)
+        if qo_indptr_host is None:
+            qo_indptr_host = _api.check_indptr("qo_indptr", qo_indptr)
+        if kv_indptr_host is None:
+            kv_indptr_host = _api.check_indptr("kv_indptr", kv_indptr, length=len(qo_indptr_host))
+        elif len(kv_indptr_host) != len(qo_indptr_host):
+            raise ValueError(f"kv_indptr: got {len(kv_indptr_host)} entries, expected {len(qo_indptr_host)} "
+                             f"(batch_size + 1)")
+        b = len(qo_indptr_host) - 1
+        kv_lens = [kv_indptr_host[i + 1] - kv_indptr_host[i] for i in range(b)]
+        qo_t = (_api.small_index(qo_indptr_host, device) if qo_indptr is None
+                else _api.to_device_int32(qo_indptr, device))
+        kv_t = (_api.small_index(kv_indptr_host, device) if kv_indptr is None
+                else _api.to_device_int32(kv_indptr, device))
+        kv_lens_t = _api.small_index(kv_lens, device)
+        if buffers is not None:
+            qo_t = _api._into(buffers, "qo_indptr", qo_t, "qo_indptr_buf")
+            kv_t = _api._into(buffers, "kv_indptr", kv_t, "kv_indptr_buf")
+            kv_lens_t = _api._into(buffers, "kv_lens", kv_lens_t, "kv_lens")
+        mask, packed, mask_indptr, mask_host = _mask_fields(causal, custom_mask, packed_custom_mask, qo_indptr_host,
+                                                            kv_lens, device, buffers, decode=False)
+        return cls(batch_size=b, qo_indptr=qo_t, qo_indptr_host=qo_indptr_host, kv_indptr=kv_t,
+                   kv_indptr_host=kv_indptr_host, kv_lens=kv_lens_t, kv_lens_host=kv_lens, packed_mask=packed,
+                   mask_indptr=mask_indptr, mask_indptr_host=mask_host, params=params, workspace=workspace,
+                   device=device, mask=mask)
+
+    @classmethod
+    def paged(cls, qo_indptr_host: List[int], kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+              kv_last_page_len: torch.Tensor, page_size: int, *, device, params: AttnParams, causal: bool = False,
+              custom_mask: Optional[torch.Tensor] = None, packed_custom_mask: Optional[torch.Tensor] = None,
+              decode: bool = False, q_len_per_req: int = 1,
+              names: Tuple[str, str, str] = ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
+              non_blocking: bool = False, buffers: Optional[dict] = None, workspace: Optional[torch.Tensor] = None,
+              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> "BatchMeta":
+        """Request ``i`` reads the pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` of a paged cache,
+        the last one holding ``kv_last_page_len[i]`` tokens (``1 <= last <= page_size``; any value in
+        ``[0, page_size]`` for a request with no pages).  The page table is validated (its entries
+        named by ``names`` in errors) and read to the host once.
+
+        The mask is custom when a custom mask is given (as in ``ragged``), else causal when
+        ``causal``, or always with ``decode`` (``q_len_per_req`` rows per request, which must already
+        be in the cache: a non-empty request holds at least that many tokens).  ``buffers``: the
+        caller's CUDA-graph buffers (``qo_indptr``, ``indptr``, ``indices``, ``last_page_len``,
+        ``kv_lens``, ``custom_mask``, ``qk_indptr``) the index tensors are copied into.
+        ``fixed_split_size``, ``disable_split_kv``: the caller's split-KV hints, kept as given."""
+        n_indptr, n_indices, n_last = names
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+            raise ValueError(f"page_size: got {page_size!r}, expected a positive int")
+        device = _api.norm_device(device)
+        b = len(qo_indptr_host) - 1
+        kv_host = _api.check_indptr(n_indptr, kv_indptr, length=b + 1)
+        _api.check_tensor(n_indices, kv_indices, ndim=1, dtype=torch.int32)
+        _api.check_tensor(n_last, kv_last_page_len, ndim=1, dtype=torch.int32, shape=[b])
+        if kv_indices.numel() < kv_host[-1]:
+            raise ValueError(f"{n_indices}: got {kv_indices.numel()} entries, expected at least {n_indptr}[-1] = "
+                             f"{kv_host[-1]}")
+        kv_lens = _paged_kv_lens(kv_host, kv_last_page_len.tolist(), page_size, n_last)
+        used = kv_indices[:kv_host[-1]]
+        max_page = int(used.max()) if used.numel() else -1
+        if used.numel() and int(used.min()) < 0:
+            raise ValueError(f"{n_indices}: got a negative page id {int(used.min())}, expected ids >= 0")
+        dev_indptr = _api.to_device_int32(kv_indptr, device, non_blocking)
+        dev_indices = _api.to_device_int32(kv_indices, device, non_blocking)
+        dev_last = _api.to_device_int32(kv_last_page_len, device, non_blocking)
+        dev_kv_lens = _api.host_int32(kv_lens, device, non_blocking)
+        qo_dev = _api.host_int32(qo_indptr_host, device, non_blocking)
+        if buffers is not None:
+            dev_indptr = _api._into(buffers, "indptr", dev_indptr, n_indptr)
+            dev_indices = _api._into(buffers, "indices", dev_indices, n_indices)
+            dev_last = _api._into(buffers, "last_page_len", dev_last, n_last)
+            dev_kv_lens = _api._into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
+            if "qo_indptr" in buffers:
+                qo_dev = _api._into(buffers, "qo_indptr", qo_dev, "qo_indptr")
+        if decode:
+            for i, n in enumerate(kv_lens):
+                if 0 < n < q_len_per_req:
+                    raise ValueError(f"{n_last}: request {i} holds {n} tokens, fewer than q_len_per_req "
+                                     f"({q_len_per_req}); the draft tokens must already be in the cache")
+        mask, packed, mask_indptr, mask_host = _mask_fields(causal, custom_mask, packed_custom_mask, qo_indptr_host,
+                                                            kv_lens, device, buffers, decode=decode)
+        return cls(batch_size=b, qo_indptr=qo_dev, qo_indptr_host=qo_indptr_host, kv_indptr=dev_indptr,
+                   kv_indptr_host=kv_host, kv_indices=dev_indices, kv_last_page_len=dev_last, kv_lens=dev_kv_lens,
+                   kv_lens_host=kv_lens, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
+                   mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, max_page_id=max_page,
+                   fixed_split_size=fixed_split_size, disable_split_kv=bool(disable_split_kv), workspace=workspace,
+                   device=device, mask=mask)
+
+    @classmethod
+    def from_block_tables(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, page_size: int,
+                          *, device, params: AttnParams, q_len_per_req: int = 1,
+                          custom_mask: Optional[torch.Tensor] = None, packed_custom_mask: Optional[torch.Tensor] = None,
+                          workspace: Optional[torch.Tensor] = None, read_seq_lens: Optional[bool] = None
+                          ) -> "BatchMeta":
+        """xqa's form: request ``i`` reads the pages ``block_tables[i]`` (int32 ``[B, max_pages]``) and
+        holds ``seq_lens[i]`` tokens (int32 or uint32 ``[B]``, the draft tokens included), with
+        ``q_len_per_req`` query rows.  The mask is causal (decode; xqa's speculative mask comes at run
+        time, in ``RunArgs.spec_mask``), or custom when a custom mask is given (as in ``ragged``; the
+        xqa API never gives one, the conformance suite does).  The caller checked the shapes,
+        ``max_seq_len`` and that ``max_pages * page_size >= max_seq_len``.
+
+        ``seq_lens`` is read to the host and checked (``q_len_per_req <= seq_lens[i] <= max_seq_len``)
+        unless ``read_seq_lens`` is False, or None (the default) while the stream captures a CUDA
+        graph, where nothing can be read back: ``kv_lens_host`` stays None then (``host_kv_lens()``
+        reads and checks it later, a device sync), and ``max_seq_len`` bounds every length.  A custom
+        mask is laid out by those lengths, so it always reads them."""
+        device = _api.norm_device(device)
+        b = block_tables.shape[0]
+        custom = custom_mask is not None or packed_custom_mask is not None
+        if read_seq_lens is None:
+            read_seq_lens = seq_lens.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()
+        host = (_check_seq_lens(seq_lens, q_len_per_req, max_seq_len, block_tables.shape[1], page_size)
+                if read_seq_lens or custom else None)
+        qo_host = [i * q_len_per_req for i in range(b + 1)]
+        mask, packed, mask_indptr, mask_host = _mask_fields(False, custom_mask, packed_custom_mask, qo_host, host,
+                                                            device, None, decode=True)
+        return cls(batch_size=b, qo_indptr=_api.small_index(qo_host, device), qo_indptr_host=qo_host,
+                   block_tables=block_tables, seq_lens=seq_lens, kv_lens=_seq_lens_int32(seq_lens), kv_lens_host=host,
+                   max_seq_len=max_seq_len, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
+                   mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, workspace=workspace,
+                   device=device, mask=mask)
+
+    def _complete(self) -> None:
+        """Fill, in a BatchMeta built directly (tests, benchmarks), what the constructors guarantee."""
+        dev = self.device if isinstance(self.device, torch.device) else torch.device(self.device)
+        if dev.type == "cpu" and self.qo_indptr.device.type != "cpu":
+            dev = self.qo_indptr.device  # device left at its default, tensors elsewhere
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "kv_lens", "mask_indptr"):
+            t = getattr(self, name)
+            if t is not None:  # int32, contiguous, on the batch's device (no copy when it already is)
+                setattr(self, name, t.to(device=dev, dtype=torch.int32).contiguous())
+        if self.kv_indptr is not None and self.kv_indptr_host is None:
+            self.kv_indptr_host = _host_ints(self.kv_indptr)
+        if self.block_tables is not None:
+            if self.kv_lens is None:
+                self.kv_lens = _seq_lens_int32(self.seq_lens)
+            if self.max_seq_len is None:
+                self.kv_lens_host = _host_ints(self.seq_lens)
+                self.max_seq_len = max(self.kv_lens_host, default=0)
+        elif self.kv_lens_host is None:
+            if self.kv_lens is not None:
+                self.kv_lens_host = _host_ints(self.kv_lens)
+            elif self.kv_indices is not None:
+                self.kv_lens_host = _paged_kv_lens(self.kv_indptr_host, _host_ints(self.kv_last_page_len),
+                                                   self.page_size, "kv_last_page_len")
+            elif self.kv_indptr_host is not None:
+                p = self.kv_indptr_host
+                self.kv_lens_host = [p[i + 1] - p[i] for i in range(self.batch_size)]
+            else:
+                raise ValueError("BatchMeta: no KV lengths; give kv_lens, kv_indptr (ragged), kv_indptr, kv_indices, "
+                                 "kv_last_page_len and page_size (paged) or block_tables and seq_lens, or build it "
+                                 "with BatchMeta.ragged(), BatchMeta.paged() or BatchMeta.from_block_tables()")
+        if self.kv_lens is None:
+            self.kv_lens = torch.tensor(self.kv_lens_host, dtype=torch.int32).to(dev)
+        if self.mask is None:
+            kind = ("custom" if self.packed_mask is not None
+                    else "causal" if getattr(self.params, "_by_hand_causal", False) else "none")
+            self.mask = self.resolve_mask(kind, decode=self.block_tables is not None or self.q_len_per_req > 1)
+
+
+def _host_ints(t: torch.Tensor) -> List[int]:
+    return t.cpu().to(torch.int64).tolist()
+
+
+def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
+    """xqa's seq_lens as the batch's int32 ``kv_lens``: a view, no copy (a uint32 is reinterpreted; its
+    values are below 2**31), so a captured graph keeps reading the caller's buffer."""
+    t = seq_lens.view(torch.int32) if seq_lens.dtype == torch.uint32 else seq_lens.to(torch.int32)
+    return t.contiguous()
+
+
+def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: int, name: str) -> List[int]:
+    """Each request's KV length from its page count and last page (semantics.md, "Page table"),
+    checking ``last_page_len`` (``name`` in errors)."""
+    kv_lens = []
+    for i in range(len(kv_indptr_host) - 1):
+        npages = kv_indptr_host[i + 1] - kv_indptr_host[i]
+        lp = last_host[i]
+        if npages == 0:
+            if lp != 0 and not (1 <= lp <= page_size):
+                raise ValueError(f"{name}: got {name}[{i}] = {lp} for an empty request, expected 0")
+            kv_lens.append(0)
+            continue
+        if not 1 <= lp <= page_size:
+            raise ValueError(f"{name}: got {name}[{i}] = {lp}, expected 1 <= last_page_len <= page_size ({page_size})")
+        kv_lens.append((npages - 1) * page_size + lp)
+    return kv_lens
+
+
+def _check_seq_lens(seq_lens: torch.Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
+    """xqa's seq_lens as host ints, each within ``[q_len_per_req, max_seq_len]`` (one read of the tensor:
+    a device-to-host copy when it lives on a device)."""
+    host = seq_lens.tolist()  # int32 or uint32: Python ints
+    for i, n in enumerate(host):
+        if not q_len <= n <= max_seq_len:
+            raise ValueError(
+                f"seq_lens: got seq_lens[{i}] = {n} (request {i}), expected q_len_per_req ({q_len}) <= seq_len <= "
+                f"max_seq_len ({max_seq_len}); each block_tables row holds {pages * page_size} tokens "
+                f"({pages} pages of {page_size})")
+    return host
+
+
+def _mask_fields(causal: bool, custom_mask, packed_custom_mask, qo_host: List[int], kv_lens: List[int], device,
+                 buffers: Optional[dict], *, decode: bool) -> tuple:
+    """(mask, packed_mask, mask_indptr, mask_indptr_host) of a batch: a custom mask packed (into the
+    CUDA-graph buffers ``custom_mask`` / ``qk_indptr`` when given), or the resolved mask kind."""
+    if custom_mask is None and packed_custom_mask is None:
+        return BatchMeta.resolve_mask("causal" if causal else "none", decode=decode), None, None, None
+    qo_lens = [qo_host[i + 1] - qo_host[i] for i in range(len(qo_host) - 1)]
+    packed, indptr, offsets = _api.pack_batch_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, device)
+    if buffers is not None:
+        packed = _api._into(buffers, "custom_mask", packed, "custom_mask_buf")
+        indptr = _api._into(buffers, "qk_indptr", indptr, "qk_indptr_buf")
+    return "custom", packed, indptr, offsets
+
+
+@dataclass
+class RunArgs:
+    """Tensors of one ``run()``.
+
+    q: ``[nnz_q, Hq, D]``.  k, v: ragged ``[nnz_kv, Hkv, D]`` (NHD) / ``[Hkv, nnz_kv, D]`` (HND), or
+    paged caches ``[pages, page_size, Hkv, D]`` (NHD) / ``[pages, Hkv, page_size, D]`` (HND); the
+    last dim is contiguous, other strides are arbitrary.  out: ``[nnz_q, Hq, Dv]`` (written by the
+    backend).  lse: ``[nnz_q, Hq]`` float32 base-2, or None.  sinks: ``[Hq]`` float32 or None.
+
+    Scales: the logit is ``qk * sm_scale * q_scale * k_scale`` (then soft cap, then ALiBi); the
+    output is ``softmax @ v * v_scale / o_scale``.  xqa: ``sm_scale = bmm1_scale`` with
+    ``q_scale = k_scale = 1`` and ``v_scale = bmm2_scale``.
+    spec_mask: xqa's uint16 ``[B, q_len, ceil(q_len/32)*2]`` draft mask or None.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    sinks: Optional[torch.Tensor] = None
+    q_scale: float = 1.0
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    o_scale: float = 1.0
+    spec_mask: Optional[torch.Tensor] = None
+    enable_pdl: bool = False
+
+
+
+def cuda_device(device, who: str) -> torch.device:
+    """``device`` as an indexed CUDA device (no index: the current one); ``who`` names the caller in
+    the error for any other device."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"{who}: device {dev} is not a CUDA device")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+class Backend:
+    """Base class of every backend (built-in or plugin).
+
+    Subclasses set ``name`` and ``capabilities`` and implement ``plan`` and ``run``; they may
+    override ``available``, ``extra_reasons`` and ``priority``.
+    """
+
+    name: str = "unnamed"
+    aliases: Tuple[str, ...] = ()
+    description: str = ""
+    capabilities: Sequence[Capabilities] = ()
+    # Conformance cases known to fail, {case-id substring: reason}; shown as xfail by the suite.
+    known_failures: dict = {}
+    origin: str = "built-in"  # set by the registry
+
+    def available(self) -> List[Reason]:
+        """Reasons the backend cannot run at all here (missing toolchain, no GPU...)."""
+        return []
+
+    def extra_reasons(self, problem: AttentionProblem) -> List[Reason]:
+        """Refusals the capability schema cannot express."""
+        return []
+
+    def reasons(self, problem: AttentionProblem) -> List[Reason]:
+        return check(self.capabilities, problem) + self.extra_reasons(problem)
+
+    def supports(self, problem: AttentionProblem) -> bool:
+        return not self.reasons(problem)
+
+    def priority(self, problem: AttentionProblem) -> int:
+        """Higher wins in ``auto``.  The reference backend is 0."""
+        return 10
+
+    def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Any:
+        """Host work (may sync): split decisions, schedules, buffers.  Returns an opaque plan."""
+        return meta
+
+    def run(self, plan: Any, args: RunArgs) -> None:
+        """Launch only: write ``args.out`` (and ``args.lse`` when given)."""
+        raise NotImplementedError
+
+    def jit_specs(self, arch: str) -> list:
+        """CUDA kernel specializations (``attncore.build.jit.Spec``) that ``attncore build`` prebuilds by
+        default for ``arch`` ("90", "80"...).  Backends that build kernels with ``attncore.build.jit``
+        override this and ``parse_jit_spec``; the others offer none."""
+        return []
+
+    def parse_jit_spec(self, uri: str):
+        """The ``attncore.build.jit.Spec`` a URI names (with or without ``_sm<arch>``); ``ValueError`` if
+        unknown.  Default: looked up among ``jit_specs`` of the current arch."""
+        from attncore.build import jit
+
+        arch = jit.default_arch()
+        for s in self.jit_specs(arch):
+            if uri in (s.uri, s.uri_for(arch)):
+                return s
+        raise ValueError(f"unknown specialization {uri!r} for backend {self.name!r}")
+
+    def __repr__(self) -> str:
+        return f"<attncore backend {self.name} ({self.origin})>"
+
+
+# The constructors' index checks and helpers (check_indptr, small_index, pack_batch_mask...) live in _api,
+# which imports this module: bound here, once both exist, rather than imported on every call (host time).
+from attncore.core import _api  # noqa: E402
