@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def clean_registry(monkeypatch):
     """A registry re-read from entry points and the environment, restored afterwards."""
-    from attncore import registry
+    from attncore.core import registry
 
     registry.reload()
     yield registry
