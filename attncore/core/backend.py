@@ -123,9 +123,14 @@ class BatchMeta:
     max_page_id: int = -1  # largest page id referenced (the API checks it against the cache)
     fixed_split_size: Optional[int] = None  # decode: user's split-KV hint (pages per split)
     disable_split_kv: bool = False
-    # The caller's float workspace buffer (uint8), or None.  Backends should carve split-KV partials
-    # from it: in CUDA-graph mode its address is what a captured graph keeps using across plans.
+    # The caller's workspaces (uint8), carved with attncore.core.workspace.WorkspaceLayout, never
+    # allocated around (issue 15).  ``workspace`` (the float workspace) is run-scoped scratch: split-KV
+    # partials, gathered K/V; several wrappers may share it, as their runs are sequential on one stream.
+    # ``int_workspace`` is plan-scoped and the wrapper's own: work tables, counters, schedules that
+    # run() reads.  None: the backend was driven directly (tests, benchmarks) and allocates.  In CUDA-graph
+    # mode their addresses are what a captured graph keeps using across plans.
     workspace: Optional[torch.Tensor] = None
+    int_workspace: Optional[torch.Tensor] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     mask: Optional[str] = None  # "none" | "causal" | "custom": what the kernels apply (resolve_mask)
 
@@ -162,7 +167,7 @@ class BatchMeta:
                qo_indptr_host: Optional[List[int]] = None, kv_indptr_host: Optional[List[int]] = None,
                device, params: AttnParams, causal: bool = False, custom_mask: Optional[torch.Tensor] = None,
                packed_custom_mask: Optional[torch.Tensor] = None, buffers: Optional[dict] = None,
-               workspace: Optional[torch.Tensor] = None) -> "BatchMeta":
+               workspace: Optional[torch.Tensor] = None, int_workspace: Optional[torch.Tensor] = None) -> "BatchMeta":
         """Request ``i`` has the query rows ``qo_indptr[i]:qo_indptr[i+1]`` and the keys
         ``kv_indptr[i]:kv_indptr[i+1]`` of ragged K/V (single prefill is a batch of one).
 
@@ -197,6 +202,7 @@ class BatchMeta:
         return cls(batch_size=b, qo_indptr=qo_t, qo_indptr_host=qo_indptr_host, kv_indptr=kv_t,
                    kv_indptr_host=kv_indptr_host, kv_lens=kv_lens_t, kv_lens_host=kv_lens, packed_mask=packed,
                    mask_indptr=mask_indptr, mask_indptr_host=mask_host, params=params, workspace=workspace,
+                   int_workspace=int_workspace,
                    device=device, mask=mask)
 
     @classmethod
@@ -206,6 +212,7 @@ class BatchMeta:
               decode: bool = False, q_len_per_req: int = 1,
               names: Tuple[str, str, str] = ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
               non_blocking: bool = False, buffers: Optional[dict] = None, workspace: Optional[torch.Tensor] = None,
+              int_workspace: Optional[torch.Tensor] = None,
               fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> "BatchMeta":
         """Request ``i`` reads the pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` of a paged cache,
         the last one holding ``kv_last_page_len[i]`` tokens (``1 <= last <= page_size``; any value in
@@ -258,13 +265,15 @@ class BatchMeta:
                    kv_lens_host=kv_lens, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
                    mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, max_page_id=max_page,
                    fixed_split_size=fixed_split_size, disable_split_kv=bool(disable_split_kv), workspace=workspace,
+                   int_workspace=int_workspace,
                    device=device, mask=mask)
 
     @classmethod
     def from_block_tables(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, page_size: int,
                           *, device, params: AttnParams, q_len_per_req: int = 1,
                           custom_mask: Optional[torch.Tensor] = None, packed_custom_mask: Optional[torch.Tensor] = None,
-                          workspace: Optional[torch.Tensor] = None, read_seq_lens: Optional[bool] = None
+                          workspace: Optional[torch.Tensor] = None, int_workspace: Optional[torch.Tensor] = None,
+                          read_seq_lens: Optional[bool] = None
                           ) -> "BatchMeta":
         """xqa's form: request ``i`` reads the pages ``block_tables[i]`` (int32 ``[B, max_pages]``) and
         holds ``seq_lens[i]`` tokens (int32 or uint32 ``[B]``, the draft tokens included), with
@@ -292,6 +301,7 @@ class BatchMeta:
                    block_tables=block_tables, seq_lens=seq_lens, kv_lens=_seq_lens_int32(seq_lens), kv_lens_host=host,
                    max_seq_len=max_seq_len, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
                    mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, workspace=workspace,
+                   int_workspace=int_workspace,
                    device=device, mask=mask)
 
     def _complete(self) -> None:
