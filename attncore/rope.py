@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 
 from attncore.core import params as _params
-from attncore.page import _check_indptr, _check_values, _same_device, _tensor
+from attncore.page.checks import _check_indptr, _check_values, _same_device, _tensor
 
 __all__ = [
     "apply_llama31_rope",

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from attncore.testing import fuzz, resolve_backend, runner
+from attncore.testing import fuzz, inputs, resolve_backend, runner
 
 name, seed = sys.argv[1], int(sys.argv[2])
 backend, _ = resolve_backend(name)
@@ -25,18 +25,18 @@ for what, p in variants.items():
     for strided in sorted({views[0], False}):
         if backend.reasons(p):
             print(f"{what}: refused"); continue
-        b = runner.build(p, "", data_seed, "cuda", shapes=shapes, views=(strided, views[1]), nonfinite=nonfinite)
+        b = inputs.build(p, "", data_seed, "cuda", shapes=shapes, views=(strided, views[1]), nonfinite=nonfinite)
         plan = backend.plan(p, b.meta)
         backend.run(plan, b.args)
         torch.cuda.synchronize()
-        errs = runner.check_result(b, runner.expected(b))
+        errs = runner.check_result(b, inputs.expected(b))
         o = b.out_buf[1:-1].float()
         bad_o = (~torch.isfinite(o)).any(-1)
         line = f"{what:10s} strided={strided}: {len(errs)} errors; non-finite out (row, head): {bad_o.nonzero().tolist()[:6]}"
         if b.lse_buf is not None:
             l = b.lse_buf[1:-1]
             bad = (~torch.isfinite(l)).nonzero().tolist()
-            gl = torch.cat([e[1] for e in runner.expected(b)])
+            gl = torch.cat([e[1] for e in inputs.expected(b)])
             line += f"; non-finite lse at {bad[:6]} ({len(bad)}), values {[float(l[i, j]) for i, j in bad[:4]]}, " \
                     f"golden {[float(gl[i, j]) for i, j in bad[:4]]}"
         print(line + (f"\n    {errs[0][:200]}" if errs else ""))

@@ -1,7 +1,7 @@
 """Batches built by hand through the backend contract (``BatchMeta`` / ``RunArgs``), checked by the
 conformance suite's own checker.
 
-``runner.build`` draws the conformance suite's cases from a problem; the per-backend tests and GPU
+``inputs.build`` draws the conformance suite's cases from a problem; the per-backend tests and GPU
 scripts need cases the suite does not draw (a backend object with forced tiles or kernels, chosen
 lengths, K and V with different strides, NaN in chosen query rows, other requests' rows NaN).  They
 build them here, and check them the one way (``runner.check_result``: fp64 golden, the tolerance
@@ -26,7 +26,7 @@ from attncore.core.backend import AttnParams, BatchMeta, RunArgs
 from attncore.core.mask import pack_spec_mask
 from attncore.core.problem import AttentionProblem
 from attncore.quantization import packbits
-from attncore.testing import runner
+from attncore.testing import inputs, runner
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def check_batch(reqs: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                 lse: Optional[torch.Tensor] = None, *, masks: Optional[Sequence[Optional[torch.Tensor]]] = None,
                 causal: bool = False, q_dtype: Optional[torch.dtype] = None, device=None, what: str = "",
                 **golden_kwargs) -> List[str]:
-    """``runner.check_result`` on a batch not built by ``runner.build``; failure messages (empty: pass).
+    """``runner.check_result`` on a batch not built by ``inputs.build``; failure messages (empty: pass).
 
     ``reqs``: per request (q [qo, Hq, D], k [kv, Hkv, D], v [kv, Hkv, Dv]), NHD, the values the
     backend saw (fp8 K/V as they are); ``out`` [sum qo, Hq, Dv] and ``lse`` [sum qo, Hq] (None: not
@@ -97,11 +97,11 @@ def check_batch(reqs: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                          mask="causal" if causal else "none",
                          pos_encoding=golden_kwargs.get("pos_encoding_mode", "NONE"), return_lse=lse is not None)
     dev = torch.device(device) if device is not None else out.device
-    b = runner.Built(p, None, None, [r[0].shape[0] for r in reqs], [r[1].shape[0] for r in reqs], list(reqs),
+    b = inputs.Built(p, None, None, [r[0].shape[0] for r in reqs], [r[1].shape[0] for r in reqs], list(reqs),
                      list(masks) if masks is not None else [None] * len(reqs), dict(golden_kwargs),
                      torch.empty(0, device=dev), None)
     none = torch.empty(0)
-    return runner.check_result(b, runner.expected(b), out, lse, out_buf=none, lse_buf=none, what=what)
+    return runner.check_result(b, inputs.expected(b), out, lse, out_buf=none, lse_buf=none, what=what)
 
 
 def assert_batch(*args, **kw) -> None:

@@ -4,7 +4,7 @@ Each problem is drawn over every axis the backend claims (op, dtypes, head dims,
 size, layout, mask, window, features, q_len_per_req), with lengths that favour tile boundaries and
 edge shapes, NaN in everything out of range, and sometimes NaN in a query row and left of the window
 (docs/semantics.md).  It runs through the ``Backend`` contract like the conformance suite
-(``runner.build`` / ``runner.check_result``: fp64 golden, the one tolerance rule, poisoned outputs).
+(``inputs.build`` / ``runner.check_result``: fp64 golden, the one tolerance rule, poisoned outputs).
 
 A problem is a pure function of its replay seed: ``config << 32 | shapes``.  ``config`` picks the
 ``AttentionProblem`` (what a kernel is specialized on) and ``shapes`` the lengths and views, so N
@@ -25,7 +25,7 @@ import torch
 
 from attncore.core.backend import Backend
 from attncore.core.problem import DECODE_OPS, AttentionProblem, device_info
-from attncore.testing import runner
+from attncore.testing import inputs, runner
 from attncore.testing.cases import (TESTED_OPS, claims, copy_axis, find_base, float_dtypes, normalize, pick_device, problem_id,
                     sweep_claims, with_feature)
 from attncore.testing.placement import device_type, placed
@@ -106,10 +106,10 @@ def draw_shapes(p: AttentionProblem, rng: random.Random) -> Tuple[List[int], Lis
     kind = rng.random()
     if kind < 0.5:
         tag = rng.choice(("", "", "edge", "tiles", "tiles", "tok1", "nf"))
-        return runner.case_shapes(p, tag, rng)
+        return inputs.case_shapes(p, tag, rng)
     dev = p.device_type if p.device_type in MAX_LEN else "cuda"
     b = 1 if p.op == "single_prefill" else rng.randint(1, MAX_BATCH[dev])
-    ln = lambda: rng.choice((rng.randint(0, 20), rng.randint(0, MAX_LEN[dev]), rng.choice(runner.TILE_LENS)))  # noqa: E731
+    ln = lambda: rng.choice((rng.randint(0, 20), rng.randint(0, MAX_LEN[dev]), rng.choice(inputs.TILE_LENS)))  # noqa: E731
     if p.op in DECODE_OPS:
         ql = p.q_len_per_req
         kv = [max(ql, ln()) for _ in range(b)]
@@ -138,7 +138,7 @@ def replay_seed(master: int, i: int, configs: int) -> int:
     return cfg << 32 | shp
 
 
-def run_one(pools: Pools, seed: int) -> Tuple[AttentionProblem, Optional[runner.Built], List[str]]:
+def run_one(pools: Pools, seed: int) -> Tuple[AttentionProblem, Optional[inputs.Built], List[str]]:
     """Draw, build, plan, run and check one problem; (problem, inputs, error messages)."""
     cfg, shp = split_seed(seed)
     p = pools.draw(random.Random(cfg))
@@ -148,21 +148,21 @@ def run_one(pools: Pools, seed: int) -> Tuple[AttentionProblem, Optional[runner.
     nonfinite = rng.random() < 0.25
     be = pools.backend
     try:
-        b = runner.build(p, "", rng.getrandbits(31), pools.device, shapes=shapes, views=views, nonfinite=nonfinite)
+        b = inputs.build(p, "", rng.getrandbits(31), pools.device, shapes=shapes, views=views, nonfinite=nonfinite)
     except Exception as e:  # the harness's own bug: report it, never hide it as a pass
         return p, None, [f"building inputs failed: {type(e).__name__}: {e}"]
     try:
-        snap = runner.snapshot(b)
+        snap = inputs.snapshot(b)
         plan = be.plan(p, b.meta)
         be.run(plan, b.args)
         runner.sync(pools.device)
     except Exception as e:
         return p, b, [f"{type(e).__name__}: {e}"]
     what = "with NaN in a query row and left of the window: " if nonfinite else ""
-    return p, b, runner.check_inputs_unchanged(snap) + runner.check_result(b, runner.expected(b), what=what)
+    return p, b, inputs.check_inputs_unchanged(snap) + runner.check_result(b, inputs.expected(b), what=what)
 
 
-def _describe(p: AttentionProblem, b: Optional[runner.Built], backend: str) -> Tuple[str, str]:
+def _describe(p: AttentionProblem, b: Optional[inputs.Built], backend: str) -> Tuple[str, str]:
     shapes = "" if b is None else f"qo_lens={b.qo_lens} kv_lens={b.kv_lens}" + (" strided" if b.strided else "")
     return problem_id(backend, p) + (f" window_left={p.window_left}" if p.window_left >= 0 else ""), shapes
 

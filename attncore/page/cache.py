@@ -1,0 +1,335 @@
+"""The paged cache itself: unpacking its forms into (K, V), its geometry, token slots; the sequence
+lengths and token positions of a page table; appending new tokens."""
+
+from __future__ import annotations
+
+from typing import Tuple, Union
+
+import torch
+
+from attncore.page.checks import _INDEX_DTYPES, _SEQ_LEN_DTYPES, _check_values, _tensor, _same_device, _check_layout, _check_indptr, _check_page_table
+
+PagedKVCache = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+
+
+# --------------------------------------------------------------------------------------------------
+# cache unpacking
+# --------------------------------------------------------------------------------------------------
+
+
+def unpack_paged_kv_cache(
+    paged_kv_cache: PagedKVCache, kv_layout: str = "NHD"
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Split a paged KV cache into its K and V 4-D views.
+
+    Parameters
+    ----------
+    paged_kv_cache : torch.Tensor or tuple of torch.Tensor
+        Either one 5-D tensor, NHD ``[pages, 2, page_size, Hkv, D]`` or HND
+        ``[pages, 2, Hkv, page_size, D]``, or a tuple/list ``(k_cache, v_cache)`` of two 4-D tensors,
+        NHD ``[pages, page_size, Hkv, D]`` or HND ``[pages, Hkv, page_size, D]``, with equal shapes,
+        dtypes and devices. Any dtype.
+    kv_layout : str
+        ``"NHD"`` (default) or ``"HND"``.
+
+    Returns
+    -------
+    k_cache, v_cache : torch.Tensor
+        4-D views (no copy) sharing storage with the input: ``paged_kv_cache[:, 0]`` and
+        ``paged_kv_cache[:, 1]`` for a 5-D tensor; the tuple's elements unchanged otherwise.
+
+    Raises
+    ------
+    TypeError
+        Not a tensor or a pair of tensors.
+    ValueError
+        Bad ``kv_layout``, wrong ``ndim``, dimension 1 of a 5-D cache is not 2, or K and V differ in
+        shape, dtype or device.
+    """
+    _check_layout(kv_layout)
+    if isinstance(paged_kv_cache, torch.Tensor):
+        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
+            form = "[pages, 2, page_size, Hkv, D]" if kv_layout == "NHD" else "[pages, 2, Hkv, page_size, D]"
+            raise ValueError(
+                f"paged_kv_cache: got a tensor of shape {tuple(paged_kv_cache.shape)}; accepted: a 5-D "
+                f"tensor {form} ({kv_layout}) or a tuple (k_cache, v_cache) of 4-D tensors"
+            )
+        return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2 or not all(isinstance(t, torch.Tensor) for t in paged_kv_cache):
+            kinds = [type(t).__name__ for t in paged_kv_cache]
+            raise TypeError(
+                f"paged_kv_cache: got a {type(paged_kv_cache).__name__} of {kinds}; accepted: a tuple "
+                "(k_cache, v_cache) of two torch.Tensor"
+            )
+        k_cache, v_cache = paged_kv_cache
+        form = "[pages, page_size, Hkv, D]" if kv_layout == "NHD" else "[pages, Hkv, page_size, D]"
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dim() != 4:
+                raise ValueError(
+                    f"paged_kv_cache ({name}): got shape {tuple(t.shape)}; accepted: a 4-D tensor {form} "
+                    f"({kv_layout})"
+                )
+        if k_cache.shape != v_cache.shape:
+            raise ValueError(
+                f"paged_kv_cache: got k_cache shape {tuple(k_cache.shape)} and v_cache shape "
+                f"{tuple(v_cache.shape)}; accepted: equal shapes"
+            )
+        if k_cache.dtype != v_cache.dtype:
+            raise TypeError(
+                f"paged_kv_cache: got k_cache dtype {k_cache.dtype} and v_cache dtype {v_cache.dtype}; "
+                "accepted: equal dtypes"
+            )
+        if k_cache.device != v_cache.device:
+            raise ValueError(
+                f"paged_kv_cache: got k_cache on {k_cache.device} and v_cache on {v_cache.device}; "
+                "accepted: the same device"
+            )
+        return k_cache, v_cache
+    raise TypeError(
+        f"paged_kv_cache: got {type(paged_kv_cache).__name__}; accepted: a 5-D torch.Tensor or a tuple "
+        "(k_cache, v_cache) of 4-D tensors"
+    )
+
+
+def _cache_geometry(k_cache: torch.Tensor, kv_layout: str) -> Tuple[int, int, int, int]:
+    """(num_pages, page_size, num_kv_heads, head_dim) of a 4-D K (or V) cache."""
+    if kv_layout == "NHD":
+        pages, page_size, heads, dim = k_cache.shape
+    else:
+        pages, heads, page_size, dim = k_cache.shape
+    return pages, page_size, heads, dim
+
+
+def _storage_view(t: torch.Tensor) -> torch.Tensor:
+    """Index-put is not implemented for every dtype (fp8); move 1-byte floats as raw bytes."""
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        return t.view(torch.uint8)
+    return t
+
+
+def _token_slots(
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, batch_indices: torch.Tensor,
+    positions: torch.Tensor, page_size: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(page id, slot) for tokens given by (request, position), as int64."""
+    b = batch_indices.to(torch.int64)
+    p = positions.to(torch.int64)
+    page = kv_indices.to(torch.int64)[kv_indptr.to(torch.int64)[b] + p // page_size]
+    return page, p % page_size
+
+
+# --------------------------------------------------------------------------------------------------
+# FlashInfer API
+# --------------------------------------------------------------------------------------------------
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """KV length of every request of a paged KV cache.
+
+    Parameters
+    ----------
+    kv_indptr : torch.Tensor
+        ``[batch_size + 1]``, int32 (int64 accepted): page counts in CSR form, ``kv_indptr[0] = 0``.
+    kv_last_page_len : torch.Tensor
+        ``[batch_size]``, int32 (int64 accepted): tokens in the last page of each request, in
+        ``[1, page_size]`` (any value in ``[0, page_size]`` for a request with no pages).
+    page_size : int
+        Tokens per page, >= 1.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch_size]`` int32 on ``kv_indptr.device``:
+        ``(num_pages - 1) * page_size + kv_last_page_len``, 0 for a request with no pages.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad dtype, shape, device or page table values (see module doc).
+    """
+    _check_page_table(kv_indptr, None, kv_last_page_len, page_size)
+    npages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+    lens = (npages - 1).clamp(min=0) * page_size + kv_last_page_len.to(torch.int64)
+    return torch.where(npages > 0, lens, torch.zeros_like(lens)).to(torch.int32)
+
+
+def get_batch_indices_positions(
+    append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Request index and absolute KV position of every appended token.
+
+    Request ``i`` appends ``append_indptr[i+1] - append_indptr[i]`` tokens that end its KV sequence
+    (``seq_lens`` are the KV lengths *after* the append), so its ``j``-th appended token goes to
+    position ``seq_lens[i] - append_len_i + j``.
+
+    Parameters
+    ----------
+    append_indptr : torch.Tensor
+        ``[batch_size + 1]`` int32 (int64 accepted), CSR offsets of the appended tokens,
+        ``append_indptr[0] = 0`` and ``append_indptr[-1] = nnz``.
+    seq_lens : torch.Tensor
+        ``[batch_size]`` int32 (int64/uint32 accepted), KV lengths after the append, each
+        ``>= append_len_i``.
+    nnz : int
+        Total number of appended tokens (passed so no device sync is needed).
+
+    Returns
+    -------
+    batch_indices : torch.Tensor
+        ``[nnz]`` int32, the request of each token.
+    positions : torch.Tensor
+        ``[nnz]`` int32, the KV position of each token inside its request.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad dtype, shape, device, ``nnz`` not ``append_indptr[-1]`` or a ``seq_len`` smaller than the
+        number of tokens its request appends.
+    """
+    if isinstance(nnz, bool) or not isinstance(nnz, int):
+        raise TypeError(f"nnz: got {type(nnz).__name__} {nnz!r}; accepted: an int >= 0")
+    if nnz < 0:
+        raise ValueError(f"nnz: got {nnz}; accepted: an int >= 0")
+    _check_indptr(append_indptr, "append_indptr", None, "")
+    batch = append_indptr.numel() - 1
+    _tensor(seq_lens, "seq_lens", 1, _SEQ_LEN_DTYPES, "[batch_size]")
+    if seq_lens.numel() != batch:
+        raise ValueError(
+            f"seq_lens: got shape {tuple(seq_lens.shape)}; accepted: [{batch}] "
+            "(batch_size = append_indptr.numel() - 1)"
+        )
+    _same_device(append_indptr, "append_indptr", seq_lens=seq_lens)
+    ip = append_indptr.to(torch.int64)
+    lens = seq_lens.to(torch.int64)
+    append_len = ip[1:] - ip[:-1]
+    if _check_values():
+        last = int(ip[-1])
+        if last != nnz:
+            raise ValueError(f"nnz: got {nnz}; accepted: append_indptr[-1] = {last}")
+        short = lens < append_len
+        if batch and bool(short.any()):
+            i = int(torch.nonzero(short)[0, 0])
+            raise ValueError(
+                f"seq_lens: got seq_lens[{i}] = {int(lens[i])} for a request appending "
+                f"{int(append_len[i])} tokens; accepted: seq_lens >= append length (KV lengths after "
+                "the append)"
+            )
+    tok = torch.arange(nnz, dtype=torch.int64, device=append_indptr.device)
+    batch_indices = torch.searchsorted(ip[1:].contiguous(), tok, right=True)
+    if batch:
+        batch_indices = batch_indices.clamp(max=batch - 1)
+        positions = lens[batch_indices] - append_len[batch_indices] + (tok - ip[batch_indices])
+    else:
+        positions = tok
+    return batch_indices.to(torch.int32), positions.to(torch.int32)
+
+
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: PagedKVCache,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
+    """Write new key/value tokens into a paged KV cache, in place.
+
+    Token ``j`` goes to request ``b = batch_indices[j]`` at KV position ``p = positions[j]``: page
+    ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size``. The page table must
+    already describe the sequences *including* the appended tokens (``p < kv_len[b]``); use
+    :func:`get_batch_indices_positions` to build ``batch_indices``/``positions``.
+
+    Parameters
+    ----------
+    append_key, append_value : torch.Tensor
+        ``[nnz, Hkv, D]`` (always token-major), same dtype and device as the cache.
+    batch_indices, positions : torch.Tensor
+        ``[nnz]`` int32 (int64 accepted).
+    paged_kv_cache : torch.Tensor or tuple of torch.Tensor
+        5-D ``[pages, 2, page_size, Hkv, D]`` (NHD) / ``[pages, 2, Hkv, page_size, D]`` (HND), or a
+        tuple ``(k_cache, v_cache)`` of 4-D tensors; see :func:`unpack_paged_kv_cache`. Modified in place.
+    kv_indices : torch.Tensor
+        ``[>= kv_indptr[-1]]`` int32 page ids, in ``[0, pages)``.
+    kv_indptr : torch.Tensor
+        ``[batch_size + 1]`` int32.
+    kv_last_page_len : torch.Tensor
+        ``[batch_size]`` int32, in ``[1, page_size]``.
+    kv_layout : str
+        ``"NHD"`` (default) or ``"HND"``.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad dtype, shape, device, page table values, a token outside its request's KV length, a
+        request index outside ``[0, batch_size)`` or two tokens written to the same slot.
+    """
+    k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
+    num_pages, page_size, heads, dim = _cache_geometry(k_cache, kv_layout)
+    for name, t in (("append_key", append_key), ("append_value", append_value)):
+        _tensor(t, name, 3, None, "[nnz, Hkv, D]")
+        if t.dtype != k_cache.dtype:
+            raise TypeError(f"{name}: got dtype {t.dtype}; accepted: the cache dtype {k_cache.dtype}")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name}: got device {t.device}; accepted: the cache device {k_cache.device}")
+        if tuple(t.shape[1:]) != (heads, dim):
+            raise ValueError(
+                f"{name}: got shape {tuple(t.shape)}; accepted: [nnz, {heads}, {dim}] (Hkv, D of the cache)"
+            )
+    nnz = append_key.shape[0]
+    if append_value.shape[0] != nnz:
+        raise ValueError(
+            f"append_value: got shape {tuple(append_value.shape)}; accepted: [{nnz}, {heads}, {dim}] "
+            "(same nnz as append_key)"
+        )
+    for name, t in (("batch_indices", batch_indices), ("positions", positions)):
+        _tensor(t, name, 1, _INDEX_DTYPES, "[nnz]")
+        if t.numel() != nnz:
+            raise ValueError(f"{name}: got shape {tuple(t.shape)}; accepted: [{nnz}] (nnz of append_key)")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name}: got device {t.device}; accepted: the cache device {k_cache.device}")
+    _tensor(kv_indptr, "kv_indptr", 1, _INDEX_DTYPES, "[batch_size + 1]")
+    _same_device(k_cache, "the cache", kv_indptr=kv_indptr)
+    _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
+    if nnz == 0:
+        return
+    if _check_values():
+        batch = kv_indptr.numel() - 1
+        b = batch_indices.to(torch.int64)
+        p = positions.to(torch.int64)
+        b_lo, b_hi = torch.stack([b.min(), b.max()]).tolist()
+        if b_lo < 0 or b_hi >= batch:
+            raise ValueError(
+                f"batch_indices: got values in [{b_lo}, {b_hi}]; accepted: [0, {batch}) (batch_size)"
+            )
+        kv_len = get_seq_lens(kv_indptr, kv_last_page_len, page_size).to(torch.int64)[b]
+        bad = (p < 0) | (p >= kv_len)
+        if bool(bad.any()):
+            j = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(
+                f"positions: got positions[{j}] = {int(p[j])} for request {int(b[j])} of kv length "
+                f"{int(kv_len[j])}; accepted: 0 <= position < kv length (the page table must include "
+                "the appended tokens)"
+            )
+        page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+        flat = page * page_size + slot
+        if torch.unique(flat).numel() != nnz:
+            raise ValueError(
+                "positions: got two tokens written to the same cache slot; accepted: distinct "
+                "(batch index, position) pairs"
+            )
+    else:
+        page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+    for cache, new in ((k_cache, append_key), (v_cache, append_value)):
+        dst, src = _storage_view(cache), _storage_view(new)
+        if kv_layout == "NHD":
+            dst[page, slot] = src
+        else:
+            dst[page, :, slot] = src
