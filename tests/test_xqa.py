@@ -114,7 +114,7 @@ def test_priority():
 
 
 def test_uri_roundtrip_and_splits():
-    from attncore.backends.xqa import binding, specs
+    from attncore.backends.xqa import plan as xplan, specs
 
     tuned = specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("kpw", 32), ("st", 2)))
     for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2), tuned]:
@@ -128,9 +128,9 @@ def test_uri_roundtrip_and_splits():
     with pytest.raises(ValueError):
         specs.XqaKey("bf16", "same", "e4m3", 128, 1).spec()
     # split policy: a full batch stays unsplit, one long request fills the GPU
-    assert binding.choose_splits(512, 64, 264) == 1
-    assert binding.choose_splits(8, 512, 264) >= 16
-    assert binding.choose_splits(128, 256, 264) == 2
+    assert xplan.choose_splits(512, 64, 264) == 1
+    assert xplan.choose_splits(8, 512, 264) >= 16
+    assert xplan.choose_splits(128, 256, 264) == 2
 
 
 def test_params_struct_layout():
@@ -547,17 +547,17 @@ def test_gpu_fp8_policy_knobs(mt2, splits):
     c.check(out, lse)
 
 
-def test_graph_workspace_pool_grow_only():
-    from attncore.backends.xqa import backend as xb
+def test_own_buffer_grow_only():
+    from attncore.backends.xqa import plan as xplan
 
     dev = torch.device("cpu")
-    a = xb._graph_pool("test", dev, 10, torch.int32)
-    assert a.numel() >= 10 and (a == 0).all()
-    b = xb._graph_pool("test", dev, 5, torch.int32)
+    a = xplan.own_buffer("test", dev, 10)
+    assert a.numel() >= 10 and a.dtype == torch.uint8 and (a == 0).all()
+    b = xplan.own_buffer("test", dev, 5)
     assert b.data_ptr() == a.data_ptr()
-    c = xb._graph_pool("test", dev, a.numel() + 1, torch.int32)
+    c = xplan.own_buffer("test", dev, a.numel() + 1)
     assert c.numel() > a.numel() and c.data_ptr() != a.data_ptr()
-    assert any(t is a for t in xb._POOLS[("test", None)])  # the old buffer stays alive
+    assert any(t is a for t in xplan._POOLS[("test", None)])  # the old buffer stays alive
 
 
 @gpu

@@ -1,13 +1,14 @@
 """The one binding of the xqa backend: loads a specialization, checks run tensors, fills the
 ``XqaParams`` struct (ctypes mirror of ``csrc/xqa_params.h``, checked field by field at load by
 ``check_layout``) and launches on the current stream of the input's device.  No torch headers
-anywhere: the kernel sees pointers, strides and sizes.
+anywhere: the kernel sees pointers, strides and sizes.  Inputs the kernel cannot read as given
+(misaligned q or out, non-float32 sinks, a strided spec mask) go through the plan's staging slots
+of the float workspace (``plan.py``), never a fresh allocation.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -16,6 +17,7 @@ import torch
 
 from attncore.build import abi
 
+from attncore.backends.xqa.plan import stage_view
 from attncore.backends.xqa.specs import XqaKey
 
 LOG2E = 1.4426950408889634
@@ -106,22 +108,6 @@ def wrap_library(key: XqaKey, cdll: ctypes.CDLL, idx: int) -> Library:
     return Library(key, cdll, info[0], info[1], info[2], info[3], info[4], info[7], props.multi_processor_count)
 
 
-def choose_splits(base_ctas: int, max_tiles: int, slots: int, max_splits: int = 128) -> int:
-    """Split count minimising (waves x tiles per CTA) plus a small merge cost.
-
-    A CTA streams ``ceil(max_tiles / s)`` tiles plus a fixed cost (pipeline fill, Q load,
-    epilogue: about two tiles); ``ceil(base * s / slots)`` waves of CTAs run.  A split adds one
-    partial write + merge (about one tile) and a little per-split merge traffic."""
-    if base_ctas <= 0 or max_tiles <= 1:
-        return 1
-    best, best_cost = 1, None
-    for s in range(1, min(max_splits, max_tiles) + 1):
-        cost = math.ceil(base_ctas * s / slots) * (math.ceil(max_tiles / s) + 2) + (1.0 + 0.02 * s if s > 1 else 0.0)
-        if best_cost is None or cost < best_cost - 1e-9:
-            best, best_cost = s, cost
-    return best
-
-
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
@@ -155,6 +141,14 @@ def current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _staged(plan, name: str, t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``t`` copied (on the stream, converted to ``dtype``) into the plan's staging slot ``name``
+    of the float workspace: the kernel's alignment without an allocation."""
+    dst = stage_view(plan, name, t.shape, dtype or t.dtype)
+    dst.copy_(t)
+    return dst
+
+
 def launch(plan, args) -> None:
     """Fill the params struct from ``plan`` (static fields) and ``args`` (this run's tensors) and
     launch.  Raises RuntimeError on a launch error."""
@@ -162,13 +156,13 @@ def launch(plan, args) -> None:
     q = args.q
     qs = q.stride()
     if qs[2] != 1 or qs[0] % 8 or qs[1] % 8 or q.data_ptr() % 16:
-        q = q.contiguous()
+        q = _staged(plan, "q", q)
         qs = q.stride()
     out = args.out
     os_ = out.stride()
     target = out
     if os_[2] != 1 or os_[0] % 4 or os_[1] % 4 or out.data_ptr() % 16:
-        target = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        target = stage_view(plan, "out", out.shape, out.dtype)
         os_ = target.stride()
     k, v = args.k, args.v
     ks, vs = k.stride(), v.stride()
@@ -192,14 +186,14 @@ def launch(plan, args) -> None:
     sinks = args.sinks
     if sinks is not None:
         if sinks.dtype != torch.float32 or not sinks.is_contiguous():
-            sinks = sinks.to(torch.float32).contiguous()
+            sinks = _staged(plan, "sinks", sinks, torch.float32)
         p.sinks = sinks.data_ptr()
     else:
         p.sinks = None
     mask = args.spec_mask if plan.spec_mask_allowed else None
     if mask is not None:
         if not mask.is_contiguous():
-            mask = mask.contiguous()
+            mask = _staged(plan, "spec_mask", mask)
         p.spec_mask = mask.data_ptr()
         p.mask_words16 = mask.shape[-1]
     else:
