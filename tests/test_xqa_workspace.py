@@ -264,3 +264,15 @@ def test_gpu_api_graph_replay_equals_eager():
         replay = out.clone()
         eager = wr.run(q, cache)
         assert torch.equal(replay, eager), f"replay != eager after re-plan to {lens}"
+
+
+def test_graph_capacity_follows_the_memory_not_the_view():
+    """A new view of the same int workspace each plan (what the API may pass) keeps the captured layout."""
+    ws, iws = _ws(64), _ws(1)
+    bt = torch.arange(2 * 600, dtype=torch.int32).view(2, 600)
+    seq = torch.zeros(2, dtype=torch.int32)
+    g = _problem(graph=True)
+    a = xplan.make_plan(g, _meta([2000, 40], ws=ws, iws=iws[:], bt=bt, seq=seq, fixed=512), LIB, CPU)
+    with pytest.raises(ValueError, match="captured layout"):
+        xplan.make_plan(g, _meta([9000, 40], ws=ws, iws=iws[:], bt=bt, seq=seq, fixed=512), LIB, CPU)
+    del a

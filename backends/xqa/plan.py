@@ -128,18 +128,20 @@ def own_buffer(kind: str, dev: torch.device, nbytes: int) -> torch.Tensor:
 
 # The layout a CUDA-graph plan set for a caller's int workspace (the wrapper's own buffer): later
 # graph-mode plans carve the same layout (same addresses) and may not need more.  Keyed by the
-# tensor's id, dropped with the tensor.
-_GRAPH_CAPACITY: Dict[int, Tuple[Tuple[int, int, int], int]] = {}
+# buffer's address (the API may hand a new view of the same memory each plan), dropped with its
+# storage, so a later buffer at a reused address starts afresh.
+_GRAPH_CAPACITY: Dict[Tuple[int, int], Tuple[Tuple[int, int, int], int]] = {}
 
 
 def _graph_capacity(int_ws: torch.Tensor, shape: Tuple[int, int, int], splits: int) -> int:
     """The split count to lay out for a graph-mode plan of ``shape`` (units, rows, D) carved from
     ``int_ws``; raises ValueError when it needs more than the layout first planned there."""
-    key = id(int_ws)
+    storage = int_ws.untyped_storage()
+    key = (storage.data_ptr(), int_ws.data_ptr())
     have = _GRAPH_CAPACITY.get(key)
     if have is None:
         _GRAPH_CAPACITY[key] = (shape, splits)
-        weakref.finalize(int_ws, _GRAPH_CAPACITY.pop, key, None)
+        weakref.finalize(storage, _GRAPH_CAPACITY.pop, key, None)
         return splits
     cap_shape, cap_splits = have
     if cap_shape != shape or splits > cap_splits:
