@@ -1,20 +1,31 @@
 """POD (prefill-on-decode): a prefill and a decode batch in one call.
 
-No backend claims the fused single-launch op yet, so both wrappers compose the backends chosen for
-their parts (a single or batch prefill, and a batch decode) on the current stream.  Unlike
-FlashInfer, LSEs are returned when asked for, and decode-side ``*_d`` arguments either match the
-plan (``None`` means "as planned") or raise: they are never silently ignored.
+Each run is offered to a backend claiming the fused op (``pod`` / ``batch_pod``: both parts in one
+launch, ``attncore.core.problem.pod_problem``).  The wrappers compose the backends chosen for the
+parts (a single or batch prefill, then a batch decode, on the current stream) when no backend claims
+it, when ``auto``'s pick ranks below the reference for it (Triton's interpreter on the CPU), or when
+the backend's plan() declines the batch (``PODDeclined``: fused would not win); ``fused_reason`` says
+which, ``backend`` names what ran.  Unlike FlashInfer, LSEs are returned when asked for, and
+decode-side ``*_d`` arguments either match the plan (``None`` means "as planned") or raise: they are
+never silently ignored.  Workspaces: the composed parts share the float workspace (their runs are
+sequential); the fused plan's work list lives in this wrapper's own int workspace.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import dataclasses
+
 import torch
 
 from attncore.core import _api
 from attncore.core import ops as _ops
 from attncore.core import params as _params
+from attncore.core import ranking as _ranking
+from attncore.core import selector as _selector
+from attncore.core.backend import RunArgs
+from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper, _plan_single, _run_single
 
@@ -25,6 +36,74 @@ def _same(name: str, given, planned) -> None:
     if given is not None and given != planned:
         raise ValueError(f"{name}: got {given!r}, but the decode side was planned with {planned!r}; "
                          f"plan again to change it (or pass None)")
+
+
+INT_WORKSPACE_BYTES = 8 << 20  # the fused plan's work list: 16 B per item, ~500k items
+
+
+class _Fuser:
+    """The fused-op choice of one POD wrapper: the backend and plan for the last pair of parts, or why
+    the parts are composed (``reason``)."""
+
+    def __init__(self, requested: str, device: torch.device):
+        self.requested = requested
+        self.device = device
+        self.reason: Optional[str] = None
+        self.backend_name: Optional[str] = None
+        self._last = None  # (key, metas, result)
+        self._int_ws: Optional[Tensor] = None
+
+    def plan(self, op: str, pp, mp, pd, md):
+        """(backend, plan) to run the parts fused, or None (``reason`` says why)."""
+        key = (op, pp, pd)
+        if self._last is not None and self._last[0] == key and self._last[1][0] is mp and self._last[1][1] is md:
+            self.reason, self.backend_name = self._last[3]
+            return self._last[2]
+        res, self.backend_name = None, None
+        try:
+            problem = pod_problem(op, pp, pd)
+            backend = _selector.select(problem, self.requested)
+            rank = _ranking.rule_rank(backend, problem)
+            if self.requested == "auto" and rank.rank < 0:
+                self.reason = (f"auto: {backend.name}, the only claimant of {op}, ranks below the reference here "
+                               f"({rank.describe()}); the parts are composed")
+            else:
+                if self._int_ws is None:  # the wrapper's own plan-scoped workspace (work lists)
+                    self._int_ws = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+                md_own = dataclasses.replace(md, int_workspace=self._int_ws)
+                res = (backend, backend.plan(problem, PODBatch(prefill=mp, decode=md_own)))
+                self.reason, self.backend_name = None, backend.name
+        except _selector.BackendSelectionError as e:
+            self.reason = f"no backend runs {op} fused: {e}"
+        except PODDeclined as e:
+            self.reason = f"{backend.name} declined to fuse this batch: {e}"
+        except ValueError as e:  # the parts disagree (pod_problem): composing still serves them
+            self.reason = f"parts cannot be fused: {e}"
+        self._last = (key, (mp, md), res, (self.reason, self.backend_name))
+        return res
+
+
+def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> RunArgs:
+    """The decode part's RunArgs, checked as the decode wrapper's run() checks them."""
+    p = wrapper._planned.problem
+    wrapper._check_q(q_d)
+    k, v = wrapper._paged_kv(cache)
+    rows = q_d.shape[0]
+    out = torch.empty((rows, p.num_qo_heads, p.head_dim_vo), dtype=p.out_dtype, device=q_d.device)
+    lse = torch.empty((rows, p.num_qo_heads), dtype=torch.float32, device=q_d.device) if return_lse else None
+    return RunArgs(q=q_d, k=k, v=v, out=out, lse=lse, q_scale=_params.scale("q_scale", q_scale),
+                   k_scale=_params.scale("k_scale", k_scale), v_scale=_params.scale("v_scale", v_scale))
+
+
+def _variant(problem, args: RunArgs):
+    """The problem of a part as this run needs it (LSE, fp8 scales), as ``_api.Planned.run`` derives it."""
+    fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+    return problem.replace(return_lse=problem.return_lse or args.lse is not None,
+                           fp8_scales=problem.fp8_scales or fp8, sinks=problem.sinks or args.sinks is not None)
+
+
+def _result(args: RunArgs):
+    return (args.out, args.lse) if args.lse is not None else args.out
 
 
 class PODWithPagedKVCacheWrapper:
@@ -39,13 +118,22 @@ class PODWithPagedKVCacheWrapper:
         self._requested_backend = backend
         self._kv_layout = kv_layout
         self._prefill_backend: Optional[str] = None
+        self._fuser = _Fuser(backend, self._decode._device)
 
     @property
     def backend(self) -> Optional[str]:
-        """``"prefill=<name> decode=<name>"`` after a run (decode part known after plan)."""
+        """``"fused=<name>"`` after a fused run, else ``"prefill=<name> decode=<name>"`` (decode part
+        known after plan)."""
         if self._decode.backend is None:
             return None
+        if self._fuser.backend_name is not None:
+            return f"fused={self._fuser.backend_name}"
         return f"prefill={self._prefill_backend or '?'} decode={self._decode.backend}"
+
+    @property
+    def fused_reason(self) -> Optional[str]:
+        """Why the last run composed the parts (None after a fused run or before any run)."""
+        return self._fuser.reason
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
         self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
@@ -109,11 +197,18 @@ class PODWithPagedKVCacheWrapper:
                        q_scale=None, k_scale=None, v_scale=None, out=None, lse=None)
         if _ops.compiling():  # the backend is chosen inside attncore::single_prefill: .backend keeps its last value
             res_p = _ops.single_prefill_traced(**prefill)
+            return res_p, self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale,
+                                           v_scale=v_scale, return_lse=return_lse_d)
+        planned_p, args_p = _plan_single(**prefill)
+        args_d = _paged_args(self._decode, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse_d)
+        fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p), planned_p.meta,
+                                 _variant(planned.problem, args_d), planned.meta)
+        if fused is not None:
+            fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
         else:
-            res_p, self._prefill_backend = _run_single(*_plan_single(**prefill))
-        res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                                 return_lse=return_lse_d)
-        return res_p, res_d
+            _, self._prefill_backend = _run_single(planned_p, args_p)
+            planned.run(args_d)
+        return _result(args_p), _result(args_d)
 
 
 class BatchPODWithPagedKVCacheWrapper:
@@ -124,12 +219,21 @@ class BatchPODWithPagedKVCacheWrapper:
         self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._plan_args: Optional[tuple] = None
         self._prefill_key = None
+        self._fuser = _Fuser(backend, self._decode._device)
 
     @property
     def backend(self) -> Optional[str]:
+        """``"fused=<name>"`` after a fused run, else ``"prefill=<name> decode=<name>"``."""
         if self._decode.backend is None:
             return None
+        if self._fuser.backend_name is not None:
+            return f"fused={self._fuser.backend_name}"
         return f"prefill={self._prefill.backend or '?'} decode={self._decode.backend}"
+
+    @property
+    def fused_reason(self) -> Optional[str]:
+        """Why the last run composed the parts (None after a fused run or before any run)."""
+        return self._fuser.reason
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
@@ -203,6 +307,14 @@ class BatchPODWithPagedKVCacheWrapper:
                                    f"call run() once outside the compiled function with the same causal_p first")
         else:
             self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+            pw, dw = self._prefill, self._decode
+            args_p = _paged_args(pw, q_p, paged_kv_cache_p, None, None, None, return_lse)
+            args_d = _paged_args(dw, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse)
+            fused = self._fuser.plan("batch_pod", _variant(pw._planned.problem, args_p), pw._planned.meta,
+                                     _variant(dw._planned.problem, args_d), dw._planned.meta)
+            if fused is not None:
+                fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
+                return _result(args_p), _result(args_d)
         res_p = self._prefill.run(q_p, paged_kv_cache_p, return_lse=return_lse)
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                  return_lse=return_lse)

@@ -107,15 +107,21 @@ def _problem_from_args(a):
         raise UsageError(f"--heads {hq}/{hkv}: {e}") from None
     q_dtype = a.q_dtype
     kv_dtype = a.kv_dtype or q_dtype
-    paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode")
+    paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
     mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
-    return AttentionProblem(
+    problem = AttentionProblem(
         op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
         out_dtype=a.out_dtype or q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
         head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
         cuda_graph=a.cuda_graph)
+    if a.op in ("pod", "batch_pod"):  # the options describe the prefill part; the decode part: causal, paged
+        from attncore.core.problem import pod_problem
+
+        decode = problem.replace(op="batch_decode", page_size=a.page_size, mask="causal", q_len_per_req=1)
+        return pod_problem(a.op, problem.replace(q_len_per_req=1), decode)
+    return problem
 
 
 def cmd_explain(a) -> int:
@@ -379,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        usage="%(prog)s [options]")
     e.add_argument("--op", default="batch_decode",
                    choices=["single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode",
-                            "xqa_decode"])
+                            "xqa_decode", "pod", "batch_pod"])
     e.add_argument("--device", choices=["cpu", "cuda"])
     e.add_argument("--cc", type=_cc, help="compute capability for cuda, e.g. 9.0")
     e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16", help="float16, bfloat16 or float32")

@@ -133,6 +133,11 @@ class Capabilities:
             r.append(Reason("feature:" + f, "requested", "not implemented by this backend"))
         if self.max_q_len_per_req is not None and p.q_len_per_req > self.max_q_len_per_req:
             r.append(Reason("q_len_per_req", str(p.q_len_per_req), f"<= {self.max_q_len_per_req}"))
+        if p.decode is not None:  # a POD problem: the decode part's own axes (shared ones checked above)
+            seen = {(x.axis, x.got) for x in r}
+            for x in self.reasons(p.decode.replace(decode=None)):
+                if (x.axis, x.got) not in seen:
+                    r.append(replace(x, axis="decode " + x.axis))
         return r
 
 

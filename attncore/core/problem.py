@@ -14,8 +14,9 @@ from typing import Optional, Tuple
 
 import torch
 
-# Operations a backend may claim.  The fused ops (pod, batch_pod) are composed from their parts by
-# the API when no backend claims them.
+# Operations a backend may claim.  The fused ops (pod, batch_pod) run a prefill part and a decode part
+# in one launch; the API composes the parts (two launches) when no backend claims them or the claiming
+# backend's plan() declines (``PODDeclined``).
 OPS = (
     "single_prefill",
     "batch_prefill_ragged",
@@ -27,6 +28,7 @@ OPS = (
 )
 PAGED_OPS = ("batch_prefill_paged", "batch_decode", "xqa_decode", "pod", "batch_pod")
 DECODE_OPS = ("batch_decode", "xqa_decode")
+POD_OPS = ("pod", "batch_pod")
 
 MASK_KINDS = ("none", "causal", "custom")
 POS_ENCODINGS = ("NONE", "ROPE_LLAMA", "ALIBI")
@@ -76,6 +78,9 @@ class AttentionProblem:
     q_len_per_req: int = 1
     spec_mask: bool = False
     cuda_graph: bool = False
+    # pod / batch_pod: the fields above describe the prefill part, ``decode`` the decode part (op
+    # batch_decode; same device, dtypes, heads and head dims, see ``pod_problem``).  None otherwise.
+    decode: Optional["AttentionProblem"] = None
 
     @property
     def group_size(self) -> int:
@@ -96,6 +101,8 @@ class AttentionProblem:
         for name in ("sinks", "fp8_scales", "return_lse", "spec_mask", "cuda_graph"):
             if getattr(self, name):
                 f.add(name)
+        if self.decode is not None:  # a POD problem needs what either part needs
+            f |= self.decode.features
         return frozenset(f)
 
     def replace(self, **changes) -> "AttentionProblem":
@@ -116,8 +123,64 @@ class AttentionProblem:
         parts += [self.kv_layout, self.mask]
         if self.q_len_per_req != 1:
             parts.append(f"qlen{self.q_len_per_req}")
-        parts += sorted(self.features)
-        return " ".join(parts)
+        if self.decode is None:
+            parts += sorted(self.features)
+            return " ".join(parts)
+        own = self.replace(decode=None).features
+        parts += sorted(own)
+        d = self.decode
+        dparts = [f"p{d.page_size}" if d.page_size is not None else "", d.kv_layout, d.mask]
+        if d.q_len_per_req != 1:
+            dparts.append(f"qlen{d.q_len_per_req}")
+        return " ".join(parts) + " + decode[" + " ".join(x for x in dparts + sorted(d.features) if x) + "]"
+
+
+class PODDeclined(Exception):
+    """Raised by a backend's ``plan()`` for a pod / batch_pod problem it claims but whose batch it
+    would run slower fused than composed (or cannot fuse): the API then composes the parts and
+    reports ``str(exc)`` as the reason (``PODWithPagedKVCacheWrapper.fused_reason``)."""
+
+
+def pod_problem(op: str, prefill: AttentionProblem, decode: AttentionProblem) -> AttentionProblem:
+    """The fused problem of a prefill part and a decode part (each as planned on its own).  The parts
+    share the device, dtypes, heads and head dims (one kernel reads both); each keeps its own mask,
+    window, soft cap, positional encoding, layout and page size."""
+    if op not in POD_OPS:
+        raise ValueError(f"op: got {op!r}, expected one of {list(POD_OPS)}")
+    for name in ("device_type", "compute_capability", "q_dtype", "kv_dtype", "out_dtype", "num_qo_heads",
+                 "num_kv_heads", "head_dim_qk", "head_dim_vo"):
+        a, b = getattr(prefill, name), getattr(decode, name)
+        if a != b:
+            raise ValueError(f"{name}: the prefill part has {a!r}, the decode part {b!r}; a POD call's parts "
+                             f"must agree")
+    return prefill.replace(op=op, decode=decode.replace(op="batch_decode", decode=None))
+
+
+def pod_parts(problem: AttentionProblem) -> Tuple[AttentionProblem, AttentionProblem]:
+    """The (prefill, decode) problems a POD problem composes: a single prefill (``pod``: ragged K/V) or a
+    paged batch prefill (``batch_pod``), and a batch decode."""
+    if problem.decode is None:
+        raise ValueError(f"{problem.op}: not a POD problem (no decode part)")
+    op = "single_prefill" if problem.op == "pod" else "batch_prefill_paged"
+    return problem.replace(op=op, decode=None), problem.decode
+
+
+@dataclass
+class PODBatch:
+    """What a backend's ``plan()`` receives for a pod / batch_pod problem: one ``BatchMeta`` per part
+    (``attncore.core.backend``); the prefill part is ragged (pod) or paged (batch_pod), the decode
+    part paged.  Its ``run()`` receives a ``PODRunArgs``."""
+
+    prefill: "object"  # BatchMeta
+    decode: "object"  # BatchMeta
+
+
+@dataclass
+class PODRunArgs:
+    """The tensors of one fused run: a ``RunArgs`` per part (``attncore.core.backend``)."""
+
+    prefill: "object"  # RunArgs
+    decode: "object"  # RunArgs
 
 
 _DTYPE_NAMES = {

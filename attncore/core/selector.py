@@ -143,7 +143,27 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
     best = min((v for v in scores.values() if v is not None), default=None)
     for name, _ in ex.ranked:
         ex.details[name] = _detail(rules[name], meas, name, scores.get(name), best)
+    if problem.decode is not None:
+        ex.note = (ex.note + "; " if ex.note else "") + _pod_note(problem, backend, ex)
     return ex
+
+
+def _pod_note(problem: AttentionProblem, backend: str, ex: Explanation) -> str:
+    """What the POD wrappers do with this choice: they compose the parts (each chosen on its own)
+    when no backend claims the fused op, when auto's pick ranks below the reference, or when the pick's
+    plan() declines a batch it estimates would not gain (the wrapper's ``fused_reason`` says which)."""
+    from attncore.core.problem import pod_parts
+
+    names = [f"{label} -> {explain(p, backend).chosen or 'none'}"
+             for label, p in zip(("prefill", "decode"), pod_parts(problem))]
+    if ex.chosen is None:
+        head = f"no backend claims {problem.op}: the wrappers compose the parts"
+    elif backend in (None, "auto") and ex.ranked and ex.ranked[0][1] < 0:
+        head = f"{ex.chosen} ranks below the reference here: auto composes the parts"
+    else:
+        head = (f"fused by {ex.chosen} where its plan() estimates a gain; otherwise (see the wrapper's "
+                f"fused_reason) the parts are composed")
+    return head + " (" + ", ".join(names) + ")"
 
 
 def _fmt_ms(t: float) -> str:

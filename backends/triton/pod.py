@@ -1,0 +1,325 @@
+"""The fused POD op of the Triton backend: a prefill part and a decode part in one launch.
+
+``plan_pod`` turns the two parts (``PODBatch``: one ``BatchMeta`` each) into one work list of items
+(part, request, first packed row, kv head): the prefill part's row tiles and the decode part's
+requests, each tile over its whole visible KV range (no split-KV, so no merge launch).  Items are
+ordered so that both kinds are in flight together: each part's items longest first, merged in
+proportion to each part's estimated time, so the bandwidth-bound decode items run beside the
+compute-bound prefill tiles on the same SMs.  Two launch shapes (``mode``):
+
+* ``grid``: one program per item, in that order; the hardware dispatches programs to SMs as they
+  free up (dynamic balance).  The default.
+* ``persistent``: ``ctas_per_sm`` x SMs programs, each running a list of items planned by greedy
+  longest-first assignment to the least-loaded program (the grid size no longer depends on the batch).
+
+plan() declines (``PODDeclined``: the API composes the parts) when its cost estimate says the fused
+launch would not beat the two launches of the composed path by 2% (a decode part that needs split-KV
+to fill the GPU, mostly), unless forced (``fused="always"``).  Scratch (work list, schedule) is carved
+from the caller's int workspace (``BatchMeta.int_workspace`` of the decode part) when given.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import Any, List, Optional
+
+import torch
+
+from attncore.core import schedule as _schedule
+from attncore.backends.triton.backend import TritonBackend, _interpreting
+from attncore.core.capabilities import Capabilities, Reason
+from attncore.core.mask import alibi_slopes
+from attncore.core.problem import POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs, pod_parts
+from attncore.core.workspace import WorkspaceLayout
+
+LOG2E = 1.4426950408889634
+_F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
+_E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# every feature of the parts but CUDA graphs (the schedule's size follows the batch) and spec masks
+POD_FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})
+POD_CAPABILITIES = (
+    Capabilities(
+        ops=frozenset(POD_OPS), devices=frozenset({"cuda"}), min_compute_capability=(8, 0),
+        q_dtypes=frozenset({_F16, _BF16}), kv_dtypes=frozenset({_F16, _BF16, _E4M3, _E5M2}),
+        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256,
+        masks=frozenset({"none", "causal", "custom"}), features=POD_FEATURES),
+    Capabilities(  # Triton's interpreter: as the backend's other CPU entry (no bf16)
+        ops=frozenset(POD_OPS), devices=frozenset({"cpu"}),
+        q_dtypes=frozenset({_F16, _F32}), kv_dtypes=frozenset({_F16, _F32, _E4M3, _E5M2}),
+        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256,
+        masks=frozenset({"none", "causal", "custom"}), features=POD_FEATURES),
+)
+MASK_IDS = {"none": 0, "causal": 1, "custom": 2}
+
+# Cost model of one item on one SM, in seconds: what each SM gets of an H100's throughput when every
+# SM is busy (the generic kernel's ~430 TFLOP/s, ~3.0 TB/s of the 3.35 read bandwidth, 132 SMs).  Only
+# the ratio matters for ordering; the absolute values for the fused-vs-composed decision.
+SM_FLOPS = 430e12 / 132
+SM_BYTES = 3.0e12 / 132
+MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower than serial by more than 2%)
+
+
+@dataclass
+class PODPlan:
+    problem: AttentionProblem
+    batch: PODBatch
+    device: torch.device
+    parts: tuple  # (prefill, decode) dicts: problem, meta, block_m, block_n, prefetch, mask_mode, nnz_q
+    work: torch.Tensor
+    offs: torch.Tensor
+    num_programs: int
+    num_warps: int
+    num_stages: int
+    slopes: Optional[torch.Tensor]
+    stats: dict = field(default_factory=dict)
+    launch_cache: dict = field(default_factory=dict)
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _tiles(meta, G: int, bm: int):
+    causal = meta.mask == "causal"
+    return _schedule.row_tiles(meta.qo_lens_host, meta.kv_lens_host, G, bm, causal=causal,
+                               window_left=meta.params.window_left)
+
+
+def _cost(rows: int, keys: int, d: int, kv_bytes: int) -> float:
+    """Seconds of one item on one SM: the larger of its MMA time and its K/V read time."""
+    return max(4.0 * rows * keys * d / SM_FLOPS, 2.0 * keys * d * kv_bytes / SM_BYTES, 1e-7)
+
+
+def _interleave(a: list, b: list) -> list:
+    """Merge two lists of (cost, ...) each sorted longest first, so that each part's share of its
+    total cost done stays level: both kinds of items are in flight throughout."""
+    ta, tb = sum(x[0] for x in a) or 1.0, sum(x[0] for x in b) or 1.0
+    out, i, j, da, db = [], 0, 0, 0.0, 0.0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and da / ta <= db / tb):
+            out.append(a[i])
+            da += a[i][0]
+            i += 1
+        else:
+            out.append(b[j])
+            db += b[j][0]
+            j += 1
+    return out
+
+
+def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fused: str = "auto",
+             mode: str = "grid", ctas_per_sm: int = 2, config: Optional[dict] = None) -> PODPlan:
+    from attncore.backends.triton import config as _cfg
+
+    if not isinstance(batch, PODBatch):
+        raise TypeError(f"batch: a {problem.op} problem is planned from a PODBatch, got {type(batch).__name__}")
+    mp, md = batch.prefill, batch.decode
+    device = md.device
+    G, D = problem.group_size, problem.head_dim_qk
+    hkv = problem.num_kv_heads
+    cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    parts = []
+    for which, meta, pp in zip(("prefill", "decode"), (mp, md), pod_parts(problem)):
+        rows = max([q * G for q in meta.qo_lens_host] + [1])
+        if config is not None:
+            c = _cfg.LaunchConfig(**config[which])
+        elif interpret:
+            c = _cfg.candidates(pp, rows, interpret=True)[0]
+        elif which == "prefill":  # 64-row tiles, 4 warps: two or three CTAs per SM, beside decode items
+            c = _cfg.LaunchConfig(64, 64, 4, 2, prefetch=pp.page_size is not None)
+        else:
+            c = _cfg.LaunchConfig(max(16, _cfg._pow2(min(rows, 64))), 64, 4, 2)
+        parts.append(dict(problem=pp, meta=meta, block_m=c.block_m, block_n=c.block_n, prefetch=c.prefetch,
+                          num_warps=c.num_warps, num_stages=c.num_stages, mask_mode=MASK_IDS[meta.mask],
+                          nnz_q=meta.qo_indptr_host[-1]))
+    kvb = problem.kv_dtype.itemsize
+    items = ([], [])
+    for k, part in enumerate(parts):
+        for t in _tiles(part["meta"], G, part["block_m"]):
+            if part["meta"].qo_lens_host[t.req] == 0:
+                continue
+            cost = _cost(part["block_m"], t.kv_hi - t.kv_lo, D, kvb)
+            items[k].extend((cost, k, t.req, t.row0, h) for h in range(hkv))
+        items[k].sort(key=lambda x: -x[0])
+    sms = _num_sms(device)
+    # time estimates: composed = each part alone on the GPU (the decode part split as the composed
+    # path would, so only its total counts); fused = the one list on the GPU
+    total = [sum(x[0] for x in its) for its in items]
+    longest = [max((x[0] for x in its), default=0.0) for its in items]
+    t_prefill = max(total[0] / sms, longest[0])
+    t_composed = t_prefill + total[1] / sms
+    t_fused = max((total[0] + total[1]) / sms, longest[0], longest[1])
+    stats = dict(items=[len(i) for i in items], est_fused_us=t_fused * 1e6, est_composed_us=t_composed * 1e6)
+    if fused == "auto" and t_fused > MARGIN * t_composed:
+        raise PODDeclined(
+            f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs: the "
+            f"longest decode item ({longest[1] * 1e6:.1f} us) needs split-KV" if longest[1] >= t_fused * 0.99
+            else f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs")
+    order = _interleave(items[0], items[1])
+    if mode == "persistent":
+        nprog = max(1, sms * ctas_per_sm)
+        heap = [(0.0, p) for p in range(nprog)]
+        lists: List[list] = [[] for _ in range(nprog)]
+        for it in sorted(order, key=lambda x: -x[0]):
+            load, p = heapq.heappop(heap)
+            lists[p].append(it)
+            heapq.heappush(heap, (load + it[0], p))
+        lists = [_interleave([x for x in lst if x[1] == 0], [x for x in lst if x[1] == 1]) for lst in lists]
+        flat = [it for lst in lists for it in lst]
+        offs = [0]
+        for lst in lists:
+            offs.append(offs[-1] + len(lst))
+    elif mode == "grid":
+        flat, offs = order, list(range(len(order) + 1))
+        nprog = len(order)
+    else:
+        raise ValueError(f"mode: got {mode!r}, expected 'grid' or 'persistent'")
+    lay = WorkspaceLayout("triton pod")
+    lay.add("work", (max(len(flat), 1), 4), torch.int32)
+    lay.add("offs", (len(offs),), torch.int32)
+    ws = md.int_workspace
+    if ws is None:  # driven directly (tests, benchmarks): room for the layout and its alignment
+        ws = torch.empty(lay.nbytes + 256, dtype=torch.uint8, device=device)
+    bufs = lay.carve(ws, "int_workspace_buffer")
+    host = torch.tensor([v for it in flat for v in it[1:]] or [0, 0, 0, 0], dtype=torch.int32)
+    bufs["work"].view(-1).copy_(host)
+    bufs["offs"].copy_(torch.tensor(offs, dtype=torch.int32))
+    slopes = None
+    if problem.pos_encoding == "ALIBI" or problem.decode.pos_encoding == "ALIBI":
+        slopes = torch.tensor([s * LOG2E for s in alibi_slopes(problem.num_qo_heads).tolist()],
+                              dtype=torch.float32, device=device)
+    stats.update(mode=mode, programs=nprog, config=[{k: p[k] for k in ("block_m", "block_n")} for p in parts])
+    return PODPlan(problem=problem, batch=batch, device=device, parts=tuple(parts), work=bufs["work"],
+                   offs=bufs["offs"], num_programs=nprog, num_warps=parts[0]["num_warps"],
+                   num_stages=min(parts[0]["num_stages"], parts[1]["num_stages"]), slopes=slopes, stats=stats)
+
+
+def _kv_strides(k, v, paged: bool, layout: str):
+    """(page, slot-or-token, head) element strides of K and V (as the backend's _first_run)."""
+    if paged:
+        if layout == "NHD":
+            return (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+        return (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    if layout == "NHD":
+        return (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+    return (0, k.stride(1), k.stride(0)), (0, v.stride(1), v.stride(0))
+
+
+def _check(part: dict, a, name: str, device: torch.device) -> None:
+    p = part["problem"]
+    q, k, v, out = a.q, a.k, a.v, a.out
+    if q.dtype != p.q_dtype or k.dtype != p.kv_dtype or v.dtype != p.kv_dtype or out.dtype != p.out_dtype:
+        raise TypeError(f"{name}: q/k/v/out dtypes {q.dtype}/{k.dtype}/{v.dtype}/{out.dtype} differ from the "
+                        f"plan's {p.q_dtype}/{p.kv_dtype}/{p.out_dtype}")
+    want = (part["nnz_q"], p.num_qo_heads, p.head_dim_qk)
+    if tuple(q.shape) != want or tuple(out.shape) != want:
+        raise ValueError(f"{name}: q {tuple(q.shape)} / out {tuple(out.shape)}: planned {want}")
+    for n, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t.device != device:
+            raise ValueError(f"{name}: {n} is on {t.device}, planned for {device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {n}: last dim must be contiguous (stride {t.stride()})")
+    if a.lse is not None and (a.lse.dtype != torch.float32 or tuple(a.lse.shape) != want[:2]):
+        raise ValueError(f"{name}: lse must be float32 {list(want[:2])}, got {a.lse.dtype} {tuple(a.lse.shape)}")
+    if p.sinks != (a.sinks is not None):
+        raise ValueError(f"{name}: sinks: planned {'with' if p.sinks else 'without'} sinks")
+    if a.sinks is not None and (a.sinks.dtype != torch.float32 or a.sinks.numel() != p.num_qo_heads):
+        raise ValueError(f"{name}: sinks must be float32 [{p.num_qo_heads}], got {a.sinks.dtype} "
+                         f"{tuple(a.sinks.shape)}")
+    if a.spec_mask is not None:
+        raise ValueError(f"{name}: spec_mask: the POD op takes no speculative-decoding mask")
+
+
+def _key(a) -> tuple:
+    t = lambda x: None if x is None else (x.shape, x.stride(), x.dtype, x.device)  # noqa: E731
+    return (t(a.q), t(a.k), t(a.v), t(a.out), t(a.lse), None if a.sinks is None else a.sinks.numel(),
+            a.q_scale, a.k_scale, a.v_scale, a.o_scale)
+
+
+def run_pod(plan: PODPlan, args: PODRunArgs) -> None:
+    key = (_key(args.prefill), _key(args.decode))
+    fast = plan.launch_cache.get(key)
+    tensors = tuple((a.q, a.k, a.v, a.out, a.lse, a.sinks) for a in (args.prefill, args.decode))
+    if fast is not None:
+        fast(*tensors)
+        return
+    for part, a, name in zip(plan.parts, (args.prefill, args.decode), ("prefill", "decode")):
+        _check(part, a, name, plan.device)
+    if args.prefill.q.is_cuda and args.prefill.q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(args.prefill.q.device):
+            plan.launch_cache[key] = _first_run(plan, args)
+    else:
+        plan.launch_cache[key] = _first_run(plan, args)
+
+
+def _first_run(plan: PODPlan, args: PODRunArgs) -> Any:
+    from attncore.backends.triton.kernels.pod import Part, pod_fwd
+
+    built = []
+    for part, a in zip(plan.parts, (args.prefill, args.decode)):
+        p, meta = part["problem"], part["meta"]
+        prm = meta.params
+        paged = p.page_size is not None
+        ks, vs = _kv_strides(a.k, a.v, paged, p.kv_layout)
+        sm = prm.sm_scale * a.q_scale * a.k_scale
+        cap = prm.logits_soft_cap or 0.0
+        kv_indices = meta.kv_indices if paged else None
+        if kv_indices is not None and kv_indices.numel() == 0:
+            kv_indices = meta.kv_lens  # never read: no request has a page
+        built.append(Part(
+            q=a.q, k=a.k, v=a.v, out=a.out, lse=a.lse, qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr,
+            kv_indices=kv_indices, kv_lens=meta.kv_lens, mask_bytes=meta.packed_mask,
+            mask_indptr=meta.mask_indptr, sinks=a.sinks, kv_strides=ks, v_strides=vs, page_size=p.page_size,
+            mask_mode=part["mask_mode"], window_left=prm.window_left, soft_cap=cap > 0,
+            rope=prm.pos_encoding_mode == "ROPE_LLAMA", rope_theta=prm.rope_theta, rope_scale=prm.rope_scale,
+            qk_scale=sm * LOG2E, cap_inv=(sm / cap) if cap > 0 else 0.0, cap_l2=cap * LOG2E,
+            out_scale=a.v_scale / a.o_scale, block_m=part["block_m"], block_n=part["block_n"],
+            prefetch=part["prefetch"]))
+    return pod_fwd(plan.work, plan.offs, plan.num_programs, plan.slopes, built[0], built[1],
+                   group_size=plan.problem.group_size, head_dim=plan.problem.head_dim_qk,
+                   alibi=plan.slopes is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
+
+
+class TritonPODBackend(TritonBackend):
+    """``TritonBackend`` plus the ``pod`` / ``batch_pod`` ops (this module).
+
+    pod : {"auto", "always"}, default "auto"
+        "auto": plan() declines a batch the cost model says would not gain (the API composes the
+        parts); "always": fuse every batch (tests).
+    pod_mode : {"grid", "persistent"}, default "grid"; pod_ctas_per_sm: programs per SM (persistent).
+    pod_config : dict, optional: {"prefill": LaunchConfig kwargs, "decode": ...} (tuning).
+    Every other keyword goes to ``TritonBackend``.
+    """
+
+    capabilities = tuple(TritonBackend.capabilities) + POD_CAPABILITIES
+
+    def __init__(self, *, pod: str = "auto", pod_mode: str = "grid", pod_ctas_per_sm: int = 2,
+                 pod_config: Optional[dict] = None, **kw):
+        super().__init__(**kw)
+        if pod not in ("auto", "always"):
+            raise ValueError(f"pod: got {pod!r}, expected 'auto' or 'always'")
+        if pod_mode not in ("grid", "persistent"):
+            raise ValueError(f"pod_mode: got {pod_mode!r}, expected 'grid' or 'persistent'")
+        if not isinstance(pod_ctas_per_sm, int) or pod_ctas_per_sm < 1:
+            raise ValueError(f"pod_ctas_per_sm: got {pod_ctas_per_sm!r}, expected an int >= 1")
+        self._pod = (pod, pod_mode, pod_ctas_per_sm, pod_config)
+
+    def extra_reasons(self, p: AttentionProblem) -> List[Reason]:
+        r = super().extra_reasons(p)
+        if p.decode is not None:  # the decode part's own (the device ones are the same)
+            r += [replace(x, axis="decode " + x.axis) for x in super().extra_reasons(p.decode)
+                  if x.axis != "device"]
+        return r
+
+    def plan(self, problem: AttentionProblem, meta):
+        if problem.op in POD_OPS:
+            fused, mode, ctas, cfg = self._pod
+            return plan_pod(problem, meta, interpret=_interpreting(), fused=fused, mode=mode,
+                            ctas_per_sm=ctas, config=cfg)
+        return super().plan(problem, meta)
+
+    def run(self, plan, args) -> None:
+        if isinstance(plan, PODPlan):
+            return run_pod(plan, args)
+        return super().run(plan, args)
