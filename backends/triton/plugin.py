@@ -33,6 +33,8 @@ def _maybe_enable_interpreter() -> None:
 def attncore_backends():
     _maybe_enable_interpreter()
     # an import error propagates: the registry lists triton as unavailable with the reason
-    from attncore.backends.triton.backend import TritonBackend
+    from attncore.backends.triton.backend import TritonBackend  # noqa: F401 (its import error, first)
+    # TritonBackend with the fused pod / batch_pod op (backends/triton/pod.py)
+    from attncore.backends.triton.pod import TritonPODBackend
 
-    return [TritonBackend()]
+    return [TritonPODBackend()]
