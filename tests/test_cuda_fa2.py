@@ -70,6 +70,12 @@ def test_capabilities_claim_and_refuse():
                               fp8_scales=True, return_lse=True, sinks=True, window_left=64)) == []
     assert b.reasons(_problem(op="single_prefill", page_size=None, pos_encoding="ALIBI", soft_cap=True,
                               mask="custom", kv_layout="HND")) == []
+    for op in ("batch_prefill_paged", "batch_prefill_ragged", "batch_decode"):  # CUDA graphs, every feature
+        assert b.reasons(_problem(op=op, page_size=None if op == "batch_prefill_ragged" else 16, cuda_graph=True,
+                                  mask="custom", pos_encoding="ALIBI", soft_cap=True, window_left=8, sinks=True,
+                                  return_lse=True, kv_dtype=torch.float8_e4m3fn, fp8_scales=True)) == []
+        assert b.reasons(_problem(op=op, page_size=None if op == "batch_prefill_ragged" else 16, cuda_graph=True,
+                                  pos_encoding="ROPE_LLAMA")) == []
     from attncore.backends.triton.backend import TritonBackend
 
     # decode measured slower than Triton on an H100 (BENCHMARKS.md): auto prefers Triton there, then
@@ -81,7 +87,7 @@ def test_capabilities_claim_and_refuse():
         "compute_capability": _problem(compute_capability=(7, 5)),
         "head_dim": _problem(head_dim_qk=96, head_dim_vo=96),
         "head_dim_vo": _problem(head_dim_vo=64),
-        "feature:cuda_graph": _problem(cuda_graph=True),
+        "feature:cuda_graph": _problem(op="single_prefill", page_size=None, cuda_graph=True),
         "op": _problem(op="xqa_decode"),
         "kv_dtype": _problem(kv_dtype=torch.float16),  # bf16 q with fp16 kv
         "q_dtype": _problem(q_dtype=torch.float32, out_dtype=torch.float32, kv_dtype=torch.float32),
@@ -199,31 +205,56 @@ def test_paged_row_units():
 
 
 
-def _cpu_plan(problem, meta, lib_shape=(128, 64)):
+class FakeLib:
+    """A library's tile shape and launches, recorded (plan() and launch() on the CPU)."""
+
+    launched: list = []
+
+    def __init__(self, key, lib_shape=(128, 64), sms=132):
+        self.key, self.num_sms, self.ctas_per_sm = key, sms, 2
+        self.cta_q, self.kv_tile = (16, 64) if key.config == "decode" else lib_shape
+
+    def run(self, p, stream):
+        from attncore.backends.cuda_fa2 import binding
+
+        FakeLib.launched.append(binding.Fa2Params.from_buffer_copy(p))
+
+    def merge(self, mp, stream):
+        from attncore.backends.cuda_fa2 import binding
+
+        FakeLib.launched.append(binding.Fa2MergeParams.from_buffer_copy(mp))
+
+
+def cpu_patches(lib_shape=(128, 64), sms=132):
     """plan() on the CPU: the device, the library (tile shape only) and the stream are faked; the
-    work list and the params struct are the real ones.  Returns (plan, launched params list)."""
+    schedule, the tables and the params structs are the real ones."""
+    import contextlib
     import unittest.mock as um
 
     from attncore.backends.cuda_fa2 import backend as be, binding
 
-    launched = []
-
-    class FakeLib:
-        def __init__(self, key):
-            self.key, self.num_sms, self.ctas_per_sm = key, 132, 2
-            self.cta_q, self.kv_tile = (16, 64) if key.config == "decode" else lib_shape
-
-        def run(self, p, stream):
-            launched.append(binding.Fa2Params.from_buffer_copy(p))
-
     cpu = torch.device("cpu", 0)  # an index: base_params() stores it
+    libs = {}
+
+    def get_library(key, dev):
+        return libs.setdefault(key, FakeLib(key, lib_shape, sms))
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(um.patch.object(be, "cuda_device", lambda d, who: cpu))
+    stack.enter_context(um.patch.object(binding, "get_library", get_library))
+    stack.enter_context(um.patch.object(binding, "_current_stream", lambda dev: 0))
+    stack.enter_context(um.patch("torch.cuda.get_device_capability", return_value=(9, 0)))
+    return stack
+
+
+def _cpu_plan(problem, meta, lib_shape=(128, 64)):
+    """Returns (backend, plan, launched params list)."""
+    FakeLib.launched = []
     b = CudaFa2Backend()
-    with um.patch.object(be, "cuda_device", lambda d, who: cpu), \
-            um.patch.object(binding, "get_library", lambda key, dev: FakeLib(key)), \
-            um.patch("torch.cuda.get_device_capability", return_value=(9, 0)):
+    with cpu_patches(lib_shape):
         plan = b.plan(problem, meta)
     plan.device = torch.device("cpu")  # what CPU tensors report
-    return b, plan, launched
+    return b, plan, FakeLib.launched
 
 
 @pytest.mark.parametrize("qo", [5, 40])
@@ -243,7 +274,8 @@ def test_launch_kv_len_0_cpu(qo):
     q = torch.randn(qo, 6, 128, dtype=torch.bfloat16)
     k = torch.empty(0, 2, 128, dtype=torch.bfloat16)
     with um.patch.object(binding, "_current_stream", lambda dev: 0):
-        b.run(plan, RunArgs(q=q, k=k, v=torch.empty_like(k), out=torch.empty_like(q), lse=torch.empty(qo, 6)))
+        binding.launch(plan, RunArgs(q=q, k=k, v=torch.empty_like(k), out=torch.empty_like(q),
+                                     lse=torch.empty(qo, 6)))
     (p,) = launched
     assert p.num_work >= 1 and not p.k and not p.v  # every item has no tile: the epilogue writes 0 / -inf
 
@@ -269,12 +301,11 @@ def test_work_items_cover_every_row_gqa_cpu(G):
     for causal, wl in ((True, -1), (True, 40), (False, -1)):
         lens = [(qo, kv) for qo, kv in ((127, 127), (128, 128), (129, 129), (255, 255), (256, 256), (257, 257),
                                         (63, 129), (65, 256), (1, 257), (33, 64))]
-        qo_host, kv_host = offsets([qo for qo, _ in lens]), offsets([kv for _, kv in lens])
         prob = _problem(op="batch_prefill_ragged", page_size=None, num_qo_heads=2 * G, num_kv_heads=2,
                         mask="causal" if causal else "none", window_left=wl)
         for cta_q in (128, 64):
             for n in (lens, lens[:1], lens[-2:-1]):  # a small batch splits the KV range
-                qh, kh = qo_host[:len(n) + 1], kv_host[:len(n) + 1]
+                qh, kh = offsets([qo for qo, _ in n]), offsets([kv for _, kv in n])
                 meta = BatchMeta(batch_size=len(n), qo_indptr=torch.tensor(qh, dtype=torch.int32), qo_indptr_host=qh,
                                  kv_indptr=torch.tensor(kh, dtype=torch.int32), kv_indptr_host=kh,
                                  kv_lens_host=[kv for _, kv in n],
@@ -286,7 +317,7 @@ def test_work_items_cover_every_row_gqa_cpu(G):
                     CudaFa2Backend.min_split_chunk = old
                 cq = plan.lib.cta_q
                 seen = {}
-                for w in plan.work.tolist()[:plan.num_work]:
+                for w in plan.work.tolist()[:plan.num_items]:
                     qo, kv = n[w[0]]
                     tok_lo, tok_hi, lo, hi = _work_item(w, qo, kv, G, cq, causal, wl)
                     assert (w[0], w[1]) not in seen or w[4] >= 0, w

@@ -7,71 +7,43 @@ first use by :mod:`attncore.build.jit` (or ahead with ``attncore build cuda_fa2`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 
 from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
-from attncore.core.mask import alibi_slopes
 from attncore.core.problem import DECODE_OPS, AttentionProblem
+
+from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _OPS = frozenset({"single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode"})
 _FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})
 
-CAPABILITIES = (
-    Capabilities(
-        ops=_OPS,
-        devices=frozenset({"cuda"}),
-        min_compute_capability=(8, 0),
-        q_dtypes=_F16,
-        kv_dtypes=_KV,
-        out_dtypes=None,  # out dtype == q dtype
-        head_dims=frozenset({64, 128, 256}),
-        same_head_dim_vo=True,
-        max_group_size=None,  # any GQA group
-        page_sizes=None,  # any page size
-        layouts=frozenset({"NHD", "HND"}),
-        masks=frozenset({"none", "causal", "custom"}),
-        features=_FEATURES,  # not: cuda_graph, spec_mask (xqa)
-        max_q_len_per_req=None,
-        kv_dtype_must_match_q=True,
-    ),
+_BASE = dict(
+    devices=frozenset({"cuda"}),
+    min_compute_capability=(8, 0),
+    q_dtypes=_F16,
+    kv_dtypes=_KV,
+    out_dtypes=None,  # out dtype == q dtype
+    head_dims=frozenset({64, 128, 256}),
+    same_head_dim_vo=True,
+    max_group_size=None,  # any GQA group
+    page_sizes=None,  # any page size
+    layouts=frozenset({"NHD", "HND"}),
+    masks=frozenset({"none", "causal", "custom"}),
+    max_q_len_per_req=None,
+    kv_dtype_must_match_q=True,
 )
-
-
-@dataclass
-class Fa2Plan:
-    problem: AttentionProblem
-    meta: BatchMeta
-    lib: Any
-    device: torch.device
-    paged: bool
-    page_size: int
-    nnz_q: int
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: Optional[torch.Tensor]
-    kv_lens: torch.Tensor
-    mask: Optional[torch.Tensor]
-    mask_indptr: Optional[torch.Tensor]
-    alibi_slopes: Optional[torch.Tensor]
-    work: torch.Tensor
-    num_work: int
-    needs_merge: bool
-    num_splits: torch.Tensor
-    tmp_off: torch.Tensor
-    o_part: Optional[torch.Tensor]
-    lse_part: Optional[torch.Tensor]
-    config: str
-    base: Any = None  # binding.Fa2Params with the plan-constant fields
-    merge_base: Any = None
-    checked_sig: Any = None  # signature of the last run() tensors that passed the checks
-    kv_strides: Any = None
-    sm90_reasons: Any = None  # why the Hopper kernel (prefill90) was not used, [] when it was
+# CUDA graphs: the batch ops (plan.py: capacity grids, live counts on the device, tables at fixed
+# workspace addresses); single_prefill has no wrapper that re-plans, so it does not claim them.
+_BATCH_OPS = frozenset({"batch_prefill_ragged", "batch_prefill_paged", "batch_decode"})
+CAPABILITIES = (
+    Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
+    Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
+)
 
 
 def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
@@ -180,21 +152,17 @@ class CudaFa2Backend(Backend):
             r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % torch.cuda.get_device_capability(dev))
         return r
 
-    def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
+    def choose_library(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device):
+        """(library, config, sm90 reasons) for this batch: the decode tile when every request has at most
+        16 packed rows, else prefill90 where it serves, else the 128-row (or, causal with few CTAs, the
+        64-row) FA2 prefill tile; ``force_config`` overrides within the family."""
         from attncore.backends.cuda_fa2 import binding
 
-        dev = cuda_device(meta.device, "cuda_fa2")
-        B = meta.batch_size
-        qo = meta.qo_indptr_host
-        qo_lens = [qo[i + 1] - qo[i] for i in range(B)]
-        G = problem.group_size
-        Hkv = problem.num_kv_heads
+        qo_lens = meta.qo_lens_host
+        G, Hkv = problem.group_size, problem.num_kv_heads
         paged = meta.kv_indices is not None
-        kv_lens_host = meta.kv_lens_host
-
-        max_rows = max([n * G for n in qo_lens] or [0])
-        config = "decode" if max_rows <= 16 else "prefill"
         page_size = meta.page_size if paged else 0
+        config = "decode" if max([n * G for n in qo_lens] or [0]) <= 16 else "prefill"
         sm90_why = ["decode tile"] if config == "decode" else self.sm90_reasons(problem, meta, dev)
         if self.force_config and self.force_config != "prefill90":
             sm90_why = sm90_why + [f"force_config {self.force_config}"]
@@ -214,84 +182,14 @@ class CudaFa2Backend(Backend):
         key = self.key_for(problem, config, page_size, paged)
         if key != lib.key:
             lib = binding.get_library(key, dev)
-        cta_q, kvt = lib.cta_q, lib.kv_tile
+        return lib, config, sm90_why
 
-        # ---- work list: (request, first packed row, kv_begin, kv_end, slot); split-KV when short
-        causal = key.mask == "causal"
-        wl = meta.params.window_left
-        tiles = []  # (req, row0, kv extent estimate lo, hi)
-        for i in range(B):
-            rows = qo_lens[i] * G
-            for r0 in range(0, rows, cta_q):
-                tok_lo, tok_hi = r0 // G, (min(r0 + cta_q, rows) - 1) // G
-                delta = kv_lens_host[i] - qo_lens[i]
-                hi = kv_lens_host[i]
-                if causal:
-                    hi = max(0, min(hi, tok_hi + delta + 1))
-                lo = max(0, tok_lo + delta - wl) if wl >= 0 else 0
-                tiles.append((i, r0, min(lo, hi), hi))
-        slots = lib.num_sms * lib.ctas_per_sm
-        base_items = len(tiles) * Hkv
-        num_splits = [1] * B
-        chunk = None
-        if 0 < base_items < slots:
-            # smallest chunk (a multiple of the kv tile) whose work items still fit in one wave
-            ext = [hi - lo for (_, _, lo, hi) in tiles]
+    def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
+        """plan.py: the schedule, the scratch, the tables; binding.py: the plan-constant params."""
+        from attncore.backends.cuda_fa2 import binding
 
-            def items(ch):
-                return sum(max(1, -(-e // ch)) for e in ext) * Hkv
-
-            lo_c = max(self.min_split_chunk, kvt)
-            hi_c = max(ext + [lo_c])
-            lo_c = -(-lo_c // kvt) * kvt
-            hi_c = -(-hi_c // kvt) * kvt
-            if items(lo_c) <= slots:
-                chunk = lo_c
-            else:
-                while hi_c - lo_c > kvt:  # items() is non-increasing in the chunk size
-                    mid = (lo_c + hi_c) // 2 // kvt * kvt
-                    if items(mid) <= slots:
-                        hi_c = mid
-                    else:
-                        lo_c = mid
-                chunk = hi_c
-            for (i, _, lo, hi) in tiles:
-                num_splits[i] = max(num_splits[i], -(-(hi - lo) // chunk) if hi > lo else 1)
-        tmp_off = [0] * B
-        tmp_rows = 0
-        for i in range(B):
-            if num_splits[i] > 1:
-                tmp_off[i] = tmp_rows
-                tmp_rows += num_splits[i] * qo_lens[i]
-        BIG = 2 ** 31 - 1
-        work = []
-        for (i, r0, lo, hi) in tiles:
-            if num_splits[i] == 1:
-                work.append((hi - lo, (i, r0, 0, BIG, -1)))
-            else:
-                for s in range(num_splits[i]):
-                    b, e = lo + s * chunk, lo + (s + 1) * chunk
-                    work.append((max(0, min(e, hi) - b), (i, r0, b, e if s < num_splits[i] - 1 else BIG,
-                                                          tmp_off[i] + s * qo_lens[i])))
-        work.sort(key=lambda w: -w[0])  # longest first: better tail on causal and ragged batches
-        work_t = torch.tensor([w[1] for w in work] or [[0, 0, 0, 0, -1]], dtype=torch.int32).to(dev)
-        Hq, D = problem.num_qo_heads, problem.head_dim_vo
-        o_part = lse_part = None
-        if tmp_rows:
-            o_part = torch.empty(tmp_rows, Hq, D, dtype=torch.float32, device=dev)
-            lse_part = torch.empty(tmp_rows, Hq, dtype=torch.float32, device=dev)
-        custom = key.mask == "custom"
-        plan = Fa2Plan(
-            problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=page_size,
-            nnz_q=qo[B] if B else 0,
-            qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices, kv_lens=meta.kv_lens,
-            mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
-            alibi_slopes=alibi_slopes(Hq, dev) if key.alibi else None,
-            work=work_t, num_work=len(work), needs_merge=tmp_rows > 0,
-            num_splits=torch.tensor(num_splits or [1], dtype=torch.int32).to(dev),
-            tmp_off=torch.tensor(tmp_off or [0], dtype=torch.int32).to(dev),
-            o_part=o_part, lse_part=lse_part, config=config, sm90_reasons=sm90_why,
-        )
+        dev = cuda_device(meta.device, "cuda_fa2")
+        plan = make_plan(self, problem, meta, dev, lambda: self.choose_library(problem, meta, dev))
         plan.base, plan.merge_base = binding.base_params(plan)
         return plan
 

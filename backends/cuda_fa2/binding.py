@@ -31,6 +31,7 @@ class Fa2Params(ctypes.Structure):
         ("q", _p), ("k", _p), ("v", _p), ("o", _p), ("lse", _p), ("o_part", _p), ("lse_part", _p),
         ("qo_indptr", _p), ("kv_indptr", _p), ("kv_indices", _p), ("kv_lens", _p),
         ("mask", _p), ("mask_indptr", _p), ("sinks", _p), ("alibi_slopes", _p), ("work", _p),
+        ("work_count", _p),
         ("q_stride_n", _i64), ("q_stride_h", _i64),
         ("k_stride_p", _i64), ("k_stride_n", _i64), ("k_stride_h", _i64),
         ("v_stride_p", _i64), ("v_stride_n", _i64), ("v_stride_h", _i64),
@@ -46,11 +47,10 @@ class Fa2Params(ctypes.Structure):
 
 class Fa2MergeParams(ctypes.Structure):
     _fields_ = [
-        ("o_part", _p), ("lse_part", _p), ("o", _p), ("lse", _p), ("qo_indptr", _p), ("num_splits", _p),
-        ("tmp_off", _p), ("sinks", _p),
+        ("o_part", _p), ("lse_part", _p), ("o", _p), ("lse", _p), ("merge_table", _p), ("merge_count", _p),
+        ("sinks", _p),
         ("o_stride_n", _i64), ("o_stride_h", _i64),
-        ("num_qo_heads", _i32), ("batch", _i32), ("nnz_q", _i32), ("device", _i32),
-        ("out_scale", _f32), ("pad0", _i32),
+        ("num_qo_heads", _i32), ("num_rows", _i32), ("device", _i32), ("out_scale", _f32),
     ]
 
 
@@ -185,21 +185,25 @@ def _current_stream(dev: torch.device) -> int:
 
 
 def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
-    """The plan-constant part of the structs (index tensors, work list, heads); filled once in plan()."""
+    """The plan-constant part of the structs (index tensors, tables, heads); filled once in plan().
+    In CUDA-graph mode every field here is the same across re-plans of one caller (fixed buffers,
+    capacity grids, the live counts read through ``work_count`` / ``merge_count``)."""
     pr, meta, ap = plan.problem, plan.meta, plan.meta.params
+    graph = plan.graph is not None
     p = Fa2Params()
-    p.o_part, p.lse_part = _ptr(plan.o_part), _ptr(plan.lse_part)
-    p.qo_indptr, p.kv_indptr = plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr()
-    p.kv_indices = _ptr(plan.kv_indices) if plan.paged else None
-    p.kv_lens = plan.kv_lens.data_ptr()
+    p.o_part, p.lse_part = _ptr(plan.part_o), _ptr(plan.part_lse)
+    p.qo_indptr, p.kv_indptr = meta.qo_indptr.data_ptr(), meta.kv_indptr.data_ptr()
+    p.kv_indices = _ptr(meta.kv_indices) if plan.paged else None
+    p.kv_lens = meta.kv_lens.data_ptr()
     p.mask, p.mask_indptr = _ptr(plan.mask), _ptr(plan.mask_indptr)
     p.alibi_slopes = _ptr(plan.alibi_slopes)
     p.work = plan.work.data_ptr()
+    p.work_count = plan.counts[0:1].data_ptr() if graph else None
     p.num_qo_heads, p.num_kv_heads, p.group = pr.num_qo_heads, pr.num_kv_heads, pr.group_size
     p.page_size = plan.page_size if plan.paged else 0
     ps = p.page_size
     p.page_shift = ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
-    p.num_work = plan.num_work
+    p.num_work = plan.work_grid
     p.window_left = ap.window_left if ap.window_left is not None and ap.window_left >= 0 else -1
     p.device = plan.device.index
     p.rope_rcp_scale = 1.0 / ap.rope_scale
@@ -207,9 +211,10 @@ def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     mp = None
     if plan.needs_merge:
         mp = Fa2MergeParams()
-        mp.o_part, mp.lse_part = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
-        mp.qo_indptr, mp.num_splits, mp.tmp_off = plan.qo_indptr.data_ptr(), plan.num_splits.data_ptr(), plan.tmp_off.data_ptr()
-        mp.num_qo_heads, mp.batch, mp.nnz_q, mp.device = pr.num_qo_heads, meta.batch_size, plan.nnz_q, plan.device.index
+        mp.o_part, mp.lse_part = plan.part_o.data_ptr(), plan.part_lse.data_ptr()
+        mp.merge_table = plan.merge_table.data_ptr()
+        mp.merge_count = plan.counts[1:2].data_ptr() if graph else None
+        mp.num_qo_heads, mp.num_rows, mp.device = pr.num_qo_heads, plan.merge_grid, plan.device.index
     return p, mp
 
 
@@ -221,8 +226,10 @@ def _signature(args) -> tuple:
             None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
 
 
-def launch(plan, args) -> None:
-    """Fill the params struct from a plan (see backend.Fa2Plan) and ``RunArgs`` and launch.
+def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergeParams]]:
+    """The launch structs of one run(): ``plan.base`` / ``plan.merge_base`` with the run's tensors and
+    scales (None, None when there is no query row).  What ``launch`` passes by value to the kernels
+    (and what a CUDA graph captures): split from the launch so it can be checked without a GPU.
 
     Full argument checks run on the first call and whenever shapes/strides/dtypes/devices change;
     the plan-constant part of the struct is prebuilt, so a steady-state run() is a few field stores.
@@ -239,7 +246,7 @@ def launch(plan, args) -> None:
             b.v_row_unit, b.v_row_sp, b.v_row_sn = row_units("v", args.v, ks[3], ks[4], plan.page_size)
         plan.checked_sig = sig
     if plan.nnz_q == 0:
-        return
+        return None, None
     ap = plan.meta.params
     q, out = args.q, args.out
     p = Fa2Params.from_buffer_copy(plan.base)
@@ -262,8 +269,7 @@ def launch(plan, args) -> None:
         p.softcap_pre = scale / cap
         p.softcap_post = cap * LOG2E
     p.out_scale = args.v_scale / args.o_scale
-    stream = _current_stream(plan.device)
-    plan.lib.run(p, stream)
+    mp = None
     if plan.needs_merge:
         mp = Fa2MergeParams.from_buffer_copy(plan.merge_base)
         mp.o = out.data_ptr()
@@ -273,4 +279,15 @@ def launch(plan, args) -> None:
             mp.sinks = args.sinks.data_ptr()
         mp.o_stride_n, mp.o_stride_h = out.stride(0), out.stride(1)
         mp.out_scale = p.out_scale
+    return p, mp
+
+
+def launch(plan, args) -> None:
+    """Launch a plan (plan.Fa2Plan) on ``RunArgs``: the main kernel, then the merge of split partials."""
+    p, mp = build_params(plan, args)
+    if p is None:
+        return
+    stream = _current_stream(plan.device)
+    plan.lib.run(p, stream)
+    if mp is not None:
         plan.lib.merge(mp, stream)

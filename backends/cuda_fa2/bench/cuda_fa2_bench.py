@@ -119,7 +119,7 @@ def prefill_case(name, lens, hq, hkv, d, causal, paged, page_size=16, sdpa=False
     pairs = sum(causal_pairs(a, b) if causal else a * b for a, b in lens)
     flops = 4 * pairs * hq * d
     r = {"name": name, "ms": t, "TFLOPs": flops / t / 1e9, "plan_ms": plan_ms, "config": plan.config,
-         "work_items": plan.num_work, "split": plan.needs_merge}
+         "work_items": plan.num_items, "split": plan.needs_merge}
     if sdpa:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -147,7 +147,7 @@ def decode_case(name, B, kv, hq, hkv, d=128, page_size=16, kv_dtype=None):
     kvb = args.k.element_size()
     nbytes = B * kv * hkv * d * kvb * 2 + 2 * B * hq * d * 2
     return {"name": name, "ms": t, "TBps": nbytes / t / 1e9, "plan_ms": plan_ms, "config": plan.config,
-            "work_items": plan.num_work, "split": plan.needs_merge,
+            "work_items": plan.num_items, "split": plan.needs_merge,
             "run_overhead_us": run_overhead_us(be, plan, args)}
 
 

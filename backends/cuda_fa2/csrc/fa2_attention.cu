@@ -11,7 +11,8 @@
 //                                                               mask none/causal, no features)
 // Entry points (extern "C", return a cudaError_t as int):
 //   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv)
-//   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (nnz_q)
+//   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (num_rows, Hq)
+//   (CUDA-graph mode: both grids are capacities, the live counts are read on the device)
 //   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM (0 without a GPU), 0, 0
 //   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror: sizeof, and
 //   fa2_params_offsets(int*, cap), fa2_params_fields()   every field's offset and name (attncore/abi.h;
@@ -194,8 +195,8 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
 FA2_EXPORT int fa2_merge(const Fa2MergeParams* p, cudaStream_t stream) {
   DeviceScope scope(p->device);
   if (scope.err) return scope.err;
-  if (p->nnz_q <= 0) return 0;
-  dim3 grid(p->nnz_q, p->num_qo_heads);
+  if (p->num_rows <= 0) return 0;
+  dim3 grid(p->num_rows, p->num_qo_heads);
   fa2::fa2_merge_kernel<T, D><<<grid, D / 4, 0, stream>>>(*p);
   return (int)cudaGetLastError();
 }

@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, Cfg::MINB) fa2_attention_kernel
   using SM = Smem<Cfg, KVB>;
   using CtaT = Cta<Cfg, T, MASK>;
 
+  if (past_work_count(p)) return;  // CUDA-graph mode: a capacity grid
   extern __shared__ __align__(128) uint8_t smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   uint8_t* sKV = smem + SM::q_bytes;  // STAGES x (K tile, V tile)

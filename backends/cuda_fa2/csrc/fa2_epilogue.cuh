@@ -99,22 +99,17 @@ __device__ __forceinline__ void write_row(const Fa2Params& p, const float (&acc)
 }
 
 // ------------------------------------------------------------------- merge of split-KV partials
-// grid (nnz_q, Hq), D/4 threads: each thread merges 4 floats of one (row, head) over the splits.
+// grid (num_rows, Hq), D/4 threads: each thread merges 4 floats of one (row, head) over the splits.
+// Row n of the merge table (schedule.py Schedule.merge_table): out row, first partial row, partial row
+// stride, splits.  CUDA-graph mode: the grid is the table's capacity, the live row count in merge_count.
 template <typename T, int D>
 __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p) {
   const int n = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
-  // request of row n: last i with qo_indptr[i] <= n (qo_indptr is non-decreasing)
-  int lo = 0, hi = p.batch;
-  while (hi - lo > 1) {
-    int mid = (lo + hi) >> 1;
-    if (p.qo_indptr[mid] <= n) lo = mid; else hi = mid;
-  }
-  const int req = lo;
-  const int ns = p.num_splits[req];
-  if (ns <= 1) return;
-  const int qo_start = p.qo_indptr[req], qo_len = p.qo_indptr[req + 1] - qo_start;
-  const int64_t base = p.tmp_off[req] + (n - qo_start);
-  const int64_t rs = (int64_t)qo_len * p.num_qo_heads;  // tmp-row stride between splits, in (row, head)s
+  if (p.merge_count != nullptr && n >= __ldg(p.merge_count)) return;
+  const int4 mt = __ldg(reinterpret_cast<const int4*>(p.merge_table) + n);
+  const int out_row = mt.x, ns = mt.w;
+  const int64_t base = mt.y;
+  const int64_t rs = (int64_t)mt.z * p.num_qo_heads;  // partial-row stride between splits, in (row, head)s
   const float* lp = p.lse_part + base * p.num_qo_heads + h;
   float M = kNegInf;
 #pragma unroll 8
@@ -137,12 +132,12 @@ __global__ void __launch_bounds__(D / 4) fa2_merge_kernel(const Fa2MergeParams p
     lse_v = Mu + log2f(L);
     scale = p.out_scale * f / L;
   }
-  T* dst = reinterpret_cast<T*>(p.o) + (int64_t)n * p.o_stride_n + (int64_t)h * p.o_stride_h + c * 4;
+  T* dst = reinterpret_cast<T*>(p.o) + (int64_t)out_row * p.o_stride_n + (int64_t)h * p.o_stride_h + c * 4;
   uint2 pk;
   pk.x = ac::pack2<T>(acc.x * scale, acc.y * scale);
   pk.y = ac::pack2<T>(acc.z * scale, acc.w * scale);
   *reinterpret_cast<uint2*>(dst) = pk;
-  if (c == 0 && p.lse != nullptr) p.lse[(int64_t)n * p.num_qo_heads + h] = lse_v;
+  if (c == 0 && p.lse != nullptr) p.lse[(int64_t)out_row * p.num_qo_heads + h] = lse_v;
 }
 
 

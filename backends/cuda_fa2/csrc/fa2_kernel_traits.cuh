@@ -64,6 +64,12 @@ struct Smem {
   static constexpr size_t bytes = main_bytes > epi_bytes ? main_bytes : epi_bytes;
 };
 
+// CUDA-graph mode: the grid is the work table's capacity and the live item count is in device memory
+// (p.work_count, written by plan()); CTAs past it exit before touching anything (no barrier yet).
+__device__ __forceinline__ bool past_work_count(const Fa2Params& p) {
+  return p.work_count != nullptr && (int)blockIdx.x >= __ldg(p.work_count);
+}
+
 // A CTA's work item (fa2_params.h: request, first packed row, KV range, partial slot) with its
 // request's lengths and the KV range cut to what the item's rows can see (causal; a sliding
 // window when window_left >= 0).  Both kernels (this one and fa2_sm90.cuh's) decode it here.

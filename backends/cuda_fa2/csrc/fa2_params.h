@@ -4,8 +4,11 @@
 //   B      requests in the batch            Hq / Hkv  query / kv heads,  G = Hq / Hkv (GQA group)
 //   D      head dim (64, 128, 256)          qo_len_i / kv_len_i  rows / keys of request i
 //   packed row   r = tok * G + g: query token `tok` of request i, head `kvh * G + g` (GQA rows packed)
-//   work item    one CTA: (request, first packed row, kv range [kv_begin, kv_end), partial slot)
+//   work item    one CTA: (request, first packed row, kv range [kv_begin, kv_end), partial slot), the
+//                schedule of attncore/core/schedule.py (shared with the Triton backend)
 //   split        a kv range of a request computed by its own CTA; partials merged by fa2_merge
+//   CUDA graphs  a captured launch keeps its grid and this struct (by value): in graph mode the grid is
+//                the tables' capacity and the kernels read the live counts (work_count, merge_count)
 //   page         paged KV: token t of request i is page kv_indices[kv_indptr[i] + t / page_size],
 //                slot t % page_size; ragged KV (page_size 0): token kv_indptr[i] + t
 //
@@ -39,6 +42,8 @@
   F(const float*, sinks)         /* [Hq] natural-log sink logits, or null */                              \
   F(const float*, alibi_slopes)  /* [Hq] or null */                                                       \
   F(const int32_t*, work)        /* [num_work, 5]: request, first packed row, kv_begin, kv_end, slot (-1: final) */ \
+  F(const int32_t*, work_count)  /* CUDA-graph mode: the number of items (int workspace); CTAs past it exit. */ \
+                                 /* null: every CTA of the grid (num_work) is an item */                  \
   F(int64_t, q_stride_n)                                                                                  \
   F(int64_t, q_stride_h)                                                                                  \
   F(int64_t, k_stride_p)                                                                                  \
@@ -76,22 +81,20 @@
   F(int32_t, v_row_sn)
 
 #define FA2_MERGE_PARAMS_FIELDS(F)                                                                        \
-  F(const float*, o_part)        /* [tmp_rows, Hq, D] */                                                  \
-  F(const float*, lse_part)      /* [tmp_rows, Hq] */                                                     \
+  F(const float*, o_part)        /* [part_rows, Hq, D] */                                                 \
+  F(const float*, lse_part)      /* [part_rows, Hq] */                                                    \
   F(void*, o)                    /* [nnz_q, Hq, D] */                                                     \
   F(float*, lse)                 /* [nnz_q, Hq] or null */                                                \
-  F(const int32_t*, qo_indptr)   /* [B + 1] */                                                            \
-  F(const int32_t*, num_splits)  /* [B]: splits of request i (1: written directly by the main kernel) */  \
-  F(const int32_t*, tmp_off)     /* [B]: first tmp row of request i (split s, token t: tmp_off + s * qo_len + t) */ \
+  F(const int32_t*, merge_table) /* [num_rows, 4]: out row, first partial row, partial row stride, splits */ \
+                                 /* (split s of the row is partial row first + s * stride; schedule.py) */ \
+  F(const int32_t*, merge_count) /* CUDA-graph mode: the rows in the table; CTAs past it exit. null: num_rows */ \
   F(const float*, sinks)         /* [Hq] or null */                                                       \
   F(int64_t, o_stride_n)                                                                                  \
   F(int64_t, o_stride_h)                                                                                  \
   F(int32_t, num_qo_heads)                                                                                \
-  F(int32_t, batch)                                                                                       \
-  F(int32_t, nnz_q)                                                                                       \
+  F(int32_t, num_rows)           /* grid.x: the table's rows, or its capacity in CUDA-graph mode */       \
   F(int32_t, device)                                                                                      \
-  F(float, out_scale)                                                                                     \
-  F(int32_t, pad0)
+  F(float, out_scale)
 
 struct Fa2Params {
   FA2_PARAMS_FIELDS(AC_FIELD_DECL)

@@ -54,6 +54,7 @@ struct Cfg90 {
 template <typename Cfg, typename T, int MASK>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (past_work_count(p)) return;  // CUDA-graph mode: a capacity grid (before any barrier or copy)
   constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)

@@ -1,0 +1,286 @@
+"""cuda_fa2's plan: the kernel config, the split-KV schedule (attncore.core.schedule) and the scratch.
+
+Scratch comes from the caller's workspaces (attncore.core.workspace): the split partials ``part_o`` /
+``part_lse`` from the float workspace (run-scoped), the tables (work items, the merge table, the two
+live counts, ALiBi slopes) from the int workspace (plan-scoped, the wrapper's own).  The tables are
+written into a pinned host staging buffer and uploaded with one non-blocking copy: no device sync
+and, with the caller's workspaces, no device allocation in ``plan()``.
+
+CUDA-graph mode (``problem.cuda_graph``): a captured launch keeps its grid and its params struct by
+value, so both must stay the same across re-plans.  The first graph-mode plan of a caller fixes the
+kernel config and the tables' capacities (upper bounds for any batch with the same batch size and
+query rows: see ``_capacities``); every region then sits at the same address, the grids are the
+capacities and the kernels read the live counts from ``counts`` (CTAs past them exit).  A re-plan
+that needs more is an error naming the capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from attncore.core import schedule as sched
+from attncore.core.backend import BatchMeta
+from attncore.core.mask import alibi_slopes
+from attncore.core.problem import AttentionProblem
+from attncore.core.workspace import ALIGN, WorkspaceLayout
+
+WORK_COLS = 5  # request, first packed row, kv_lo, kv_hi, partial row (-1: writes out / lse)
+MERGE_COLS = 4  # out row, first partial row, partial row stride, splits
+
+
+@dataclass
+class GraphState:
+    """What the first CUDA-graph-mode plan of one caller fixed (the config and the capacities)."""
+
+    config: str
+    key: Any  # specs.Fa2Key
+    cap_items: int  # work items (grid.x of the main kernel)
+    cap_part: int  # partial rows (float workspace)
+    cap_merge: int  # merge-table rows (grid.x of the merge kernel)
+    batch_size: int
+    nnz_q: int
+    sm90_reasons: List[str] = field(default_factory=list)  # the first plan's (why not prefill90)
+    own_int: Optional[torch.Tensor] = None  # the table buffer when the caller gave no int workspace
+    anchor: Optional[torch.Tensor] = None  # the buffer keying this state, kept alive so its address is not reused
+
+
+@dataclass
+class Fa2Plan:
+    problem: AttentionProblem
+    meta: BatchMeta
+    lib: Any
+    device: torch.device
+    paged: bool
+    page_size: int
+    nnz_q: int
+    config: str
+    schedule: sched.Schedule
+    num_items: int  # live work items
+    work_grid: int  # grid.x of the main kernel: num_items, or the capacity in graph mode
+    merge_rows: int  # live merge-table rows
+    merge_grid: int  # grid.x of the merge kernel (0: no merge launch)
+    work: torch.Tensor  # int32 [work capacity, 5] (device)
+    merge_table: Optional[torch.Tensor]  # int32 [merge capacity, 4] (device)
+    counts: torch.Tensor  # int32 [2] (device): live items, live merge rows (read in graph mode)
+    part_o: Optional[torch.Tensor]  # float32 [part rows, Hq, D]
+    part_lse: Optional[torch.Tensor]  # float32 [part rows, Hq]
+    alibi_slopes: Optional[torch.Tensor]
+    mask: Optional[torch.Tensor]
+    mask_indptr: Optional[torch.Tensor]
+    graph: Optional[GraphState] = None
+    sm90_reasons: Any = None  # why the Hopper kernel (prefill90) was not used, [] when it was
+    base: Any = None  # binding.Fa2Params with the plan-constant fields
+    merge_base: Any = None
+    checked_sig: Any = None  # signature of the last run() tensors that passed the checks
+    kv_strides: Any = None
+    upload_event: Any = field(default=None, repr=False)
+
+    @property
+    def needs_merge(self) -> bool:
+        return self.merge_grid > 0
+
+
+# ------------------------------------------------------------------------------ graph-mode state
+# Keyed by the caller's identity in graph mode: its int workspace (a wrapper's own buffer) or, when
+# driven directly without one (tests, the conformance suite), its fixed qo_indptr buffer; plus the
+# problem and device.  A state keeps that buffer alive (``anchor``): a freed buffer's address, reused by
+# another caller's allocation, must not find this state.  Bounded: the oldest states go first.
+_GRAPH_STATES: "OrderedDict[tuple, GraphState]" = OrderedDict()
+_MAX_GRAPH_STATES = 64
+
+
+def _graph_key(problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> tuple:
+    ident = ("int", meta.int_workspace.data_ptr()) if meta.int_workspace is not None \
+        else ("qo", meta.qo_indptr.data_ptr())
+    return ident + (str(dev), problem)
+
+
+def _capacities(lib, nnz_q: int, batch: int, group: int, hkv: int) -> Tuple[int, int, int]:
+    """Upper bounds for any batch of ``batch`` requests and ``nnz_q`` query rows on this kernel.
+
+    Items: unsplit, at most ``nnz_q * G // cta_q + batch`` row tiles; split, at most ``slots // Hkv``
+    (schedule.choose_chunk keeps ``items * Hkv <= slots``).  Partial rows ``sum(ns_i * qo_i)``: each
+    ``ns_i <= slots // Hkv`` and ``qo_i <= tiles_i * cta_q / G`` with ``sum(ns_i * tiles_i) <= slots // Hkv``.
+    Merge rows: the split requests' query rows, each with >= 2 partial rows."""
+    per_head = max(1, lib.num_sms * lib.ctas_per_sm // hkv)
+    items = max(nnz_q * group // lib.cta_q + batch, per_head)
+    part = min(nnz_q * per_head, per_head * lib.cta_q // group)
+    return items, part, min(nnz_q, part // 2)
+
+
+def graph_state(problem, meta, dev, first: GraphState) -> GraphState:
+    """The caller's graph state: ``first`` (built from this plan) on its first graph-mode plan."""
+    k = _graph_key(problem, meta, dev)
+    st = _GRAPH_STATES.get(k)
+    if st is None:
+        st = _GRAPH_STATES[k] = first
+        while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
+            _GRAPH_STATES.popitem(last=False)
+    else:
+        _GRAPH_STATES.move_to_end(k)
+    return st
+
+
+def check_capacity(st: GraphState, what: str, need: int, cap: int) -> None:
+    if need > cap:
+        raise ValueError(
+            f"cuda_fa2: this CUDA-graph plan needs {need} {what}, more than the capacity {cap} fixed at the first "
+            f"graph-mode plan (batch_size {st.batch_size}, {st.nnz_q} query rows); a captured graph cannot grow: "
+            f"plan with at most that many query rows, or make a new wrapper (and capture again)")
+
+
+# ------------------------------------------------------------------------------------ tables
+class _Staging:
+    """A pinned host buffer per device, reused across plans; an event recorded after each upload
+    guards the next write (the host waits only if that copy has not run yet)."""
+
+    def __init__(self) -> None:
+        self.buf: Optional[torch.Tensor] = None
+        self.event = None
+
+    def get(self, nbytes: int, dev: torch.device) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        if self.buf is None or self.buf.numel() < nbytes:
+            n = max(nbytes, 4096, 2 * (self.buf.numel() if self.buf is not None else 0))
+            buf = torch.empty(n, dtype=torch.uint8)
+            self.buf = buf.pin_memory() if dev.type == "cuda" else buf
+        return self.buf
+
+    def uploaded(self, dev: torch.device) -> Any:
+        if dev.type != "cuda":
+            return None
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(dev))
+        return self.event
+
+
+_STAGING: dict = {}
+
+
+def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device) -> Any:
+    """Write the int tables on the host (``fill(host_views)``) and copy the whole span of ``layout`` to
+    ``dev_views`` in one non-blocking copy.  Returns the event of the copy (None off CUDA)."""
+    st = _STAGING.setdefault(str(dev), _Staging())
+    host = layout.carve(st.get(layout.nbytes + ALIGN, dev), "staging")
+    fill(host)
+    first, last = layout.regions[0][0], layout.regions[-1][0]
+
+    def span(views):
+        lo = views[first].data_ptr()
+        hi = views[last].data_ptr() + views[last].numel() * views[last].element_size()
+        return lo, hi
+
+    (hlo, hhi), (dlo, _) = span(host), span(dev_views)
+    hbuf = st.buf
+    hoff = hlo - hbuf.data_ptr()
+    src = hbuf[hoff: hoff + (hhi - hlo)]
+    dbase = dev_views[first].view(-1).view(torch.uint8)
+    dst = torch.as_strided(dbase, (hhi - hlo,), (1,))  # the same span, from the first region on
+    dst.copy_(src, non_blocking=True)
+    return st.uploaded(dev)
+
+
+def carve(layout: WorkspaceLayout, buf: Optional[torch.Tensor], arg: str, dev: torch.device) -> dict:
+    """``layout.carve``; without a buffer (driven directly), one allocation with room to align its start
+    (a CPU allocation, in the CPU tests, need not be 256-byte aligned)."""
+    if buf is None:
+        buf = torch.empty(layout.nbytes + ALIGN, dtype=torch.uint8, device=dev)
+    return layout.carve(buf, arg)
+
+
+def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int) -> sched.Schedule:
+    """The work items of this batch on ``lib``'s tile (attncore.core.schedule, shared with Triton)."""
+    qo_lens = meta.qo_lens_host
+    tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
+                            causal=key.mask == "causal", window_left=meta.params.window_left)
+    chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
+                               slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile, min_chunk=min_split_chunk)
+    return sched.build(tiles, qo_lens, chunk=chunk)
+
+
+def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.device, choose_lib) -> Fa2Plan:
+    """The plan of one batch.  ``choose_lib()`` -> (library, config, sm90 reasons): the kernel chosen
+    for this batch (backend.py); in graph mode only the first plan of a caller calls it."""
+    B, G, Hkv, Hq, D = (meta.batch_size, problem.group_size, problem.num_kv_heads, problem.num_qo_heads,
+                        problem.head_dim_vo)
+    qo = meta.qo_indptr_host
+    nnz_q = qo[B] if B else 0
+    graph = None
+    if problem.cuda_graph:
+        from attncore.backends.cuda_fa2 import binding
+
+        k = _graph_key(problem, meta, dev)
+        graph = _GRAPH_STATES.get(k)
+        if graph is None:
+            lib, config, why = choose_lib()
+            anchor = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
+            graph = graph_state(problem, meta, dev, GraphState(config, lib.key, *_capacities(lib, nnz_q, B, G, Hkv),
+                                                               batch_size=B, nnz_q=nnz_q, sm90_reasons=why,
+                                                               anchor=anchor))
+        else:
+            _GRAPH_STATES.move_to_end(k)
+        lib, config, why = binding.get_library(graph.key, dev), graph.config, graph.sm90_reasons
+    else:
+        lib, config, why = choose_lib()
+    s = build_schedule(lib, problem, meta, lib.key, backend.min_split_chunk)
+    merge = s.merge_table(qo)
+    n_items, n_part, n_merge = s.num_items, s.part_rows, len(merge)
+    if graph is not None:
+        check_capacity(graph, "work items", n_items, graph.cap_items)
+        check_capacity(graph, "split partial rows", n_part, graph.cap_part)
+        check_capacity(graph, "merge rows", n_merge, graph.cap_merge)
+        cap_items, cap_part, cap_merge = graph.cap_items, graph.cap_part, graph.cap_merge
+    else:
+        cap_items, cap_part, cap_merge = max(n_items, 1), n_part, n_merge
+
+    # float workspace: the split partials (run-scoped)
+    parts = {}
+    if cap_part:
+        flay = WorkspaceLayout("cuda_fa2")
+        flay.add("part_o", (cap_part, Hq, D), torch.float32)
+        flay.add("part_lse", (cap_part, Hq), torch.float32)
+        parts = carve(flay, meta.workspace, "float_workspace_buffer", dev)
+    # int workspace: the tables (plan-scoped), one upload
+    ilay = WorkspaceLayout("cuda_fa2")
+    ilay.add("counts", (2,), torch.int32)
+    ilay.add("work", (cap_items, WORK_COLS), torch.int32)
+    if cap_merge:
+        ilay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
+    if lib.key.alibi:
+        ilay.add("alibi", (Hq,), torch.float32)
+    ibuf = meta.int_workspace
+    if ibuf is None and graph is not None:
+        if graph.own_int is None or graph.own_int.numel() < ilay.nbytes + ALIGN:
+            graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
+        ibuf = graph.own_int
+    tabs = carve(ilay, ibuf, "int_workspace_buffer", dev)
+
+    def fill(h):
+        h["counts"].copy_(torch.tensor([n_items, n_merge], dtype=torch.int32))
+        if n_items:
+            h["work"][:n_items].copy_(torch.tensor(s.items, dtype=torch.int32))
+        else:
+            h["work"][:1].copy_(torch.tensor([[0, 0, 0, 0, -1]], dtype=torch.int32))
+        if n_merge:
+            h["merge"][:n_merge].copy_(torch.tensor(merge, dtype=torch.int32))
+        if "alibi" in h:
+            h["alibi"].copy_(alibi_slopes(Hq))
+
+    event = upload(ilay, tabs, fill, dev)
+    custom = lib.key.mask == "custom"
+    paged = meta.kv_indices is not None
+    return Fa2Plan(
+        problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=meta.page_size if paged else 0,
+        nnz_q=nnz_q, config=config, schedule=s, num_items=n_items,
+        work_grid=cap_items if graph is not None else n_items,
+        merge_rows=n_merge, merge_grid=cap_merge if graph is not None else n_merge,
+        work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"],
+        part_o=parts.get("part_o"), part_lse=parts.get("part_lse"), alibi_slopes=tabs.get("alibi"),
+        mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
+        graph=graph, sm90_reasons=why, upload_event=event)
