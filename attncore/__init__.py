@@ -18,6 +18,7 @@ from attncore.cascade.wrappers import (  # noqa: E402
 )
 from attncore.decode import (  # noqa: E402
     BatchDecodeWithPagedKVCacheWrapper,
+    CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
     xqa_batch_decode_with_kv_cache,
 )
@@ -49,6 +50,7 @@ from attncore.core.selector import BackendSelectionError, explain, select  # noq
 
 __all__ = [
     "AttentionProblem", "AttnParams", "Backend", "BackendSelectionError", "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "BatchMeta", "BatchPODWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "Capabilities", "PODWithPagedKVCacheWrapper", "Reason", "RunArgs",
     "append_paged_kv_cache", "available_backends", "explain", "get_backend", "get_batch_indices_positions",

@@ -101,7 +101,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
              sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
              non_blocking: bool = True, block_tables: Optional[Tensor] = None, seq_lens: Optional[Tensor] = None, *,
              o_data_type=None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
-             q_len_per_req: int = 1) -> None:
+             q_len_per_req: int = 1, return_lse: Optional[bool] = None, sinks=False,
+             fp8_scales: bool = False) -> None:
         """Plan a decode batch: ``indptr [B+1]``, ``indices``, ``last_page_len [B]`` (int32).
         ``q_len_per_req`` rows per request (speculative decoding).
 
@@ -138,10 +139,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         meta = BatchMeta.paged(qo_host, indptr, indices, last_page_len, page_size, device=self._device, params=params,
                                decode=True, q_len_per_req=q_len_per_req, names=("indptr", "indices", "last_page_len"),
                                non_blocking=non_blocking, buffers=self._graph_buffers if self._use_cuda_graph else None,
-                               workspace=self._float_workspace_buffer, fixed_split_size=fixed_split_size,
+                               workspace=self._float_workspace_buffer,
+                               int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
                                disable_split_kv=disable_split_kv)
         self._plan_with("batch_decode", meta, q_data_type, kv_data_type, o_data_type, num_qo_heads=num_qo_heads,
-                        num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_len_per_req=q_len_per_req)
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_len_per_req=q_len_per_req,
+                        features=(return_lse, sinks, fp8_scales))
         self._record_plan(
             {"__args__": ((indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size),
                           dict(q_data_type=call_q, kv_data_type=call_kv, data_type=data_type,
@@ -169,12 +172,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
-        self._require_plan()
         if window_left is not None:
+            self._require_plan()
             self._check_window(window_left)
-        self._check_q(q)
-        k, v = self._paged_kv(paged_kv_cache)
-        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+        return self._launch(q, paged_kv_cache, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 
     def forward(self, q: Tensor, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale: Optional[float] = None,
@@ -198,6 +199,23 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
 
     def _check_kv(self, k: Tensor, v: Tensor):
         return self._paged_kv((k, v))
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer 0.2.14's CUDA-graph decode wrapper: a ``BatchDecodeWithPagedKVCacheWrapper`` with
+    ``use_cuda_graph=True`` over the caller's fixed index buffers.  ``plan()`` copies each step's page
+    table into them (the batch size frozen at the first plan) and cannot be captured; ``run()`` never
+    plans, so it can be: a run-time feature the plan lacks is an error saying to plan with it."""
+
+    def __init__(self, workspace_buffer: Tensor, indptr_buffer: Tensor, indices_buffer: Tensor,
+                 last_page_len_buffer: Tensor, kv_layout: str = "NHD", use_tensor_cores: bool = False, *,
+                 backend: str = "auto") -> None:
+        for name, buf in (("indptr_buffer", indptr_buffer), ("indices_buffer", indices_buffer),
+                          ("last_page_len_buffer", last_page_len_buffer)):
+            _api.check_tensor(name, buf, ndim=1, dtype=torch.int32, what="(the caller's fixed CUDA-graph buffer)")
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer, backend=backend)
 
 
 # xqa's batch was a BatchMeta subclass that checked seq_lens where a backend first read them on the host;

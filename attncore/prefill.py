@@ -23,12 +23,47 @@ from attncore.page import unpack_paged_kv_cache
 Tensor = torch.Tensor
 
 
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(*values) -> bool:
+    """Whether every value is a plain scalar (hashable, compared by value): a tensor is not."""
+    for x in values:
+        if x.__class__ not in _PLAIN:
+            return False
+    return True
+
+
 def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                  causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                  rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
                  v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None) -> Tuple[_api.Planned, RunArgs]:
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
-    passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here)."""
+    passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
+
+    A repeated signature reuses its plan (``_api.ONE_CALL_PLANS``): the key holds every tensor's shape,
+    strides, dtype and device and every scalar the checks below read, the backend asked for and
+    ``_api.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
+    call) is planned every time."""
+    key = None
+    if (custom_mask is None and packed_custom_mask is None and _plain(sm_scale, window_left, logits_soft_cap,
+                                                                    rope_scale, rope_theta, q_scale, k_scale, v_scale)
+            and backend.__class__ is str):
+        tk = _api.tkey
+        key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+               rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
+               tk(lse), o_dtype, _api.env_key())
+        hit = _api.ONE_CALL_PLANS.get(key)
+        if hit is not None:
+            planned, scales, out_dtype = hit
+            qo_len, hq, d = q.shape
+            if out is None:
+                out = torch.empty((qo_len, hq, d), dtype=out_dtype, device=q.device)
+            if return_lse and lse is None:
+                lse = torch.empty((qo_len, hq), dtype=torch.float32, device=q.device)
+            return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
+                                    sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
+                                    k_scale=scales[1], v_scale=scales[2])
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
@@ -52,8 +87,12 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     if custom_mask is not None and packed_custom_mask is None:
         _api.check_tensor("custom_mask", custom_mask, shape=[qo_len, kv_len], what="([qo_len, kv_len] bool)")
         custom_mask = custom_mask.reshape(-1)
-    meta = BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device, params=params,
-                            causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    def meta_of():  # the one-call workspace (float, run-scoped); no int workspace: each cached plan owns its tables
+        return BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device,
+                                params=params, causal=causal, custom_mask=custom_mask,
+                                packed_custom_mask=packed_custom_mask, workspace=_api.one_call_workspace(device))
+
+    meta = meta_of()
     sinks = _api.check_sinks(sinks, hq, device)
     scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
@@ -63,7 +102,9 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
                                  num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=meta.mask, params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
-    planned = _api.Planned(problem, meta, backend)
+    planned = _api.plan_one_call(problem, meta, meta_of, backend)
+    if key is not None:
+        _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     out = _api.alloc_out("out", out, (qo_len, hq, d), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
@@ -230,6 +271,11 @@ class _BatchWrapper:
                              "select a backend with backend= instead")
         self._float_workspace_buffer = float_workspace_buffer
         self._device = _api.norm_device(float_workspace_buffer.device)
+        # The wrapper's own int workspace (plan-scoped: the batch's index tables and the backend's work tables,
+        # BatchMeta.int_workspace), allocated once as FlashInfer 0.2.14 does; reset_workspace_buffer replaces it.
+        self._int_workspace_buffer = torch.empty(_api.INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
+        # run()'s fast path: {signature of a run's arguments: the checked scales}, emptied by every plan()
+        self._run_cache: dict = {}
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._requested_backend = backend
@@ -265,7 +311,13 @@ class _BatchWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None
                                ) -> None:
+        """Replace the float workspace and (when given) the int workspace; the next ``plan()`` carves from them
+        (a plan made before keeps the buffers it was made with)."""
         _api.check_tensor("float_workspace_buffer", float_workspace_buffer, device=self._device)
+        if int_workspace_buffer is not None:
+            _api.check_tensor("int_workspace_buffer", int_workspace_buffer, device=self._device, dtype=torch.uint8,
+                              ndim=1, what="(a uint8 buffer, FlashInfer recommends 8 MiB)")
+            self._int_workspace_buffer = int_workspace_buffer
         self._float_workspace_buffer = float_workspace_buffer
 
     def _freeze_batch(self, batch_size: int) -> None:
@@ -278,16 +330,24 @@ class _BatchWrapper:
                              f"batch size of {self._fixed_batch_size}")
 
     def _plan_with(self, op: str, meta: BatchMeta, q_data_type, kv_data_type, o_data_type, *, num_qo_heads: int,
-                   num_kv_heads: int, head_dim: int, page_size: Optional[int] = None, q_len_per_req: int = 1) -> None:
+                   num_kv_heads: int, head_dim: int, page_size: Optional[int] = None, q_len_per_req: int = 1,
+                   features: tuple = (None, False, False)) -> None:
         """Build the problem of this plan (dtype names parsed, kv/out default to q; the mask and the
-        window are the batch's) and plan it."""
+        window are the batch's) and plan it.  ``features``: plan()'s (return_lse, sinks, fp8_scales), the
+        run-time features planned up front (a CUDA-graph run never plans one); return_lse None: with an LSE
+        in CUDA-graph mode when the chosen backend writes one (runs with and without it share the plan)."""
+        return_lse, sinks, fp8_scales = _run_features(features)
+        self._run_cache = {}
         q_dtype = _api.to_dtype(q_data_type, "q_data_type")
         problem = _api.build_problem(
             op, self._device, q_dtype=q_dtype, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
             out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, kv_layout=self._kv_layout,
-            mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph)
-        self._planned = _api.Planned(problem, meta, self._requested_backend)
+            mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph,
+            return_lse=bool(return_lse), sinks=sinks, fp8_scales=fp8_scales)
+        self._planned = _api.Planned(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
+                                     prefer_lse=self._use_cuda_graph and return_lse is None,
+                                     who=type(self).__name__)
         if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
             self._op_handle = _ops.register(self)
         self._compile_spec = (self._op_handle, problem.num_qo_heads, problem.head_dim_vo, problem.out_dtype)
@@ -347,6 +407,45 @@ class _BatchWrapper:
         if lse is not None:
             _api.check_tensor("lse", lse, shape=[rows, hq], dtype=torch.float32, device=self._device)
         _api.check_sinks(sinks, hq, self._device)
+
+    def _launch(self, q, kv, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
+        """run()'s eager path; ``kv``: the paged cache, or (k, v).  A run whose arguments have the signature of
+        an earlier run of this plan (shapes, strides, dtypes, devices, scales: what the checks read) skips
+        the checks (host time); every plan() starts afresh."""
+        planned = self._require_plan()
+        key = None
+        if _plain(q_scale, k_scale, v_scale):
+            tk = _api.tkey
+            kvk = tk(kv) if kv.__class__ is torch.Tensor else tuple(map(tk, kv))
+            key = (tk(q), kvk, tk(out), tk(lse), return_lse, tk(sinks), q_scale, k_scale, v_scale)
+            scales = self._run_cache.get(key)
+            if scales is not None:
+                p = planned.problem
+                if kv.__class__ is torch.Tensor:
+                    k, v = (kv[:, 0], kv[:, 1]) if planned.problem.page_size is not None else kv
+                else:
+                    k, v = kv
+                rows = q.shape[0]
+                if out is None:
+                    out = torch.empty((rows, p.num_qo_heads, p.head_dim_vo), dtype=p.out_dtype, device=self._device)
+                if return_lse:
+                    if lse is None:
+                        lse = torch.empty((rows, p.num_qo_heads), dtype=torch.float32, device=self._device)
+                else:
+                    lse = None
+                planned.run(RunArgs(q=q, k=k, v=v, out=out, lse=lse, sinks=None if sinks is None else sinks.float(),
+                                    q_scale=scales[0], k_scale=scales[1], v_scale=scales[2]))
+                return (out, lse) if return_lse else out
+        self._check_q(q)
+        k, v = self._check_kv(*kv) if isinstance(kv, (tuple, list)) else self._paged_kv(kv)
+        res = self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+                           k_scale=k_scale, v_scale=v_scale)
+        if key is not None:
+            if len(self._run_cache) > 64:
+                self._run_cache.clear()
+            self._run_cache[key] = tuple(_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale),
+                                                                         ("v_scale", v_scale)))
+        return res
 
     def _finish(self, q, k, v, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
         planned = self._planned
@@ -431,6 +530,21 @@ def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim
     return head_dim, bool(fp16)
 
 
+def _run_features(features: tuple) -> tuple:
+    """plan()'s keyword-only (return_lse, sinks, fp8_scales), checked: return_lse None or a bool; sinks a bool
+    or the sinks tensor itself (only whether there are sinks is planned); fp8_scales a bool."""
+    return_lse, sinks, fp8_scales = features
+    if return_lse is not None and not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: got {return_lse!r}, expected None or a bool")
+    if isinstance(sinks, torch.Tensor):
+        sinks = True
+    if not isinstance(sinks, bool):
+        raise TypeError(f"sinks: got {sinks!r}, expected a bool (or the sinks tensor) in plan()")
+    if not isinstance(fp8_scales, bool):
+        raise TypeError(f"fp8_scales: got {fp8_scales!r}, expected a bool")
+    return return_lse, sinks, fp8_scales
+
+
 def _check_split(fixed_split_size) -> None:
     if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or isinstance(fixed_split_size, bool)
                                          or fixed_split_size <= 0):
@@ -477,7 +591,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
              block_tables: Optional[Tensor] = None, max_token_per_sequence: Optional[int] = None,
              max_sequence_kv: Optional[int] = None, *, head_dim: Optional[int] = None,
              allow_fp16_qk_reduction: Optional[bool] = None, o_data_type=None,
-             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+             return_lse: Optional[bool] = None, sinks=False, fp8_scales: bool = False) -> None:
         """Plan a batch over a paged cache.  See FlashInfer's documentation; index tensors are int32
         (host or device), ``1 <= last_page_len <= page_size`` (0 only for an empty request).
 
@@ -511,10 +626,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                device=self._device, params=params, causal=causal, custom_mask=custom_mask,
                                packed_custom_mask=packed_custom_mask, non_blocking=non_blocking,
                                buffers=self._graph_buffers if self._use_cuda_graph else None,
-                               workspace=self._float_workspace_buffer, fixed_split_size=fixed_split_size,
+                               workspace=self._float_workspace_buffer,
+                               int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
                                disable_split_kv=disable_split_kv)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
-                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+                        features=(return_lse, sinks, fp8_scales))
         self._record_plan(
             {"__args__": ((qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                            num_kv_heads, head_dim, page_size),
@@ -547,10 +664,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
-        self._require_plan()
-        self._check_q(q)
-        k, v = self._paged_kv(paged_kv_cache)
-        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+        return self._launch(q, paged_kv_cache, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 
     def forward(self, q: Tensor, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
@@ -603,7 +717,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
              token_pos_in_items_ptr: Optional[Tensor] = None, token_pos_in_items_len: int = 0,
              max_item_len_ptr: Optional[Tensor] = None, *, head_dim: Optional[int] = None,
              allow_fp16_qk_reduction: Optional[bool] = None, o_data_type=None,
-             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+             return_lse: Optional[bool] = None, sinks=False, fp8_scales: bool = False) -> None:
         """Plan a ragged batch: request i has q rows ``qo_indptr[i]:qo_indptr[i+1]`` and keys
         ``kv_indptr[i]:kv_indptr[i+1]`` (int32 indptrs).
 
@@ -624,11 +739,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         meta = BatchMeta.ragged(qo_indptr, kv_indptr, qo_indptr_host=qo_host, device=self._device, params=params,
                                 causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
                                 buffers=self._graph_buffers if self._use_cuda_graph else None,
-                                workspace=self._float_workspace_buffer)
+                                workspace=self._float_workspace_buffer,
+                                int_workspace=self._int_workspace_buffer)
         # the split-KV hints are kept as given (as the paged plans do), for the backends that read them
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
-                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                        features=(return_lse, sinks, fp8_scales))
         self._record_plan(
             {"__args__": ((qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim),
                           dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
@@ -654,10 +771,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.core.ops)
             return _ops.run_traced(self, q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks,
                                    q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
-        self._require_plan()
-        self._check_q(q)
-        k, v = self._check_kv(k, v)
-        return self._finish(q, k, v, out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
+        return self._launch(q, (k, v), out=out, lse=lse, return_lse=return_lse, sinks=sinks, q_scale=q_scale,
                             k_scale=k_scale, v_scale=v_scale)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False, pos_encoding_mode: str = "NONE",

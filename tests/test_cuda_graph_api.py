@@ -94,3 +94,61 @@ def test_one_call_apis_reuse_their_small_index_tensors():
     a = _api.small_index([0, 7], "cpu")
     attncore.single_prefill_with_kv_cache(q, k, k, causal=True)
     assert _api.small_index([0, 7], "cpu") is a and a.tolist() == [0, 7]
+
+
+# ----------------------------------------------------------------------------- issue 15: graph-mode API
+def test_cuda_graph_decode_wrapper_has_flashinfer_signature_and_uses_the_buffers():
+    import inspect
+
+    params = list(inspect.signature(attncore.CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__).parameters)
+    assert params[:7] == ["self", "workspace_buffer", "indptr_buffer", "indices_buffer", "last_page_len_buffer",
+                          "kv_layout", "use_tensor_cores"]
+    bufs = torch.zeros(5, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    w = attncore.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8), *bufs)
+    assert w.is_cuda_graph_enabled and isinstance(w, attncore.BatchDecodeWithPagedKVCacheWrapper)
+    indptr, indices, last = _table(4, 3, 16)
+    w.plan(indptr, indices, last, 4, 2, 16, 16)
+    assert torch.equal(bufs[0], indptr) and torch.equal(bufs[1][:12], indices) and torch.equal(bufs[2], last)
+    with pytest.raises(TypeError, match="indices_buffer: got dtype fp32"):
+        attncore.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(8), bufs[0], bufs[1].float(), bufs[2])
+
+
+def _graph_decode(**plan_kw):
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8), "NHD",
+                                                    use_cuda_graph=True, backend="reference")
+    indptr, indices, last = _table(2, 2, 4)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16, **plan_kw)
+    return w, torch.randn(2, 4, 16).half(), torch.randn(4, 2, 4, 2, 16).half()
+
+
+def test_graph_mode_run_never_plans_a_feature_it_lacks():
+    w, q, cache = _graph_decode(return_lse=False)
+    n_variants = len(w._planned._variants)
+    with pytest.raises(ValueError, match=r"an LSE \(return_lse=True\), which plan\(\) was not given; plan with it: "
+                                         r"plan\(\.\.\., return_lse=True\)"):
+        w.run(q, cache, return_lse=True)
+    with pytest.raises(ValueError, match=r"sinks: BatchDecodeWithPagedKVCacheWrapper runs in CUDA-graph mode "
+                                         r"\(use_cuda_graph=True\), where run\(\) never plans.*plan\(\.\.\., sinks=True\)"):
+        w.run(q, cache, sinks=torch.randn(4))
+    with pytest.raises(ValueError, match=r"fp8 scales .*plan\(\.\.\., fp8_scales=True\)"):
+        w.run(q, cache, k_scale=0.5)
+    with pytest.raises(ValueError, match=r"run\(\): .*an LSE .* and sinks.*plan\(\.\.\., return_lse=True, sinks=True\)"):
+        w.run(q, cache, return_lse=True, sinks=torch.randn(4))
+    with pytest.raises(ValueError, match=r"q: got shape \[3, 4, 16\], expected \[2, 4, 16\]"):
+        w.run(torch.randn(3, 4, 16).half(), cache)
+    assert len(w._planned._variants) == n_variants  # nothing was planned by run()
+
+
+def test_graph_mode_runs_what_was_planned():
+    w, q, cache = _graph_decode(sinks=True, fp8_scales=True)  # return_lse None: planned where the backend writes one
+    sinks = torch.randn(4)
+    eager = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8), backend="reference")
+    eager.plan(*(t.clone() for t in (w._graph_buffers["indptr"], w._graph_buffers["indices"],
+                                     w._graph_buffers["last_page_len"])), 4, 2, 16, 4, q_data_type=torch.float16)
+    out, lse = w.run(q, cache, return_lse=True, sinks=sinks, k_scale=0.5)
+    ref_out, ref_lse = eager.run(q, cache, return_lse=True, sinks=sinks, k_scale=0.5)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert torch.equal(w.run(q, cache, sinks=sinks, k_scale=0.5), ref_out)  # without the LSE: the same plan
+    assert w._planned.problem.return_lse and len(w._planned._variants) == 1
+    with pytest.raises(TypeError, match="sinks: got 'yes', expected a bool"):
+        _graph_decode(sinks="yes")

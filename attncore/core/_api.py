@@ -8,14 +8,16 @@ accepted (semantics.md, "Bad input").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from attncore.core import params as _params
-from attncore.core import registry
+from attncore.core import ranking, registry
 from attncore.core import selector
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
 from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
@@ -205,30 +207,55 @@ class Planned:
     """A problem planned on the backend chosen at plan time.
 
     Run-time features (LSE, sinks, fp8 scales) are only known in ``run()``: when a run needs one
-    the planned backend refuses, ``auto`` re-plans once on the best backend that serves it (cached
-    per feature set); a forced backend raises instead.
+    the plan lacks, ``auto`` re-plans once on the best backend that serves it (cached per feature
+    set; a forced backend that refuses raises).  Such a lazily planned variant gets no int workspace
+    (it would overwrite the primary plan's tables there): it allocates its own, once.  With ``graph``
+    (a wrapper made with ``use_cuda_graph=True``) ``run()`` never plans: a feature that was not planned
+    is an error saying to plan with it.  ``prefer_lse``: plan with ``return_lse`` when the chosen backend
+    serves it, so that runs with and without LSE share one plan (CUDA-graph wrappers, as FlashInfer's
+    kernels take the LSE pointer at run time).
     """
 
-    def __init__(self, problem: AttentionProblem, meta: BatchMeta, backend: str = "auto"):
-        self.problem = problem
+    def __init__(self, problem: AttentionProblem, meta: BatchMeta, backend: str = "auto", *, graph: bool = False,
+                 prefer_lse: bool = False, who: str = ""):
         self.meta = meta
+        self.graph = graph
+        self.who = who
         # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
         self.requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
         self.backend: Backend = selector.select(problem, self.requested)
-        self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {
-            problem: (self.backend, self.backend.plan(problem, meta))}
+        if prefer_lse and not problem.return_lse:
+            with_lse = problem.replace(return_lse=True)
+            if self.backend.supports(with_lse):
+                problem = with_lse
+        self.problem = problem
+        self._flags = (problem.return_lse, problem.sinks, problem.fp8_scales)
+        self._primary = (self.backend, self.backend.plan(problem, meta))
+        self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {problem: self._primary}
 
     @property
     def backend_name(self) -> str:
         return self.backend.name
 
     def variant(self, *, return_lse: bool, sinks: bool, fp8_scales: bool) -> Tuple[Backend, object]:
-        p = self.problem
-        if (return_lse, sinks, fp8_scales) != (p.return_lse, p.sinks, p.fp8_scales):
-            p = p.replace(return_lse=return_lse or p.return_lse, sinks=sinks or p.sinks,
-                          fp8_scales=fp8_scales or p.fp8_scales)
+        pl, ps, pf = self._flags
+        if (return_lse and not pl) or (sinks and not ps) or (fp8_scales and not pf):
+            p = self.problem.replace(return_lse=return_lse or pl, sinks=sinks or ps, fp8_scales=fp8_scales or pf)
+        else:  # host time: the plan's own features serve this run, no problem hashed
+            return self._primary
         v = self._variants.get(p)
         if v is None:
+            if self.graph:
+                missing = [(n, kw) for n, kw, need, have in (
+                    ("an LSE (return_lse=True)", "return_lse=True", return_lse, pl),
+                    ("sinks", "sinks=True", sinks, ps),
+                    ("fp8 scales (q_scale/k_scale/v_scale other than 1)", "fp8_scales=True", fp8_scales, pf))
+                    if need and not have]
+                raise ValueError(
+                    f"{missing[0][0].split(' (')[0] if len(missing) == 1 else 'run()'}: {self.who or 'this wrapper'} "
+                    f"runs in CUDA-graph mode (use_cuda_graph=True), where run() never plans, and this run needs "
+                    f"{' and '.join(m[0] for m in missing)}, which plan() was not given; plan with it: "
+                    f"plan(..., {', '.join(m[1] for m in missing)})")
             if self.backend.supports(p):
                 b = self.backend
             elif self.requested != "auto":
@@ -240,7 +267,8 @@ class Planned:
                 b = selector.select(p, "auto")
                 log.info("attncore: run-time features of %s need backend %s instead of %s",
                          p.describe(), b.name, self.backend.name)
-            v = (b, b.plan(p, self.meta))
+            meta = self.meta if self.meta.int_workspace is None else dataclasses.replace(self.meta, int_workspace=None)
+            v = (b, b.plan(p, meta))
             self._variants[p] = v
         return v
 
@@ -248,6 +276,110 @@ class Planned:
         fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
         b.run(plan, args)
+
+
+# ----------------------------------------------------------------------------- host-time caches
+# Host time (issue 15 item 1): a repeated call of a seen signature reuses its plan.  Keys hold everything the
+# checks look at: each tensor's shape, strides, dtype and device (``tkey``), the scalars, the backend asked for,
+# and ``env_key()``: what selection depends on beyond the problem (the environment, registry and ranking
+# generations), so a registered backend, a changed ATTNCORE_BACKEND or a new tune table misses.
+
+
+def tkey(t: Optional[torch.Tensor]):
+    """What the checks read of a tensor: (shape, strides, dtype, device); None for None."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+# os.environ.get costs ~1 us (it encodes the key); its live backing dict, where CPython has one, ~50 ns
+_ENV_KEYS = ("ATTNCORE_BACKEND", "ATTNCORE_DISABLE_BACKENDS", "ATTNCORE_TUNE", "ATTNCORE_CACHE_DIR")
+_ENV_DATA = getattr(os.environ, "_data", None)
+if isinstance(_ENV_DATA, dict) and all(isinstance(k, bytes) for k in list(_ENV_DATA)[:1]):
+    _ENV_KEYS_RAW = tuple(os.fsencode(k) for k in _ENV_KEYS)
+else:  # another platform's os.environ: the plain lookup
+    _ENV_DATA, _ENV_KEYS_RAW = os.environ, _ENV_KEYS
+
+
+def env_key() -> tuple:
+    """What selection reads beyond the problem: the environment and the registry and ranking generations."""
+    g = _ENV_DATA.get
+    return (g(_ENV_KEYS_RAW[0]), g(_ENV_KEYS_RAW[1]), g(_ENV_KEYS_RAW[2]), g(_ENV_KEYS_RAW[3]),
+            registry.generation(), ranking.generation())
+
+
+class PlanCache:
+    """A bounded LRU of plans by signature (the one-call functions)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._d: "OrderedDict[tuple, object]" = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        v = self._d.get(key)
+        if v is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return v
+
+    def put(self, key, value) -> None:
+        self._d[key] = value
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+#: the one-call functions' plans (single prefill / decode, xqa), keyed as above
+ONE_CALL_PLANS = PlanCache()
+
+# ----------------------------------------------------------------------------- workspaces
+INT_WORKSPACE_BYTES = 8 << 20  # a wrapper's own int workspace, as FlashInfer 0.2.14 allocates it
+ONE_CALL_WORKSPACE_BYTES = 32 << 20  # the one-call functions' float workspace per device (FlashInfer: 32 MiB)
+_ONE_CALL_WS: Dict[torch.device, torch.Tensor] = {}
+
+
+def one_call_workspace(device: torch.device) -> torch.Tensor:
+    """The float workspace of the one-call functions on ``device`` (FlashInfer's cached buffer): run-scoped
+    scratch, shared by every one-call plan there (their runs are sequential on a stream).  Allocated once,
+    grown by ``grow_one_call_workspace`` when a plan needs more."""
+    ws = _ONE_CALL_WS.get(device)
+    if ws is None:
+        ws = _ONE_CALL_WS[device] = torch.empty(ONE_CALL_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return ws
+
+
+def grow_one_call_workspace(device: torch.device, limit: int = 8 << 30) -> bool:
+    """Double the one-call workspace of ``device`` (False at ``limit``); cached plans carved from the old one
+    are dropped."""
+    old = one_call_workspace(device)
+    if old.numel() * 2 > limit:
+        return False
+    _ONE_CALL_WS[device] = torch.empty(old.numel() * 2, dtype=torch.uint8, device=device)
+    ONE_CALL_PLANS.clear()
+    return True
+
+
+def plan_one_call(problem: AttentionProblem, meta: BatchMeta, meta_of, backend: str) -> "Planned":
+    """Plan a one-call function's batch ``meta`` (built with the device's one-call workspace), growing that
+    workspace when a backend finds it too small (the caller cannot pass one: this is attncore's buffer, as
+    FlashInfer's is); ``meta_of()`` builds the batch again with the grown one."""
+    from attncore.core.workspace import WorkspaceTooSmall
+
+    while True:
+        try:
+            return Planned(problem, meta, backend)
+        except WorkspaceTooSmall as e:  # backends name the buffer by FlashInfer's argument name
+            if (meta.workspace is None or not str(e).startswith("float_workspace_buffer")
+                    or not grow_one_call_workspace(meta.device)):
+                raise
+            meta = meta_of()
 
 
 def alloc_out(name: str, out, shape, dtype, device) -> torch.Tensor:
@@ -342,6 +474,40 @@ def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torc
     """An index tensor as a ``BatchMeta`` keeps it: int32, contiguous, on ``device`` (no copy when it
     already is)."""
     return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
+
+
+def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False
+                 ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+    """A batch's int32 index tensors carved from the END of the wrapper's int workspace (the backend carves its
+    tables from the front of what is left, so their offsets do not move with the batch): ``parts`` are host lists
+    or int32 tensors (host or ``device``).  Host data goes in one copy from pinned memory (a CUDA device: no
+    stream sync); device tensors are copied on the device.  Returns (one view per part, the rest of the buffer)."""
+    from attncore.core.workspace import WorkspaceTooSmall
+
+    sizes = [len(x) if x.__class__ is list else x.numel() for x in parts]
+    total = sum(sizes)
+    off = int_workspace.numel() - 4 * total
+    off -= (int_workspace.data_ptr() + off) % 4
+    if off < 0:
+        raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the buffer "
+                                f"has {int_workspace.numel()}; pass a larger int_workspace_buffer")
+    region = int_workspace[off:off + 4 * total].view(torch.int32)
+    views = region.split(sizes)  # host time: one call for every view
+    on_device = [i for i, x in enumerate(parts) if not isinstance(x, list) and x.device.type != "cpu"]
+    if len(on_device) < len(parts):  # host data: written through numpy (no tensor made per part)
+        staging = torch.empty(total, dtype=torch.int32, pin_memory=True) if device.type == "cuda" else region
+        arr, a = staging.numpy(), 0
+        for x, n in zip(parts, sizes):
+            if isinstance(x, list):
+                arr[a:a + n] = x
+            elif x.device.type == "cpu":
+                arr[a:a + n] = x.numpy()
+            a += n
+        if staging is not region:
+            region.copy_(staging, non_blocking=True)  # the caching host allocator keeps staging until it ran
+    for i in on_device:
+        views[i].copy_(parts[i], non_blocking=True)
+    return views, int_workspace[:off]
 
 
 def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:

@@ -127,7 +127,7 @@ class BatchMeta:
     # allocated around (issue 15).  ``workspace`` (the float workspace) is run-scoped scratch: split-KV
     # partials, gathered K/V; several wrappers may share it, as their runs are sequential on one stream.
     # ``int_workspace`` is plan-scoped and the wrapper's own: work tables, counters, schedules that
-    # run() reads.  None: the backend was driven directly (tests, benchmarks) and allocates.  In CUDA-graph
+    # run() reads (the constructors put the batch's index tensors at its end and pass on the rest).  None: the backend was driven directly (tests, benchmarks) and allocates.  In CUDA-graph
     # mode their addresses are what a captured graph keeps using across plans.
     workspace: Optional[torch.Tensor] = None
     int_workspace: Optional[torch.Tensor] = None
@@ -188,11 +188,16 @@ class BatchMeta:
                              f"(batch_size + 1)")
         b = len(qo_indptr_host) - 1
         kv_lens = [kv_indptr_host[i + 1] - kv_indptr_host[i] for i in range(b)]
-        qo_t = (_api.small_index(qo_indptr_host, device) if qo_indptr is None
-                else _api.to_device_int32(qo_indptr, device))
-        kv_t = (_api.small_index(kv_indptr_host, device) if kv_indptr is None
-                else _api.to_device_int32(kv_indptr, device))
-        kv_lens_t = _api.small_index(kv_lens, device)
+        if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
+            (qo_t, kv_t, kv_lens_t), int_workspace = _api.index_tables(
+                int_workspace, device, [qo_indptr_host if qo_indptr is None else qo_indptr,
+                                        kv_indptr_host if kv_indptr is None else kv_indptr, kv_lens])
+        else:
+            qo_t = (_api.small_index(qo_indptr_host, device) if qo_indptr is None
+                    else _api.to_device_int32(qo_indptr, device))
+            kv_t = (_api.small_index(kv_indptr_host, device) if kv_indptr is None
+                    else _api.to_device_int32(kv_indptr, device))
+            kv_lens_t = _api.small_index(kv_lens, device)
         if buffers is not None:
             qo_t = _api._into(buffers, "qo_indptr", qo_t, "qo_indptr_buf")
             kv_t = _api._into(buffers, "kv_indptr", kv_t, "kv_indptr_buf")
@@ -241,11 +246,15 @@ class BatchMeta:
         max_page = int(used.max()) if used.numel() else -1
         if used.numel() and int(used.min()) < 0:
             raise ValueError(f"{n_indices}: got a negative page id {int(used.min())}, expected ids >= 0")
-        dev_indptr = _api.to_device_int32(kv_indptr, device, non_blocking)
-        dev_indices = _api.to_device_int32(kv_indices, device, non_blocking)
-        dev_last = _api.to_device_int32(kv_last_page_len, device, non_blocking)
-        dev_kv_lens = _api.host_int32(kv_lens, device, non_blocking)
-        qo_dev = _api.host_int32(qo_indptr_host, device, non_blocking)
+        if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
+            (qo_dev, dev_indptr, dev_indices, dev_last, dev_kv_lens), int_workspace = _api.index_tables(
+                int_workspace, device, [qo_indptr_host, kv_host, used, kv_last_page_len, kv_lens], non_blocking)
+        else:
+            dev_indptr = _api.to_device_int32(kv_indptr, device, non_blocking)
+            dev_indices = _api.to_device_int32(kv_indices, device, non_blocking)
+            dev_last = _api.to_device_int32(kv_last_page_len, device, non_blocking)
+            dev_kv_lens = _api.host_int32(kv_lens, device, non_blocking)
+            qo_dev = _api.host_int32(qo_indptr_host, device, non_blocking)
         if buffers is not None:
             dev_indptr = _api._into(buffers, "indptr", dev_indptr, n_indptr)
             dev_indices = _api._into(buffers, "indices", dev_indices, n_indices)

@@ -34,7 +34,7 @@ def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     n = 1
     for s in shape:
         n *= int(s)
-    return n * torch.empty((), dtype=dtype).element_size()
+    return n * dtype.itemsize  # no scratch tensor to ask (host time; it would be an allocation)
 
 
 class WorkspaceLayout:
@@ -63,7 +63,7 @@ class WorkspaceLayout:
         if buffer is None:
             if device is None:
                 raise ValueError(f"{self.who}: carve(None) needs a device")
-            buffer = torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=device)
+            buffer = torch.empty(self.nbytes + ALIGN, dtype=torch.uint8, device=device)  # room to align the start
         if buffer.dtype != torch.uint8 or not buffer.is_contiguous():
             buffer = buffer.view(-1).view(torch.uint8) if buffer.is_contiguous() else buffer
         if buffer.dtype != torch.uint8 or not buffer.is_contiguous():
