@@ -143,8 +143,8 @@ def test_heads_first_rule():
 @pytest.mark.parametrize("heads_first", [True, False])
 def test_launch_orders(monkeypatch, heads_first):
     # both program orders of both kernels (the plan picks one by _heads_first)
-    from attncore.backends.triton import backend as tb
-    monkeypatch.setattr(tb, "_heads_first", lambda *a: heads_first)
+    from attncore.backends.triton import plan as tp
+    monkeypatch.setattr(tp, "_heads_first", lambda *a: heads_first)
     plan = run_case("batch_prefill_paged", qo_lens=[7, 40, 3], kv_lens=[19, 50, 3], page_size=4,
                     causal=True, hq=6, hkv=3, seed=5)
     assert plan.heads_first == heads_first
@@ -170,23 +170,19 @@ def test_paged_gather_dense(page_size, layout, causal):
 def test_gather_decision():
     # auto gathers only where the FLOPs per gathered byte pay for the copy, within the cap
     from types import SimpleNamespace
-    from attncore.backends.triton.backend import TritonPlan
+    from attncore.backends.triton.plan import _gather_bytes
     p = AttentionProblem(op="batch_prefill_paged", page_size=16, mask="causal", num_qo_heads=32, num_kv_heads=8)
 
     def decide(qo, kv, **kw):
         npg = (kv + 15) // 16
-        meta = SimpleNamespace(kv_indptr_host=[0, npg])
-        plan = TritonPlan(problem=p, meta=meta, device=torch.device("cpu"), nnz_q=qo, mask_mode=1, cfg=None,
-                          work=None, num_items=0, qo_indptr=None, kv_indptr=torch.tensor([0, npg]),
-                          kv_indices=torch.arange(npg, dtype=torch.int32), kv_lens=None, slopes=None)
-        return TritonBackend(**kw)._plan_gather(plan, [qo], [kv], True), plan
+        plan = SimpleNamespace(problem=p, meta=SimpleNamespace(kv_indptr_host=[0, npg]))
+        return _gather_bytes(TritonBackend(**kw), plan, [qo], [kv], True)
 
-    ok, plan = decide(2048, 2048)  # P3-like: ~4000 FLOPs per byte
-    assert ok and plan.gather["k"].shape == (128, 16, 8, 128) and plan.stats["gather_mb"] == 8.0
-    assert not decide(64, 8192)[0]  # append-like: too few FLOPs per byte
-    assert not decide(2048, 2048, gather_cap_mb=4)[0]  # over the cap
-    assert not decide(2048, 2048, gather=False)[0]
-    assert decide(64, 8192, gather=True)[0]
+    assert decide(2048, 2048) == 8 << 20  # P3-like: ~4000 FLOPs per byte; K and V 128 pages x 16 x 8 x 128
+    assert not decide(64, 8192)  # append-like: too few FLOPs per byte
+    assert not decide(2048, 2048, gather_cap_mb=4)  # over the cap
+    assert not decide(2048, 2048, gather=False)
+    assert decide(64, 8192, gather=True)
 
 
 def test_gather_cap_from_environment(monkeypatch):

@@ -7,9 +7,12 @@ Notation
   page     tokens per page (PAGE; 0 = ragged KV addressed by token offsets)
   packed   row p of request i is (token p // G, head hkv*G + p % G): the G query heads that share
            a kv head are packed into the rows of one tile, so each K/V tile is loaded once per group
-  item     one program's work, planned on the host: (req, first packed row, kv_lo, kv_hi, slot);
-           slot >= 0 marks one KV partition of a split request (flash-decoding): its normalized
-           partial output and LSE go to TmpO/TmpLse and ``merge.py`` combines them
+  item     one program's work, planned on the host (attncore.core.schedule): (req, first packed row,
+           kv_lo, kv_hi, part_row); part_row >= 0 marks one KV partition of a split request
+           (flash-decoding): its normalized partial output and LSE go to rows part_row + t of
+           TmpO [part_rows, Hq, D] / TmpLse [part_rows, Hq], and ``merge.py`` combines them
+  grid     one program per (item, kv head), or (CUDA-graph mode, PERSISTENT) a fixed number of
+           programs looping over the live items, whose count is read from Counts on the device
   off      kv_i - qo_i: query row t sits at absolute position off + t (bottom-right alignment)
 
 Scores are kept in base 2 (log2(e) folded into the scale), so the LSE comes out base 2.
@@ -218,15 +221,15 @@ def _kv_loop(
 # whenever a serving batch crosses one, for no faster code (they only index the work list).
 @triton.jit(do_not_specialize=["window_left", "spec_q_len", "spec_row_bytes", "NUM_KV", "NUM_ITEMS"])
 def _attn_fwd(
-    Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+    Q, K, V, Out, Lse, TmpO, TmpLse, Work, Counts,
     QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh,
     stride_lt, stride_lh,
-    stride_ts, stride_tt, stride_th,
-    stride_us, stride_ut, stride_uh,
+    stride_tt, stride_th,
+    stride_ut, stride_uh,
     qk_scale, cap_inv, cap_l2, out_scale, window_left,
     rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes, NUM_KV, NUM_ITEMS,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -235,21 +238,74 @@ def _attn_fwd(
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
     ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
-    KV_ADDR: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    KV_ADDR: tl.constexpr, HEADS_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if HEADS_FIRST:  # launch heaviest first across all heads (see backend._heads_first)
-        item = pid // NUM_KV
-        hkv = pid - item * NUM_KV
-    else:  # a head's items together: those of one request share K/V tiles in L2
-        hkv = pid // NUM_ITEMS
-        item = pid - hkv * NUM_ITEMS
+    if PERSISTENT:  # CUDA-graph mode: a fixed grid loops over the live items (count and order on the device)
+        n_items = tl.load(Counts)
+        heads_first = tl.load(Counts + 2)
+        for w in range(pid, n_items * NUM_KV, tl.num_programs(0)):
+            if heads_first != 0:
+                item = w // NUM_KV
+                hkv = w - item * NUM_KV
+            else:
+                hkv = w // n_items
+                item = w - hkv * n_items
+            _attn_item(
+                item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+                QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
+                stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
+                qk_scale, cap_inv, cap_l2, out_scale, window_left,
+                rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
+                G, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE, HAS_WINDOW,
+                SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+    else:  # one program per (item, kv head)
+        if HEADS_FIRST:  # launch heaviest first across all heads (see plan._heads_first)
+            item = pid // NUM_KV
+            hkv = pid - item * NUM_KV
+        else:  # a head's items together: those of one request share K/V tiles in L2
+            hkv = pid // NUM_ITEMS
+            item = pid - hkv * NUM_ITEMS
+        _attn_item(
+            item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+            QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
+            stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
+            qk_scale, cap_inv, cap_l2, out_scale, window_left,
+            rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
+            G, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE, HAS_WINDOW,
+            SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+
+
+@triton.jit
+def _attn_item(
+    item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+    QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    stride_tt, stride_th,
+    stride_ut, stride_uh,
+    qk_scale, cap_inv, cap_l2, out_scale, window_left,
+    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
+    ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
+    KV_ADDR: tl.constexpr,
+):
+    """One work item (req, first packed row, kv_lo, kv_hi, partial row) for one kv head."""
     wp = Work + item * 5
     req = tl.load(wp)
     row0 = tl.load(wp + 1)
     kv_lo = tl.load(wp + 2)
     kv_hi = tl.load(wp + 3)
-    slot = tl.load(wp + 4)
+    part_row = tl.load(wp + 4)
     qo_start = tl.load(QoIndptr + req)
     qo_len = tl.load(QoIndptr + req + 1) - qo_start
     kv_len = tl.load(KvLens + req)
@@ -382,14 +438,15 @@ def _attn_fwd(
     else:
         om = qm
     if SPLIT:
-        is_part = slot >= 0
+        is_part = part_row >= 0
     else:
         is_part = False
     if is_part:
         o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
-        t_row = slot.to(tl.int64) * stride_ts + (qo_start + q_tok).to(tl.int64) * stride_tt + head * stride_th
+        # partial row part_row + t of the split's rows (attncore.core.schedule)
+        t_row = (part_row + q_tok).to(tl.int64) * stride_tt + head * stride_th
         tl.store(TmpO + t_row[:, None] + offs_d[None, :], o, mask=om)
-        u_row = slot.to(tl.int64) * stride_us + (qo_start + q_tok).to(tl.int64) * stride_ut + head * stride_uh
+        u_row = (part_row + q_tok).to(tl.int64) * stride_ut + head * stride_uh
         tl.store(TmpLse + u_row, lse, mask=row_ok)
     else:
         if HAS_SINKS:
@@ -420,19 +477,21 @@ def _kv_addr(k, v, page_size, ks, vs) -> int:
 
 
 def attention_fwd(
-    q, k, v, out, lse, tmp_o, tmp_lse, work, num_items, qo_indptr, kv_indptr, kv_indices,
+    q, k, v, out, lse, tmp_o, tmp_lse, work, counts, num_items, qo_indptr, kv_indptr, kv_indices,
     kv_lens, mask_bytes, mask_indptr, sinks, slopes, *, num_kv_heads, group_size, head_dim,
     page_size, kv_strides, v_strides, mask_mode, window_left, soft_cap, alibi, rope,
     rope_theta, rope_scale, qk_scale, cap_inv, cap_l2, out_scale, spec_q_len, spec_row_bytes,
     split, block_m, block_n, num_warps, num_stages, prefetch=False,
-    dot_f16=False, heads_first=False,
+    dot_f16=False, heads_first=False, persistent_grid=0,
 ):
-    """Launch ``_attn_fwd`` over ``num_items`` work items x ``num_kv_heads``.
+    """Launch ``_attn_fwd`` over ``num_items`` work items x ``num_kv_heads``, or, with
+    ``persistent_grid`` > 0 (CUDA-graph mode), over that many programs that loop over the live
+    items (``counts`` int32 [>= 3] on the device: live items, merge rows, heads-first flag).
 
     q [nnz_q, Hq, D]; k, v: ragged [nnz_kv, ...] or paged caches, addressed through
     ``kv_strides`` / ``v_strides`` = (page, slot-or-token, head) element strides; out [nnz_q, Hq, D];
-    lse [nnz_q, Hq] fp32 or None; tmp_o [S, nnz_q, Hq, D] / tmp_lse [S, nnz_q, Hq] fp32 when split.
-    work int32 [num_items, 5].  Every index tensor is int32 on q's device.
+    lse [nnz_q, Hq] fp32 or None; tmp_o [part_rows, Hq, D] / tmp_lse [part_rows, Hq] fp32 when split.
+    work int32 [>= num_items, 5].  Every index tensor is int32 on q's device.
     """
     D = head_dim
     assert q.dim() == 3 and q.stride(2) == 1 and out.stride(2) == 1, "q/out: last dim contiguous"
@@ -442,6 +501,7 @@ def attention_fwd(
     assert mask_mode in (MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC)
     assert block_m >= 16 and block_n >= 16 and block_m & (block_m - 1) == 0 and block_n & (block_n - 1) == 0
     assert work.dtype.itemsize == 4 and work.is_contiguous() and work.numel() >= num_items * WORK_FIELDS
+    assert counts.dtype.itemsize == 4 and counts.numel() >= 3
     for t in (qo_indptr, kv_indptr, kv_lens):
         assert t.dtype.itemsize == 4 and t.device == q.device
     if page_size:
@@ -449,19 +509,19 @@ def attention_fwd(
     if mask_mode in (MASK_CUSTOM, MASK_SPEC):
         assert mask_bytes is not None and mask_bytes.dtype.itemsize == 1
     if split:
-        assert tmp_o is not None and tmp_lse is not None and tmp_o.stride(3) == 1
-    if num_items == 0:
+        assert tmp_o is not None and tmp_lse is not None and tmp_o.dim() == 3 and tmp_o.stride(2) == 1
+    if num_items == 0 and not persistent_grid:
         return lambda *a: None
     half = D // 2
     dummy = kv_lens
     lse_t = lse if lse is not None else dummy
     t_o = tmp_o if tmp_o is not None else dummy
     t_l = tmp_lse if tmp_lse is not None else dummy
-    ts = tuple(tmp_o.stride()[:3]) if tmp_o is not None else (0, 0, 0)
-    us = tuple(tmp_lse.stride()) if tmp_lse is not None else (0, 0, 0)
+    ts = tuple(tmp_o.stride()[:2]) if tmp_o is not None else (0, 0)
+    us = tuple(tmp_lse.stride()) if tmp_lse is not None else (0, 0)
     ls = tuple(lse.stride()) if lse is not None else (0, 0)
     dot_prec = "ieee" if q.dtype.itemsize == 4 else "tf32"
-    grid = (num_items * num_kv_heads,)
+    grid = (persistent_grid if persistent_grid else num_items * num_kv_heads,)
     kvi = kv_indices if kv_indices is not None else dummy
     mi = mask_indptr if mask_indptr is not None else dummy
     sl = slopes if slopes is not None else dummy
@@ -471,10 +531,11 @@ def attention_fwd(
         v_strides[0], v_strides[1], v_strides[2],
         out.stride(0), out.stride(1),
         ls[0], ls[1],
-        ts[0], ts[1], ts[2],
-        us[0], us[1], us[2],
+        ts[0], ts[1],
+        us[0], us[1],
         float(qk_scale), float(cap_inv), float(cap_l2), float(out_scale), int(window_left),
-        math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes), num_kv_heads, num_items,
+        math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes), num_kv_heads,
+        max(int(num_items), 1),
     )
     cx = dict(
         G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HALF=half,
@@ -485,13 +546,14 @@ def attention_fwd(
         PREFETCH=bool(prefetch) and bool(page_size),
         KV_ADDR=_kv_addr(k, v, page_size, kv_strides, v_strides),
         DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
-        HEADS_FIRST=bool(heads_first), num_warps=num_warps, num_stages=num_stages,
+        HEADS_FIRST=bool(heads_first), PERSISTENT=bool(persistent_grid),
+        num_warps=num_warps, num_stages=num_stages,
     )
     launcher = fast_launcher(_attn_fwd, grid, cx)
 
     def launch(q, k, v, out, lse, mask_bytes, sinks):
         """Relaunch with new tensors of the same strides / None-ness (checked once above)."""
-        launcher(q, k, v, out, lse if lse is not None else dummy, t_o, t_l, work, qo_indptr,
+        launcher(q, k, v, out, lse if lse is not None else dummy, t_o, t_l, work, counts, qo_indptr,
                  kv_indptr, kvi, kv_lens, mask_bytes if mask_bytes is not None else dummy, mi,
                  sinks if sinks is not None else dummy, sl, *tail)
 
