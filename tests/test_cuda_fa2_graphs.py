@@ -161,6 +161,25 @@ def test_replan_keeps_params_bytes_and_grid_cpu(op, feature):
         assert buf.data_ptr() <= t.data_ptr() < buf.data_ptr() + buf.numel()
 
 
+def test_graph_mode_without_workspaces_keeps_its_own_buffers_cpu():
+    """Driven directly (no workspaces, as the conformance suite's graph runner does): the first
+    graph-mode plan allocates the tables and partials once; re-plans reuse them (same launch bytes)."""
+    p = _problem("batch_decode", return_lse=True)
+    qo, kv_a, kv_b = _shapes("batch_decode")
+    bases: dict = {}
+    launched = []
+    args = _args(p, sum(qo), 200, 0)  # a graph's captured tensors
+    with cpu_patches():
+        for kv, seed in ((kv_a, 0), (kv_b, 1), (kv_a, 2)):
+            plan = _plan(CudaFa2Backend(), p, _into_fixed(_meta(p, qo, kv, 200, seed=seed), bases))
+            FakeLib.launched = []
+            binding.launch(plan, args)
+            launched.append([bytes(x) for x in FakeLib.launched])
+            _tables(plan)
+    assert launched[0] == launched[1] == launched[2] and len(launched[0]) == 2
+    assert plan.graph.own_int is not None and plan.graph.own_float is not None
+
+
 def test_graph_mode_keeps_the_first_config_cpu():
     """A decode-shaped first batch (<= 16 packed rows) fixes the decode tile; a later batch with long
     query rows runs on it too (the captured kernel cannot change)."""

@@ -45,6 +45,7 @@ class GraphState:
     nnz_q: int
     sm90_reasons: List[str] = field(default_factory=list)  # the first plan's (why not prefill90)
     own_int: Optional[torch.Tensor] = None  # the table buffer when the caller gave no int workspace
+    own_float: Optional[torch.Tensor] = None  # the partials' buffer when the caller gave no float workspace
     anchor: Optional[torch.Tensor] = None  # the buffer keying this state, kept alive so its address is not reused
 
 
@@ -135,29 +136,37 @@ def check_capacity(st: GraphState, what: str, need: int, cap: int) -> None:
 
 # ------------------------------------------------------------------------------------ tables
 class _Staging:
-    """A pinned host buffer per device, reused across plans; an event recorded after each upload
-    guards the next write (the host waits only if that copy has not run yet)."""
+    """Pinned host buffers per device, reused across plans: a small ring, each slot guarded by the event
+    of its last upload.  A plan takes a slot whose copy has run (event.query(), no wait); only when every
+    slot's copy is still queued does the host wait, for the next slot in ring order."""
+
+    SLOTS = 4
 
     def __init__(self) -> None:
-        self.buf: Optional[torch.Tensor] = None
-        self.event = None
+        self.bufs: List[Optional[torch.Tensor]] = [None] * self.SLOTS
+        self.events: list = [None] * self.SLOTS
+        self.next = 0
 
-    def get(self, nbytes: int, dev: torch.device) -> torch.Tensor:
-        if self.event is not None:
-            self.event.synchronize()
-            self.event = None
-        if self.buf is None or self.buf.numel() < nbytes:
-            n = max(nbytes, 4096, 2 * (self.buf.numel() if self.buf is not None else 0))
+    def get(self, nbytes: int, dev: torch.device) -> Tuple[int, torch.Tensor]:
+        i = next((j for j in range(self.SLOTS) if self.events[j] is None or self.events[j].query()), None)
+        if i is None:
+            i = self.next
+            self.events[i].synchronize()
+        self.next = (i + 1) % self.SLOTS
+        self.events[i] = None
+        buf = self.bufs[i]
+        if buf is None or buf.numel() < nbytes:
+            n = max(nbytes, 4096, 2 * (buf.numel() if buf is not None else 0))
             buf = torch.empty(n, dtype=torch.uint8)
-            self.buf = buf.pin_memory() if dev.type == "cuda" else buf
-        return self.buf
+            self.bufs[i] = buf = buf.pin_memory() if dev.type == "cuda" else buf
+        return i, buf
 
-    def uploaded(self, dev: torch.device) -> Any:
+    def uploaded(self, i: int, dev: torch.device) -> Any:
         if dev.type != "cuda":
             return None
-        self.event = torch.cuda.Event()
-        self.event.record(torch.cuda.current_stream(dev))
-        return self.event
+        ev = self.events[i] = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(dev))
+        return ev
 
 
 _STAGING: dict = {}
@@ -167,7 +176,8 @@ def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device) ->
     """Write the int tables on the host (``fill(host_views)``) and copy the whole span of ``layout`` to
     ``dev_views`` in one non-blocking copy.  Returns the event of the copy (None off CUDA)."""
     st = _STAGING.setdefault(str(dev), _Staging())
-    host = layout.carve(st.get(layout.nbytes + ALIGN, dev), "staging")
+    slot, hbuf = st.get(layout.nbytes + ALIGN, dev)
+    host = layout.carve(hbuf, "staging")
     fill(host)
     first, last = layout.regions[0][0], layout.regions[-1][0]
 
@@ -177,13 +187,12 @@ def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device) ->
         return lo, hi
 
     (hlo, hhi), (dlo, _) = span(host), span(dev_views)
-    hbuf = st.buf
     hoff = hlo - hbuf.data_ptr()
     src = hbuf[hoff: hoff + (hhi - hlo)]
     dbase = dev_views[first].view(-1).view(torch.uint8)
     dst = torch.as_strided(dbase, (hhi - hlo,), (1,))  # the same span, from the first region on
     dst.copy_(src, non_blocking=True)
-    return st.uploaded(dev)
+    return st.uploaded(slot, dev)
 
 
 def carve(layout: WorkspaceLayout, buf: Optional[torch.Tensor], arg: str, dev: torch.device) -> dict:
@@ -245,7 +254,12 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         flay = WorkspaceLayout("cuda_fa2")
         flay.add("part_o", (cap_part, Hq, D), torch.float32)
         flay.add("part_lse", (cap_part, Hq), torch.float32)
-        parts = carve(flay, meta.workspace, "float_workspace_buffer", dev)
+        fbuf = meta.workspace
+        if fbuf is None and graph is not None:  # a captured graph keeps writing here: one buffer per caller
+            if graph.own_float is None:
+                graph.own_float = torch.empty(flay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
+            fbuf = graph.own_float
+        parts = carve(flay, fbuf, "float_workspace_buffer", dev)
     # int workspace: the tables (plan-scoped), one upload
     ilay = WorkspaceLayout("cuda_fa2")
     ilay.add("counts", (2,), torch.int32)
