@@ -214,6 +214,8 @@ def cmd_bench(a) -> int:
     _runnable_device(a.device)
     for n in a.backend or ():
         _known_backend(n)  # an unavailable one gets an n/a row with its reasons
+    if a.latency:  # issue 15: host time per call of tiny problems (attncore/cli/latency.py)
+        return _bench_latency(a)
     if a.flashinfer:
         import torch
 
@@ -227,6 +229,21 @@ def cmd_bench(a) -> int:
                      flashinfer=a.flashinfer,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(info))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(info, f, indent=1, default=str)
+    return 0
+
+
+def _bench_latency(a) -> int:
+    from attncore.cli.latency import format_latency, run_latency
+
+    try:
+        info = run_latency(a.backend or None, device=a.device, calls=a.calls, flashinfer=a.flashinfer,
+                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(format_latency(info))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(info, f, indent=1, default=str)
@@ -436,6 +453,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also time the importable flashinfer package on each workload, in the same run")
     b.add_argument("--device", choices=["cpu", "cuda"])
     b.add_argument("--json", metavar="FILE")
+    b.add_argument("--latency", action="store_true",
+                   help="host time per call of tiny problems (one-call functions, plan, run), per backend")
+    b.add_argument("--calls", type=_positive, metavar="N", help="--latency: calls per cell (default 300, CPU 5)")
 
     from attncore.cli.tune import TUNE_OPS
 

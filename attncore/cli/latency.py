@@ -1,0 +1,142 @@
+"""``attncore bench --latency``: host time per call of tiny problems (issue 15 item 1).
+
+Each cell is the wall time per call over ``calls`` calls of one API entry point on a tiny problem, the
+device synchronised once at the end (so a host that stays ahead of the GPU shows its own cost): the
+one-call ``single_prefill`` and ``single_decode``, a batch decode ``plan()`` and ``run()``, a paged
+prefill ``plan()`` and ``run()``.  Rows: one per backend (``auto`` first), and FlashInfer's when asked
+for and importable, driven through the same code.  A backend that does not serve an op gets ``n/a``
+with the reason.  On the CPU the problems are smaller and the calls fewer (the Triton interpreter).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+COLUMNS = ("single_prefill", "single_decode", "decode plan", "decode run", "paged prefill plan", "prefill run")
+
+
+def _sizes(device: str) -> dict:
+    if device == "cuda":
+        return dict(hq=32, hkv=8, d=128, qo=16, kv=128, batch=4, page=16, dtype=torch.bfloat16)
+    return dict(hq=4, hkv=2, d=32, qo=4, kv=16, batch=2, page=4, dtype=torch.float16)
+
+
+def _cells(api, device: str, backend_kw: dict) -> Dict[str, Callable[[], object]]:
+    """One zero-argument callable per column (inputs and wrappers made once, outside the timing)."""
+    s = _sizes(device)
+    hq, hkv, d, qo, kv, b, page, dt = (s[k] for k in ("hq", "hkv", "d", "qo", "kv", "batch", "page", "dtype"))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dt)  # noqa: E731
+    q1, k1, v1 = rnd(qo, hq, d), rnd(kv, hkv, d), rnd(kv, hkv, d)
+    qd = rnd(hq, d)
+    pages = kv // page
+    indptr = torch.arange(b + 1, dtype=torch.int32) * pages  # host-side index tensors (FlashInfer's convention)
+    indices = torch.randperm(b * pages, generator=g).to(torch.int32)
+    last = torch.full((b,), page, dtype=torch.int32)
+    qo_indptr = torch.arange(b + 1, dtype=torch.int32) * qo
+    cache = rnd(b * pages, 2, page, hkv, d)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    dw = api.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", **backend_kw)
+    pw = api.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **backend_kw)
+    one = {"backend": backend_kw["backend"]} if backend_kw else {}
+
+    def dplan():
+        dw.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+
+    def pplan():
+        pw.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=dt, kv_data_type=dt)
+
+    qb, qp = rnd(b, hq, d), rnd(b * qo, hq, d)
+    return {
+        "single_prefill": lambda: api.single_prefill_with_kv_cache(q1, k1, v1, causal=True, **one),
+        "single_decode": lambda: api.single_decode_with_kv_cache(qd, k1, v1, **one),
+        "decode plan": dplan,
+        "decode run": (dplan, lambda: dw.run(qb, cache)),
+        "paged prefill plan": pplan,
+        "prefill run": (pplan, lambda: pw.run(qp, cache)),
+    }
+
+
+def _time(fn: Callable[[], object], calls: int, device: str) -> float:
+    for _ in range(3):  # warm-up: JIT builds, autotuning, caches
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def _row(api, device: str, backend_kw: dict, calls: int) -> Dict[str, object]:
+    """{column: us per call, or "n/a: reason"}."""
+    try:
+        cells = _cells(api, device, backend_kw)
+    except Exception as e:  # a backend that cannot even make the wrappers here
+        return {c: f"n/a: {type(e).__name__}: {e}".splitlines()[0] for c in COLUMNS}
+    row: Dict[str, object] = {}
+    for col in COLUMNS:
+        f = cells[col]
+        try:
+            if isinstance(f, tuple):  # run() timed after one plan()
+                f[0]()
+                f = f[1]
+            row[col] = round(_time(f, calls, device), 1)
+        except Exception as e:  # refused (not served) or failed: the reason, first line
+            row[col] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return row
+
+
+def default_backends(device: str) -> List[str]:
+    from attncore.core import registry
+
+    avail = set(registry.available_backends())
+    want = ["auto", "triton", "cuda_fa2", "xqa"] if device == "cuda" else ["auto", "reference", "triton"]
+    return [n for n in want if n == "auto" or n in avail]
+
+
+def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[str] = None,
+                calls: Optional[int] = None, flashinfer: bool = False,
+                progress: Optional[Callable[[str], None]] = None) -> dict:
+    import attncore
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    calls = calls or (300 if device == "cuda" else 5)
+    names = list(backends) if backends else default_backends(device)
+    rows: Dict[str, Dict[str, object]] = {}
+    for n in names:
+        if progress:
+            progress(f"latency: attncore {n}")
+        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls)
+    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
+            "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows}
+    if flashinfer:
+        from attncore.cli.bench import _import_flashinfer
+
+        fi = _import_flashinfer(device)
+        if progress:
+            progress("latency: flashinfer")
+        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _row(fi, device, {}, calls)
+    return info
+
+
+def format_latency(info: dict) -> str:
+    cols = info["columns"]
+    lines = [f"host time per call, us (wall time over {info['calls']} calls, device synced at the end; "
+             f"{info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    notes = []
+    for name, row in info["rows"].items():
+        cells = []
+        for c in cols:
+            v = row[c]
+            if isinstance(v, str):
+                notes.append(f"{name} / {c}: {v}")
+                v = "n/a"
+            cells.append(str(v))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + notes)
