@@ -45,7 +45,10 @@ class _Fuser:
     """The fused-op choice of one POD wrapper: the backend and plan for the last pair of parts, or why
     the parts are composed (``reason``)."""
 
-    def __init__(self, requested: str, device: torch.device):
+    def __init__(self, requested: str, device: torch.device, fuse: bool = True):
+        if not isinstance(fuse, bool):
+            raise TypeError(f"fuse: got {fuse!r}, expected True or False")
+        self.fuse = fuse
         self.requested = requested
         self.device = device
         self.reason: Optional[str] = None
@@ -60,6 +63,9 @@ class _Fuser:
             self.reason, self.backend_name = self._last[3]
             return self._last[2]
         res, self.backend_name = None, None
+        if not self.fuse:
+            self.reason = "fuse=False: the parts are composed"
+            return None
         try:
             problem = pod_problem(op, pp, pd)
             backend = _selector.select(problem, self.requested)
@@ -111,14 +117,16 @@ class PODWithPagedKVCacheWrapper:
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  paged_kv_indptr_buffer: Optional[Tensor] = None, paged_kv_indices_buffer: Optional[Tensor] = None,
-                 paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto"):
+                 paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto",
+                 fuse: bool = True):
+        """``fuse`` (attncore): False always composes the parts (benchmarks time the serial path so)."""
         self._decode = BatchDecodeWithPagedKVCacheWrapper(
             float_workspace_buffer, kv_layout, use_cuda_graph, False, paged_kv_indptr_buffer,
             paged_kv_indices_buffer, paged_kv_last_page_len_buffer, backend=backend, jit_args=jit_args)
         self._requested_backend = backend
         self._kv_layout = kv_layout
         self._prefill_backend: Optional[str] = None
-        self._fuser = _Fuser(backend, self._decode._device)
+        self._fuser = _Fuser(backend, self._decode._device, fuse)
 
     @property
     def backend(self) -> Optional[str]:
@@ -214,12 +222,14 @@ class PODWithPagedKVCacheWrapper:
 class BatchPODWithPagedKVCacheWrapper:
     """Paged batch prefill + paged batch decode in one call (FlashInfer-compatible)."""
 
-    def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto"):
+    def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto",
+                 fuse: bool = True):
+        """``fuse`` (attncore): False always composes the parts."""
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._plan_args: Optional[tuple] = None
         self._prefill_key = None
-        self._fuser = _Fuser(backend, self._decode._device)
+        self._fuser = _Fuser(backend, self._decode._device, fuse)
 
     @property
     def backend(self) -> Optional[str]:

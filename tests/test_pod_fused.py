@@ -27,19 +27,19 @@ def triton_pod():
     b._pod = old
 
 
-def _paged(kv_lens, page, hkv, d, dtype, layout="NHD"):
+def _paged(kv_lens, page, hkv, d, dtype, layout="NHD", device="cpu"):
     pages = [(n + page - 1) // page for n in kv_lens]
     indptr = torch.tensor([0] + torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)
     n = int(indptr[-1])
     indices = torch.randperm(n + 2)[:n].to(torch.int32)  # shuffled, with unused pages
     last = torch.tensor([(x - 1) % page + 1 if x else 0 for x in kv_lens], dtype=torch.int32)
     shape = (n + 2, 2, page, hkv, d) if layout == "NHD" else (n + 2, 2, hkv, page, d)
-    cache = torch.randn(shape, dtype=dtype)
-    return indptr, indices, last, cache
+    cache = torch.randn(shape, dtype=dtype, device=device)
+    return indptr.to(device), indices.to(device), last.to(device), cache
 
 
 def _request_kv(cache, indptr, indices, kv_len, i, layout="NHD"):
-    pg = indices[int(indptr[i]):int(indptr[i + 1])].long()
+    pg = indices[int(indptr[i]):int(indptr[i + 1])].long().to(cache.device)
     k, v = cache[pg, 0], cache[pg, 1]
     if layout == "HND":
         k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -56,7 +56,7 @@ def _check(out, lse, q, k, v, dtype, **kw):
 POD_CASES = {
     "causal": dict(causal_p=True),
     "qo_gt_kv": dict(qo=9, kv=5),
-    "window_softcap": dict(causal_p=True, window_left_p=3, window_left=2),
+    "window": dict(causal_p=True, window_left_p=3, window_left=2),
     "alibi": dict(pos_p="ALIBI", pos="ALIBI", causal_p=True),
     "rope": dict(pos_p="ROPE_LLAMA", pos="ROPE_LLAMA", causal_p=True),
     "custom_mask": dict(custom=True),
@@ -127,6 +127,48 @@ def test_batch_pod_fused_against_golden(triton_pod, mode, layout):
         triton_pod._pod = old
 
 
+def test_pod_backend_softcap_sinks_fp8(triton_pod):
+    """What the POD wrappers cannot ask for (soft cap, sinks, fp8 KV with scales), through the backend's
+    contract: a PODBatch planned and run directly, each part against the golden."""
+    from attncore.core.backend import AttnParams, BatchMeta, RunArgs
+    from attncore.core.problem import PODRunArgs
+
+    torch.manual_seed(11)
+    hq, hkv, d, page, qo, kv = 4, 2, 32, 4, 6, 10
+    kv_dt = torch.float8_e4m3fn
+    pp_params = AttnParams(sm_scale=0.2, logits_soft_cap=5.0, window_left=4)
+    pd_params = AttnParams(sm_scale=0.3)
+    mp = BatchMeta.ragged(qo_indptr_host=[0, qo], kv_indptr_host=[0, kv], device="cpu", params=pp_params,
+                          causal=True)
+    kv_lens = [3, 9]
+    indptr, indices, last, cache = _paged(kv_lens, page, hkv, d, torch.float16)
+    cache = cache.to(kv_dt)
+    md = BatchMeta.paged([0, 1, 2], indptr, indices, last, page, device="cpu", params=pd_params, decode=True)
+    base = dict(q_dtype=torch.float16, kv_dtype=kv_dt, out_dtype=torch.float16, num_qo_heads=hq,
+                num_kv_heads=hkv, head_dim_qk=d, head_dim_vo=d, return_lse=True, sinks=True, fp8_scales=True)
+    prob = pod_problem("pod", AttentionProblem(op="single_prefill", mask="causal", window_left=4, soft_cap=True,
+                                               **base),
+                       AttentionProblem(op="batch_decode", page_size=page, mask="causal", **base))
+    assert triton_pod.supports(prob), triton_pod.reasons(prob)
+    plan = triton_pod.plan(prob, PODBatch(mp, md))
+    qp, qd = torch.randn(qo, hq, d, dtype=torch.float16), torch.randn(2, hq, d, dtype=torch.float16)
+    kp, vp = (torch.randn(kv, hkv, d, dtype=torch.float16).to(kv_dt) for _ in range(2))
+    sinks = torch.randn(hq, dtype=torch.float32)
+    ap = RunArgs(q=qp, k=kp, v=vp, out=torch.empty_like(qp), lse=torch.empty(qo, hq), sinks=sinks, k_scale=0.5)
+    ad = RunArgs(q=qd, k=cache[:, 0], v=cache[:, 1], out=torch.empty_like(qd), lse=torch.empty(2, hq), sinks=sinks,
+                 q_scale=0.8, k_scale=1.5, v_scale=2.0)
+    triton_pod.run(plan, PODRunArgs(ap, ad))
+    _check(ap.out, ap.lse, qp, kp, vp, torch.float16, causal=True, window_left=4, sm_scale=0.2, logits_soft_cap=5.0,
+           sinks=sinks, k_scale=0.5)
+    for i, n in enumerate(kv_lens):
+        k, v = _request_kv(cache, indptr, indices, n, i)
+        _check(ad.out[i:i + 1], ad.lse[i:i + 1], qd[i:i + 1], k, v, torch.float16, causal=True, sm_scale=0.3,
+               sinks=sinks, q_scale=0.8, k_scale=1.5, v_scale=2.0)
+    with pytest.raises(ValueError, match="decode: sinks: planned with sinks"):
+        triton_pod.run(plan, PODRunArgs(ap, RunArgs(q=qd, k=cache[:, 0], v=cache[:, 1], out=torch.empty_like(qd),
+                                                    k_scale=3.0)))
+
+
 def test_pod_auto_on_cpu_composes_and_says_why():
     dtype = torch.float16
     hq, hkv, d, page = 4, 2, 32, 4
@@ -176,3 +218,70 @@ def test_pod_problem_and_refusals():
         bad = pod_problem("batch_pod", base.replace(page_size=16),
                           base.replace(op="batch_decode", page_size=16, kv_layout="XYZ", mask="causal"))
         assert any(r.axis == "decode kv_layout" for r in entry.backend.reasons(bad))
+
+
+GPU_CASES = {
+    "plain": dict(),
+    "window": dict(window_left_p=100, window_left=300),
+    "alibi": dict(pos_p="ALIBI", pos="ALIBI"),
+    "rope": dict(pos_p="ROPE_LLAMA", pos="ROPE_LLAMA"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["grid", "persistent"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_pod_fused_gpu_bf16(triton_pod, case, mode):
+    """bf16 on the GPU, serving shapes (32/8 heads, d128, page 16), both outputs and LSEs, edge rows."""
+    c = dict(window_left_p=-1, window_left=-1, pos_p="NONE", pos="NONE")
+    c.update(GPU_CASES[case])
+    dev, dtype = "cuda", torch.bfloat16
+    torch.manual_seed(7)
+    hq, hkv, d, page = 32, 8, 128, 16
+    old = triton_pod._pod
+    triton_pod._pod = ("always", mode, 2, None)
+    try:
+        kv_lens = [0, 1, 100, 1000, 4097]
+        indptr, indices, last, cache = _paged(kv_lens, page, hkv, d, dtype, device=dev)
+        qo = 300
+        qp = torch.randn(qo, hq, d, dtype=dtype, device=dev)
+        kp, vp = (torch.randn(qo, hkv, d, dtype=dtype, device=dev) for _ in range(2))
+        qd = torch.randn(len(kv_lens), hq, d, dtype=dtype, device=dev)
+        w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 24, dtype=torch.uint8, device=dev), "NHD",
+                                                backend="triton")
+        w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, window_left=c["window_left"],
+               pos_encoding_mode=c["pos"])
+        (op, lp), (od, ld) = w.run(qp, kp, vp, qd, cache, causal_p=True, window_left_p=c["window_left_p"],
+                                   pos_encoding_mode_p=c["pos_p"], return_lse_p=True, return_lse_d=True)
+        assert w.backend == "fused=triton"
+        _check(op, lp, qp, kp, vp, dtype, causal=True, window_left=c["window_left_p"], pos_encoding_mode=c["pos_p"])
+        for i, n in enumerate(kv_lens):
+            k, v = _request_kv(cache, indptr, indices, n, i)
+            _check(od[i:i + 1], ld[i:i + 1], qd[i:i + 1], k, v, dtype, causal=True, window_left=c["window_left"],
+                   pos_encoding_mode=c["pos"])
+    finally:
+        triton_pod._pod = old
+
+
+@pytest.mark.gpu
+def test_batch_pod_auto_fuses_pd1_shape_gpu():
+    """auto on an H100-class GPU: the PD1 shape (decode-heavy, long prefill) is estimated to gain, so the
+    wrapper runs it fused; results match the composed path within the golden rule's scale."""
+    dev, dtype = "cuda", torch.bfloat16
+    hq, hkv, d, page = 32, 8, 128, 16
+    kv_lens = [4096] * 64
+    indptr, indices, last, cache = _paged(kv_lens, page, hkv, d, dtype, device=dev)
+    qp = torch.randn(2048, hq, d, dtype=dtype, device=dev)
+    kp, vp = (torch.randn(2048, hkv, d, dtype=dtype, device=dev) for _ in range(2))
+    qd = torch.randn(64, hq, d, dtype=dtype, device=dev)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    res = {}
+    for fuse in (True, False):
+        w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", fuse=fuse)
+        w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+        res[fuse] = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
+        if fuse:
+            assert w.backend == "fused=triton", w.fused_reason
+    for a, b in zip(res[True], res[False]):
+        assert (a[0].float() - b[0].float()).abs().max().item() < 0.05
+        assert (a[1] - b[1]).abs().max().item() < 0.05

@@ -225,9 +225,30 @@ def cmd_bench(a) -> int:
             _import_flashinfer(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except ValueError as e:
             raise UsageError(str(e)) from None
-    info = run_bench(a.backend or None, ids=a.workload or None, device=a.device, page_order=a.page_order,
-                     flashinfer=a.flashinfer,
-                     progress=lambda s: print(s, file=sys.stderr, flush=True))
+    progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    from attncore.cli import bench_pod
+
+    pod_ids = [i for i in a.workload or () if i in {w.id for w in bench_pod.POD_WORKLOADS}]
+    if pod_ids or a.pod_sweep or a.plot:  # POD workloads (issue 16): fused vs serial (vs FlashInfer)
+        if a.plot and not (pod_ids or a.pod_sweep):
+            raise UsageError("--plot: plots the POD rows; give --workload PD1/PD2 or --pod-sweep")
+        try:
+            if a.plot:
+                bench_pod.check_plot()
+            pinfo = bench_pod.run_pod_bench(pod_ids or None, sweep=a.pod_sweep, device=a.device,
+                                            pod_backend=a.pod_backend, flashinfer=a.flashinfer, progress=progress)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(bench_pod.format_pod_table(pinfo))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(pinfo, f, indent=1, default=str)
+        if a.plot:
+            bench_pod.plot(pinfo, a.plot)
+        if len(pod_ids) == len(a.workload or ()):  # no other workload named
+            return 0
+    info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
+                     device=a.device, page_order=a.page_order, flashinfer=a.flashinfer, progress=progress)
     print(format_table(info))
     if a.json:
         with open(a.json, "w") as f:
@@ -376,7 +397,10 @@ def _dtype(kind: str):
 
 def _workload(text: str) -> str:
     from attncore.cli.bench import select_workloads
+    from attncore.cli.bench_pod import POD_WORKLOADS
 
+    if text in {w.id for w in POD_WORKLOADS}:  # PD1, PD2: attncore/cli/bench_pod.py
+        return text
     try:
         select_workloads([text])
     except ValueError as e:
@@ -446,7 +470,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
     b.add_argument("--workload", action="append", type=_workload,
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
-                        + ", ".join(w.id for w in WORKLOADS) + "; default: all")
+                        + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
     b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
                    help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
     b.add_argument("--flashinfer", action="store_true",
@@ -456,6 +480,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--latency", action="store_true",
                    help="host time per call of tiny problems (one-call functions, plan, run), per backend")
     b.add_argument("--calls", type=_positive, metavar="N", help="--latency: calls per cell (default 300, CPU 5)")
+    b.add_argument("--pod-sweep", action="store_true",
+                   help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
+    b.add_argument("--pod-backend", default="triton", help="the backend whose fused POD op is timed (default triton)")
+    b.add_argument("--plot", metavar="FILE.png", help="plot the POD rows' speedup over serial (needs matplotlib)")
 
     from attncore.cli.tune import TUNE_OPS
 

@@ -52,11 +52,19 @@ POD_CAPABILITIES = (
 )
 MASK_IDS = {"none": 0, "causal": 1, "custom": 2}
 
-# Cost model of one item on one SM, in seconds: what each SM gets of an H100's throughput when every
-# SM is busy (the generic kernel's ~430 TFLOP/s, ~3.0 TB/s of the 3.35 read bandwidth, 132 SMs).  Only
-# the ratio matters for ordering; the absolute values for the fused-vs-composed decision.
+# Cost model, in seconds on one SM: what each SM gets of an H100's throughput when every SM is busy
+# (the generic kernel's ~430 TFLOP/s; ~3.0 TB/s of the 3.35 read bandwidth; 132 SMs).  A prefill tile
+# costs MMA time (its K/V mostly comes from L2: other tiles of the request read the same keys), a decode
+# item read time.  Composed, the parts run one after the other, each at its own bound; fused, the two
+# resources overlap: the larger total plus (1 - OVERLAP) of the smaller, the prefill's MMAs at
+# PREFILL_EFF of the composed path's rate (64-row tiles beside decode items vs the dense kernels the
+# composed prefill gets), and never below the longest item.  OVERLAP and PREFILL_EFF are estimates to
+# fit from `attncore bench --pod-sweep` on the GPU (POD-Attention, arXiv 2410.18038, measures about
+# half of the smaller part hidden on an A100).
 SM_FLOPS = 430e12 / 132
 SM_BYTES = 3.0e12 / 132
+OVERLAP = 0.5
+PREFILL_EFF = 0.8
 MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower than serial by more than 2%)
 
 
@@ -86,9 +94,19 @@ def _tiles(meta, G: int, bm: int):
                                window_left=meta.params.window_left)
 
 
-def _cost(rows: int, keys: int, d: int, kv_bytes: int) -> float:
-    """Seconds of one item on one SM: the larger of its MMA time and its K/V read time."""
-    return max(4.0 * rows * keys * d / SM_FLOPS, 2.0 * keys * d * kv_bytes / SM_BYTES, 1e-7)
+def _cost(part: int, rows: int, keys: int, d: int, kv_bytes: int) -> float:
+    """Seconds of one item on one SM: MMA time of a prefill tile (part 0), read time of a decode item."""
+    if part == 0:
+        return 4.0 * rows * keys * d / SM_FLOPS + 1e-7
+    return 2.0 * keys * d * kv_bytes / SM_BYTES + 1e-7
+
+
+def estimate(totals, longest, sms: int):
+    """(fused, composed) seconds from each part's total item time and longest item (see above)."""
+    comp = max(totals[0] / sms, longest[0]) + totals[1] / sms  # composed decode: split-KV fills the GPU
+    a, b = totals[0] / PREFILL_EFF / sms, totals[1] / sms
+    fused = max(max(a, b) + (1.0 - OVERLAP) * min(a, b), longest[0] / PREFILL_EFF, longest[1])
+    return fused, comp
 
 
 def _interleave(a: list, b: list) -> list:
@@ -139,7 +157,7 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
         for t in _tiles(part["meta"], G, part["block_m"]):
             if part["meta"].qo_lens_host[t.req] == 0:
                 continue
-            cost = _cost(part["block_m"], t.kv_hi - t.kv_lo, D, kvb)
+            cost = _cost(k, part["block_m"], t.kv_hi - t.kv_lo, D, kvb)
             items[k].extend((cost, k, t.req, t.row0, h) for h in range(hkv))
         items[k].sort(key=lambda x: -x[0])
     sms = _num_sms(device)
@@ -147,9 +165,7 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
     # path would, so only its total counts); fused = the one list on the GPU
     total = [sum(x[0] for x in its) for its in items]
     longest = [max((x[0] for x in its), default=0.0) for its in items]
-    t_prefill = max(total[0] / sms, longest[0])
-    t_composed = t_prefill + total[1] / sms
-    t_fused = max((total[0] + total[1]) / sms, longest[0], longest[1])
+    t_fused, t_composed = estimate(total, longest, sms)
     stats = dict(items=[len(i) for i in items], est_fused_us=t_fused * 1e6, est_composed_us=t_composed * 1e6)
     if fused == "auto" and t_fused > MARGIN * t_composed:
         raise PODDeclined(

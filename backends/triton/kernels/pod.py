@@ -84,7 +84,7 @@ def _item(
     q_first = row0 // G
     q_last = (tl.minimum(row0 + BLOCK_M, qo_len * G) - 1) // G
     q_last = tl.maximum(q_last, q_first)
-    lo = 0
+    lo = kv_len * 0  # a tensor, as _attn_fwd's loaded kv_lo (min / max below mix it with tensors)
     hi = kv_len
     f_hi = (hi // BLOCK_N) * BLOCK_N
     f_lo = lo

@@ -1,0 +1,206 @@
+"""``attncore bench`` for POD (issue 16): PD1/PD2 and a sweep, fused vs composed-serial in one run.
+
+Every point runs through ``PODWithPagedKVCacheWrapper`` (a causal single prefill with qo = kv, plus a
+paged decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces the fused op of
+``--pod-backend`` (default triton) on every batch, ``serial`` composes the parts (``fuse=False``,
+each part on auto's backend), ``auto`` is what the wrapper does by default (fused where the backend's
+plan estimates a gain; the table says which ran), and ``flashinfer`` (with ``--flashinfer``) is
+FlashInfer's POD wrapper on the same inputs.  The sweep (``--pod-sweep``): prefill 512 / 2k / 8k x
+decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k, with the median speedup and, with ``--plot``, a
+plot of the speedup over serial (matplotlib, optional).  On a CPU the shapes shrink (Triton's
+interpreter) and the figures only show that the paths run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from attncore.cli.bench import _timer
+
+
+@dataclass(frozen=True)
+class PODWorkload:
+    id: str
+    qo: int  # prefill rows = its kv (causal)
+    batch: int  # decode requests
+    kv: int  # decode kv per request
+    hq: int = 32
+    hkv: int = 8
+    d: int = 128
+    page: int = 16
+
+
+POD_WORKLOADS = [PODWorkload("PD1", 2048, 64, 4096), PODWorkload("PD2", 4096, 32, 4096)]
+SWEEP = [PODWorkload(f"S-p{qo}-b{b}-kv{kv}", qo, b, kv)
+         for qo in (512, 2048, 8192) for b in (8, 32, 128) for kv in (1024, 4096, 16384)]
+
+
+def _shrink(w: PODWorkload) -> PODWorkload:
+    return replace(w, qo=min(w.qo, 32), batch=min(w.batch, 2), kv=min(w.kv, 64), hq=4, hkv=2, d=32, page=4)
+
+
+def _setup(w: PODWorkload, device: str, dtype, api, kwargs: dict) -> tuple:
+    """Plan the POD workload on ``api`` (attncore or flashinfer) and return (run closure, wrapper)."""
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    pages = (w.kv + w.page - 1) // w.page
+    indptr = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages
+    last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
+    indices = torch.randperm(w.batch * pages, device=device).to(torch.int32)
+    cache = torch.randn(w.batch * pages, 2, w.page, w.hkv, w.d, device=device, dtype=dtype)
+    qp = torch.randn(w.qo, w.hq, w.d, device=device, dtype=dtype)
+    kp, vp = (torch.randn(w.qo, w.hkv, w.d, device=device, dtype=dtype) for _ in range(2))
+    qd = torch.randn(w.batch, w.hq, w.d, device=device, dtype=dtype)
+    wr = api.PODWithPagedKVCacheWrapper(ws, "NHD", **kwargs)
+    wr.plan(indptr, indices, last, w.hq, w.hkv, w.d, w.page, q_data_type=dtype)
+
+    def run():
+        wr.run(qp, kp, vp, qd, cache, causal_p=True)
+    run()  # warm-up (JIT compiles, plans)
+    return run, wr
+
+
+def _forced(name: str):
+    """The registered backend ``name`` with its fused op forced on every batch (restore with the
+    returned function), or raise ValueError when it has no fused POD op."""
+    from attncore.core import registry
+
+    entry = registry.entries().get(name)
+    if entry is None or entry.backend is None or not hasattr(entry.backend, "_pod"):
+        raise ValueError(f"--pod-backend: {name!r} has no fused POD op")
+    b = entry.backend
+    old = b._pod
+    b._pod = ("always",) + tuple(old[1:])
+
+    def restore():
+        b._pod = old
+    return restore
+
+
+def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
+            time_fn: Optional[Callable] = None) -> Dict:
+    """One row: ms of fused / serial / auto (/ flashinfer) and the speedups over serial."""
+    import attncore
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    t = time_fn or _timer(device)
+    row: Dict = {"id": w.id, "shape": f"p{w.qo} + {w.batch}x{w.kv}"}
+    restore = _forced(pod_backend)
+    try:
+        run, wr = _setup(w, device, dtype, attncore, dict(backend=pod_backend))
+        if wr.fused_reason is not None:
+            raise RuntimeError(f"{pod_backend} did not fuse: {wr.fused_reason}")
+        row["fused"] = t(run)
+    except Exception as e:  # a row says why, the others still run
+        row["fused_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    finally:
+        restore()
+    run, wr = _setup(w, device, dtype, attncore, dict(fuse=False))
+    row["serial"] = t(run)
+    row["serial_backends"] = wr.backend
+    run, wr = _setup(w, device, dtype, attncore, {})
+    row["auto"] = t(run)
+    row["auto_ran"] = wr.backend
+    row["auto_reason"] = wr.fused_reason
+    if fi is not None:
+        try:
+            run, _ = _setup(w, device, dtype, fi, {})
+            row["flashinfer"] = t(run)
+        except Exception as e:
+            row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    for k in ("fused", "auto", "flashinfer"):
+        if k in row:
+            row[f"{k}_speedup"] = row["serial"] / row[k]
+    return row
+
+
+def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
+                  pod_backend: str = "triton", flashinfer: bool = False, progress=None) -> Dict:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    fi = None
+    if flashinfer:
+        from attncore.cli.bench import _import_flashinfer
+
+        fi = _import_flashinfer(device)
+    known = {w.id: w for w in POD_WORKLOADS}
+    unknown = [i for i in ids or () if i not in known]
+    if unknown:
+        raise ValueError(f"unknown POD workload {', '.join(unknown)}; known: {', '.join(known)}")
+    todo = [known[i] for i in ids] if ids else list(POD_WORKLOADS)
+    if sweep:
+        todo += SWEEP if device == "cuda" else SWEEP[:1]
+    if device != "cuda":
+        todo = [_shrink(w) for w in todo]
+    rows = []
+    for w in todo:
+        if progress:
+            progress(f"pod bench: {w.id}")
+        rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi))
+    sp = [r["fused_speedup"] for r in rows if r["id"].startswith("S-") and "fused_speedup" in r]
+    auto = [r["auto_speedup"] for r in rows if r["id"].startswith("S-") and "auto_speedup" in r]
+    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}
+    if sp:
+        info["sweep_median_fused_speedup"] = statistics.median(sp)
+        info["sweep_median_auto_speedup"] = statistics.median(auto)
+        info["sweep_worst_auto_speedup"] = min(auto)
+    return info
+
+
+def _ms(x) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else "-"
+
+
+def format_pod_table(info: Dict) -> str:
+    lines = [f"POD on {info['device']} (ms; speedup = serial / x)",
+             f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'auto':>8} {'flashinf':>8} "
+             f"{'fused x':>8} {'auto x':>7} {'fi x':>6}  auto ran"]
+    for r in info["rows"]:
+        lines.append(f"{r['id']:<20} {r['shape']:<18} {_ms(r.get('fused')):>8} {_ms(r.get('serial')):>8} "
+                     f"{_ms(r.get('auto')):>8} {_ms(r.get('flashinfer')):>8} "
+                     f"{r.get('fused_speedup', 0):>8.2f} {r.get('auto_speedup', 0):>7.2f} "
+                     f"{r.get('flashinfer_speedup', 0):>6.2f}  {r.get('auto_ran')}")
+        for k in ("fused_error", "flashinfer_error"):
+            if k in r:
+                lines.append(f"    {k}: {r[k]}")
+    if "sweep_median_fused_speedup" in info:
+        lines.append(f"sweep: median fused speedup {info['sweep_median_fused_speedup']:.3f}, median auto "
+                     f"{info['sweep_median_auto_speedup']:.3f}, worst auto {info['sweep_worst_auto_speedup']:.3f} "
+                     f"(target: >= 0.98)")
+    return "\n".join(lines)
+
+
+def check_plot():
+    """matplotlib's pyplot (Agg), or ValueError saying how to get it: --plot checks it before timing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError(f"--plot: matplotlib is not importable ({e}); pip install matplotlib") from None
+    return plt
+
+
+def plot(info: Dict, path: str) -> None:
+    """Speedup over serial of fused and auto (and FlashInfer) per point; matplotlib is optional."""
+    plt = check_plot()
+    rows = info["rows"]
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(rows)), 4))
+    for key, mark in (("fused_speedup", "o"), ("auto_speedup", "x"), ("flashinfer_speedup", "s")):
+        ys = [r.get(key) for r in rows]
+        if any(y is not None for y in ys):
+            ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], mark,
+                    label=key.replace("_speedup", ""))
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([r["id"] for r in rows], rotation=90, fontsize=7)
+    ax.set_ylabel("speedup over serial")
+    ax.set_title(f"POD on {info['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
