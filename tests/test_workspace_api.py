@@ -183,3 +183,78 @@ def test_carving_backend_allocates_nothing_after_the_first_plan(carving, kind):
                 w.plan(qo, *table, H, HKV, D, PAGE, q_data_type=torch.float16)
             w.run(qs[b], cache, out=outs[b])
         assert c.seen == [], f"cycle {i} (batch {b}) allocated: {c.seen}"
+
+
+# ----------------------------------------------------------------------------- GPU
+GPU_BACKENDS = ["auto", "triton", "cuda_fa2", "xqa"]
+
+
+def _gpu_backend(name, op):
+    from attncore.core import registry
+
+    if name != "auto" and name not in registry.available_backends():
+        pytest.skip(f"{name} is not available here")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["decode", "paged", "ragged"])
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_memory_flat_across_plan_run_cycles(backend, kind):
+    """After the first plan, 100 plan/run cycles with other batch sizes and lengths allocate no device memory
+    (host index tensors, outputs given): every buffer comes from the workspaces."""
+    if backend == "xqa" and kind != "decode":
+        pytest.skip("xqa serves decode only")
+    _gpu_backend(backend, kind)
+    dev, dt, hq, hkv, d, page = "cuda", torch.bfloat16, 32, 8, 128, 16
+    w = WRAPPERS[kind](torch.zeros(256 << 20, dtype=torch.uint8, device=dev), "NHD", backend=backend)
+    cache = torch.randn(4096, 2, page, hkv, d, device=dev, dtype=dt)
+    kv_all = torch.randn(64 * 2048, hkv, d, device=dev, dtype=dt)
+    rows = 2 if kind != "decode" else 1
+    outs = {b: torch.empty(b * rows, hq, d, device=dev, dtype=dt) for b in range(1, 65)}
+    qs = {b: torch.randn_like(o) for b, o in outs.items()}
+    g = torch.Generator().manual_seed(0)
+
+    def cycle(b):
+        lens = torch.randint(1, 2048, (b,), generator=g)
+        if kind == "ragged":
+            kv = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+            w.plan(torch.arange(b + 1, dtype=torch.int32) * rows, kv, hq, hkv, d, causal=True, q_data_type=dt)
+            w.run(qs[b], kv_all[:int(kv[-1])], kv_all[:int(kv[-1])], out=outs[b])
+            return
+        npages = (lens + page - 1) // page
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int64), npages.cumsum(0)]).to(torch.int32)
+        indices = torch.randperm(4096, generator=g)[:int(indptr[-1])].to(torch.int32)
+        last = (lens - (npages - 1) * page).to(torch.int32)
+        if kind == "decode":
+            w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt)
+        else:
+            w.plan(torch.arange(b + 1, dtype=torch.int32) * rows, indptr, indices, last, hq, hkv, d, page,
+                   causal=True, q_data_type=dt)
+        w.run(qs[b], cache, out=outs[b])
+
+    for b in (64, 1, 17):  # first plans: JIT builds, kernel caches, one-time buffers
+        cycle(b)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for i in range(100):
+        cycle(1 + (i * 37) % 64)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_plan_with_host_index_tensors_does_not_synchronize(backend):
+    """plan() with host-side index tensors (FlashInfer's convention) makes no device synchronization."""
+    _gpu_backend(backend, "decode")
+    dev, dt = "cuda", torch.bfloat16
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=dev),
+                                                    backend=backend)
+    indptr, indices, last = _table(8, seed=3, max_pages=8)
+    w.plan(indptr, indices, last, 32, 8, 128, PAGE, q_data_type=dt)  # first plan: builds, caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        w.plan(*_table(8, seed=4, max_pages=8), 32, 8, 128, PAGE, q_data_type=dt)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
