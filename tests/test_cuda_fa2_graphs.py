@@ -206,6 +206,23 @@ def test_capacity_error_names_the_capacity_cpu():
             _plan(CudaFa2Backend(), p, _into_fixed(_meta(p, [400], [400], 0), bases))
 
 
+def test_graph_mode_coarsens_a_split_over_capacity_cpu():
+    """A causal request whose split (each of its tiles gets its longest tile's splits) needs more items
+    than the capacity: graph mode doubles the chunk until it fits; eager keeps the finer split."""
+    p = _problem("batch_prefill_ragged", num_qo_heads=1, num_kv_heads=1, mask="causal")
+    with cpu_patches(sms=8):  # 16 slots: P = 16; 1000 rows in 8 tiles of 128 -> capacity 16 items
+        eager = _plan(CudaFa2Backend(), p.replace(cuda_graph=False), _meta(p, [1000], [1000], 0))
+        plan = _plan(CudaFa2Backend(), p, _into_fixed(_meta(p, [1000], [1000], 0), {}))
+    assert eager.schedule.chunk and eager.num_items > plan.graph.cap_items == 16
+    assert plan.schedule.chunk and plan.schedule.chunk > eager.schedule.chunk
+    assert plan.num_items <= plan.graph.cap_items and plan.schedule.part_rows <= plan.graph.cap_part
+    _tables(plan)
+    for s in (eager.schedule, plan.schedule):  # both cover every key of every row tile once per split
+        for t in sched.row_tiles([1000], [1000], 1, 128, causal=True):
+            got = sorted(k for (r, r0, lo, hi, _) in s.items if (r, r0) == (t.req, t.row0) for k in range(lo, hi))
+            assert got == list(range(t.kv_lo, t.kv_hi))
+
+
 def test_workspace_too_small_names_the_bytes_cpu():
     p = _problem("batch_decode", cuda_graph=False)
     with cpu_patches():

@@ -101,16 +101,30 @@ def _graph_key(problem: AttentionProblem, meta: BatchMeta, dev: torch.device) ->
 
 
 def _capacities(lib, nnz_q: int, batch: int, group: int, hkv: int) -> Tuple[int, int, int]:
-    """Upper bounds for any batch of ``batch`` requests and ``nnz_q`` query rows on this kernel.
+    """The tables' capacities for a caller whose batches have ``batch`` requests and ``nnz_q`` query rows.
 
-    Items: unsplit, at most ``nnz_q * G // cta_q + batch`` row tiles; split, at most ``slots // Hkv``
-    (schedule.choose_chunk keeps ``items * Hkv <= slots``).  Partial rows ``sum(ns_i * qo_i)``: each
-    ``ns_i <= slots // Hkv`` and ``qo_i <= tiles_i * cta_q / G`` with ``sum(ns_i * tiles_i) <= slots // Hkv``.
-    Merge rows: the split requests' query rows, each with >= 2 partial rows."""
+    Items: unsplit, at most ``nnz_q * G // cta_q + batch`` row tiles (every batch of that size fits);
+    split, ``P = slots // Hkv`` (what schedule.choose_chunk aims at).  Partial rows: ``P * cta_q // G``
+    (a split request's items ``ns * tiles <= P`` cover ``qo <= tiles * cta_q / G`` rows), at most ``P``
+    splits of every query row; merge rows: the split rows, each with >= 2 partials.  A split schedule
+    over these is coarsened to fit (``fit_schedule``); an unsplit one always fits the items."""
     per_head = max(1, lib.num_sms * lib.ctas_per_sm // hkv)
     items = max(nnz_q * group // lib.cta_q + batch, per_head)
     part = min(nnz_q * per_head, per_head * lib.cta_q // group)
     return items, part, min(nnz_q, part // 2)
+
+
+def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Schedule:
+    """Graph mode: ``s`` with its split chunk doubled until its items and partial rows fit the capacities
+    (schedule.build gives each tile of a request as many splits as its longest tile, so a ragged batch
+    can exceed what choose_chunk counted).  Any chunk is exact; only the parallelism changes."""
+    def merge_rows(sc):
+        return sum(q for q, ns in zip(qo_lens, sc.num_splits) if ns > 1)
+
+    while s.chunk and (s.num_items > st.cap_items or s.part_rows > st.cap_part or merge_rows(s) > st.cap_merge):
+        longest = max(t.kv_hi - t.kv_lo for t in tiles)
+        s = sched.build(tiles, qo_lens, chunk=s.chunk * 2 if s.chunk * 2 < longest else None)
+    return s
 
 
 def graph_state(problem, meta, dev, first: GraphState) -> GraphState:
@@ -203,14 +217,15 @@ def carve(layout: WorkspaceLayout, buf: Optional[torch.Tensor], arg: str, dev: t
     return layout.carve(buf, arg)
 
 
-def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int) -> sched.Schedule:
-    """The work items of this batch on ``lib``'s tile (attncore.core.schedule, shared with Triton)."""
+def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
+    """(the work items of this batch on ``lib``'s tile, its row tiles): attncore.core.schedule, the
+    schedule the Triton backend uses too."""
     qo_lens = meta.qo_lens_host
     tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
                             causal=key.mask == "causal", window_left=meta.params.window_left)
     chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
                                slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile, min_chunk=min_split_chunk)
-    return sched.build(tiles, qo_lens, chunk=chunk)
+    return sched.build(tiles, qo_lens, chunk=chunk), tiles
 
 
 def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.device, choose_lib) -> Fa2Plan:
@@ -237,7 +252,9 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         lib, config, why = binding.get_library(graph.key, dev), graph.config, graph.sm90_reasons
     else:
         lib, config, why = choose_lib()
-    s = build_schedule(lib, problem, meta, lib.key, backend.min_split_chunk)
+    s, tiles = build_schedule(lib, problem, meta, lib.key, backend.min_split_chunk)
+    if graph is not None:
+        s = fit_schedule(s, tiles, meta.qo_lens_host, graph)
     merge = s.merge_table(qo)
     n_items, n_part, n_merge = s.num_items, s.part_rows, len(merge)
     if graph is not None:
