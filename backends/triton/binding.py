@@ -183,7 +183,8 @@ def _launch_dense(plan: TritonPlan, args: RunArgs, ks, vs, qk_scale, out_scale):
                             kv_start, plan.kv_lens, group_size=plan.problem.group_size,
                             head_dim=plan.problem.head_dim_qk, kv_strides=ks[1:], v_strides=vs[1:],
                             causal=plan.mask_mode == MASK_CAUSAL, qk_scale=qk_scale,
-                            out_scale=out_scale, heads_first=heads_first, **c.as_dict())
+                            out_scale=out_scale, heads_first=heads_first, scratch=plan.dense_scratch,
+                            **c.as_dict())
         except Exception as e:  # a config Triton cannot compile here: try the next one
             plan.stats.setdefault("dense_failed", []).append(f"{c.as_dict()}: {type(e).__name__}: {str(e)[:200]}")
             plan.dense = plan.dense[1:]

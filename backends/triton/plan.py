@@ -40,6 +40,7 @@ MERGE_COLS = 4  # out row, first partial row, partial row stride, splits
 COUNT_FIELDS = 4  # live items, live merge rows, heads-first flag, spare
 GATHER_FLOP_PER_BYTE = 1500  # auto gathers paged prefill above this (break-even ~1000 on an H100)
 PROGRAMS_PER_SM = 4  # graph mode: persistent programs per SM
+DENSE_SCRATCH_PER_PROGRAM = 1024  # bytes of TMA descriptors the dense kernel builds per program (4 x 128, x2)
 
 
 def interpreting() -> bool:
@@ -98,6 +99,7 @@ class TritonPlan:
     dense_work: dict = field(default_factory=dict)  # block_m -> (work [n, 2] int32, n, heads_first)
     heads_first: bool = False  # program ids run over the heads first (_heads_first)
     gather: Optional[dict] = None  # paged prefill via the dense kernel: buffers and indices
+    dense_scratch: Optional[torch.Tensor] = None  # uint8: the dense kernel's TMA descriptors
     upload: Optional["Upload"] = None  # the tables' bytes, re-sent by run() if another plan overwrote them
 
 
@@ -199,6 +201,10 @@ class Upload:
     def ensure(self) -> None:
         """Re-send the tables if another plan wrote over them since."""
         if self.key is not None and _OWNERS.get(self.key) is not self:
+            if self.dst.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "triton: this plan's tables were overwritten by a later plan() into the same int workspace, "
+                    "and a CUDA graph cannot capture sending them again: plan this batch again before capturing")
             self.send()
 
 
@@ -354,22 +360,30 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     if cap_part:
         flay.add("part_o", (cap_part, Hq, problem.head_dim_vo), torch.float32)
         flay.add("part_lse", (cap_part, Hq), torch.float32)
+    opt = []  # optional regions (optimisations), taken only where they fit the float workspace
+    if dense_lists:  # the dense kernel's on-device TMA descriptors (Triton's global scratch)
+        progs = max(len(v[0]) for v in dense_lists.values()) * Hq
+        opt.append(("dense_scratch", (progs * DENSE_SCRATCH_PER_PROGRAM,), torch.uint8))
     if gather_bytes:
-        glay = WorkspaceLayout("triton")
-        glay.regions, glay.nbytes = list(flay.regions), flay.nbytes
         shape = (meta.kv_indptr_host[-1], problem.page_size, Hkv, problem.head_dim_qk)
-        glay.add("gather_k", shape, problem.kv_dtype)
-        glay.add("gather_v", shape, problem.kv_dtype)
+        opt += [("gather_k", shape, problem.kv_dtype), ("gather_v", shape, problem.kv_dtype)]
+    if opt:
+        olay = WorkspaceLayout("triton")
+        olay.regions, olay.nbytes = list(flay.regions), flay.nbytes
+        for r in opt:
+            olay.add(*r)
         ws = meta.workspace
-        have = ws.numel() if ws is not None else None
-        if have is not None and glay.nbytes + ALIGN > have:
-            plan.stats["gather_skipped"] = (f"gathered K/V need {glay.nbytes / 2 ** 20:.1f} MiB of the float "
-                                            f"workspace, it has {have / 2 ** 20:.1f} MiB: the generic kernel "
+        if ws is None or olay.nbytes + ALIGN <= ws.numel():
+            flay = olay
+            if gather_bytes:
+                plan.stats["gather_mb"] = gather_bytes / 2 ** 20
+        elif gather_bytes:
+            plan.stats["gather_skipped"] = (f"gathered K/V need {olay.nbytes / 2 ** 20:.1f} MiB of the float "
+                                            f"workspace, it has {ws.numel() / 2 ** 20:.1f} MiB: the generic kernel "
                                             f"reads the pages")
             dense_lists, gather_bytes = {}, 0
         else:
-            flay = glay
-            plan.stats["gather_mb"] = gather_bytes / 2 ** 20
+            plan.stats["dense_scratch"] = "Triton's allocator (the float workspace has no room for it)"
     fbuf = meta.workspace
     if graph is not None and fbuf is None and flay.regions:
         if graph.own_float is None:
@@ -429,6 +443,8 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         plan.dense_work = {bm: (tabs[f"dense_{bm}"], len(items), first)
                            for bm, (items, _, first) in dense_lists.items()}
         plan.stats["dense"] = plan.dense[0].as_dict()
+    if dense_lists:
+        plan.dense_scratch = fviews.get("dense_scratch")
     if gather_bytes:
         plan.gather = dict(k=fviews["gather_k"], v=fviews["gather_v"],
                            pages=plan.kv_indices[:meta.kv_indptr_host[-1]], kv_start=tabs["kv_start"])

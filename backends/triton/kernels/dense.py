@@ -148,6 +148,16 @@ def _torch_alloc(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def _scratch_alloc(scratch):
+    """Triton's global-scratch allocator over ``scratch`` (a uint8 region of the caller's float workspace,
+    256-byte aligned), torch's where the request does not fit."""
+    def alloc(size: int, alignment: int, stream):
+        if scratch is not None and size <= scratch.numel() and scratch.data_ptr() % max(alignment, 1) == 0:
+            return scratch[:size]
+        return _torch_alloc(size, alignment, stream)
+    return alloc
+
+
 def tma_ready(*tensors) -> bool:
     """Whether these tensors can be read through tensor descriptors (16-byte base and strides)."""
     for t in tensors:
@@ -160,12 +170,14 @@ def tma_ready(*tensors) -> bool:
 
 def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv_lens, *, group_size,
               head_dim, kv_strides, v_strides, causal, qk_scale, out_scale, block_m, block_n,
-              num_warps, num_stages, warp_specialize, one_loop=False, branch=False, heads_first=False):
+              num_warps, num_stages, warp_specialize, one_loop=False, branch=False, heads_first=False,
+              scratch=None):
     """Launch ``_dense_fwd`` over ``num_items`` x Hq programs; returns a relaunch closure.
 
     q/out [nnz_q, Hq, D]; k/v ragged, addressed by (token, head) element strides ``kv_strides`` /
     ``v_strides``, request i's keys at rows [kv_start[i], kv_start[i] + kv_lens[i]); work int32
-    [num_items, 2] = (request, first row); lse fp32 [nnz_q, Hq] or None.
+    [num_items, 2] = (request, first row); lse fp32 [nnz_q, Hq] or None.  ``scratch``: uint8 device
+    memory for the descriptors the kernel builds (else torch allocates them per launch).
     """
     from triton.runtime import _allocation
 
@@ -180,13 +192,14 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv
               num_warps=num_warps, num_stages=num_stages)
     launcher = fast_launcher(_dense_fwd, (num_items * hq,), cx)
     dummy = work
+    alloc = _scratch_alloc(scratch)
 
     def launch(q, k, v, out, lse, mask_bytes, sinks):
         # descriptors are built on the device into a scratch buffer from Triton's allocator: use
-        # the caller's allocator if one is set, else torch's for this launch only
+        # the caller's allocator if one is set, else the plan's scratch (or torch's) for this launch only
         tok = None
         if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-            tok = _allocation._allocator.set(_torch_alloc)
+            tok = _allocation._allocator.set(alloc)
         try:
             launcher(q, k, v, out, lse if lse is not None else dummy, work, qo_indptr, kv_start, kv_lens,
                      sinks if sinks is not None else dummy, *tail)
