@@ -216,10 +216,10 @@ def _upload(layout: WorkspaceLayout, dev_views: dict, fill, shared: bool) -> Upl
     host = torch.zeros(layout.nbytes, dtype=torch.uint8)
     hv = {}
     for name, shape, dtype, off in layout.regions:
-        n = 1
+        n = dtype.itemsize
         for s_ in shape:
             n *= s_
-        hv[name] = host[off: off + n * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
+        hv[name] = host[off: off + n].view(dtype).view(shape)
     fill(hv)
     raw = base.view(-1).view(torch.uint8)
     dst = torch.as_strided(raw, (layout.nbytes,), (1,))  # the layout's span, from its first region
@@ -436,8 +436,10 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     plan.merge_table, plan.slopes = tabs.get("merge"), tabs.get("slopes")
     if xqa_width is not None:
         plan.kv_indptr = tabs["xqa_indptr"]
-    if plan.kv_indices is not None and plan.kv_indices.numel() == 0:
-        plan.kv_indices = plan.counts  # never read (no pages): any valid int32 pointer
+    if plan.kv_indices is not None and plan.kv_indices.numel() == 0 and (graph is None or not plan.kv_indices.data_ptr()):
+        # never read (no pages): any valid int32 pointer; in graph mode the caller's fixed buffer stays
+        # (a re-plan with pages fills it)
+        plan.kv_indices = plan.counts
     if dense_lists:
         plan.dense = list(next(iter(dense_lists.values()))[1])
         plan.dense_work = {bm: (tabs[f"dense_{bm}"], len(items), first)
