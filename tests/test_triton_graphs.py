@@ -12,10 +12,12 @@ import os
 import random
 import zlib
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
 
 from attncore.core.problem import AttentionProblem  # noqa: E402
 from attncore.core.workspace import WorkspaceTooSmall  # noqa: E402
@@ -169,6 +171,19 @@ def test_graph_capacity_error_names_it():
 
 def _build(p, shapes, seed=1):
     return inputs.build(p, "", seed, "cpu", shapes=shapes)
+
+
+@cpu_only
+def test_graph_mode_splits_only_as_far_as_the_float_workspace_holds():
+    be = TritonBackend(config=TILES16, kv_chunk=16)
+    p = _problem("batch_decode", return_lse=True)
+    b = _build(p, ([1, 1], [80, 64]))
+    runner._into_fixed(b.meta, {})
+    b.meta.workspace = torch.zeros(1024, dtype=torch.uint8)  # no room for two partial rows
+    plan = be.plan(p, b.meta)
+    assert plan.graph.cap_part == 0 and plan.num_merge_rows == 0 and plan.max_splits == 1
+    be.run(plan, b.args)
+    assert not runner.check_result(b, inputs.expected(b))
 
 
 @cpu_only

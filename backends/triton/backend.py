@@ -154,6 +154,8 @@ class TritonBackend(Backend):
         return r
 
     # ------------------------------------------------------------------ plan / run
+    # POD ops (pod / batch_pod, backends/triton/pod.py): their capabilities join CAPABILITIES above and
+    # their plans dispatch here, before the generic plan / run below.
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         return _plan.make_plan(self, problem, meta)
 

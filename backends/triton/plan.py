@@ -292,6 +292,10 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph is None:
             cfg = _pick_config(be, problem, rows_max, device, interp, cc)
             caps = _capacities(nnz_q, B, G, Hkv, cfg.block_m, sms)
+            if meta.workspace is not None:  # split-KV partials only as far as the float workspace holds them
+                row = Hq * problem.head_dim_vo * 4 + Hq * 4
+                fit = max(0, (meta.workspace.numel() - 3 * ALIGN) // row)
+                caps = (caps[0], min(caps[1], fit if fit >= 2 else 0), caps[2])
             grid = max(1, min(caps[0] * Hkv, PROGRAMS_PER_SM * sms))
             graph = GraphState(cfg, *caps, grid=grid, merge_grid=max(1, min(caps[2], PROGRAMS_PER_SM * sms)),
                                batch_size=B, nnz_q=nnz_q)
