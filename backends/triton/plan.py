@@ -21,6 +21,7 @@ the capacity is an error naming it; split-KV shrinks (a larger chunk) to fit the
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -40,7 +41,7 @@ MERGE_COLS = 4  # out row, first partial row, partial row stride, splits
 COUNT_FIELDS = 4  # live items, live merge rows, heads-first flag, spare
 GATHER_FLOP_PER_BYTE = 1500  # auto gathers paged prefill above this (break-even ~1000 on an H100)
 PROGRAMS_PER_SM = 4  # graph mode: persistent programs per SM
-DENSE_SCRATCH_PER_PROGRAM = 1024  # bytes of TMA descriptors the dense kernel builds per program (4 x 128, x2)
+DENSE_SCRATCH_PER_PROGRAM = 4096  # bytes per program for the TMA descriptors the dense kernel builds (4 x 128) with room
 
 
 def interpreting() -> bool:
@@ -176,7 +177,7 @@ class _Staging:
 _STAGING: Dict[str, _Staging] = {}
 # which upload last wrote each table span (device pointer -> Upload): a plan whose tables another
 # plan overwrote (two plans of one wrapper, a plan cache) re-sends its bytes at run()
-_OWNERS: Dict[Tuple[str, int], "Upload"] = {}
+_OWNERS: "weakref.WeakValueDictionary[Tuple[str, int], Upload]" = weakref.WeakValueDictionary()  # plans own uploads
 
 
 class Upload:
