@@ -8,7 +8,9 @@ the backend's plan() declines the batch (``PODDeclined``: fused would not win); 
 which, ``backend`` names what ran.  Unlike FlashInfer, LSEs are returned when asked for, and
 decode-side ``*_d`` arguments either match the plan (``None`` means "as planned") or raise: they are
 never silently ignored.  Workspaces: the composed parts share the float workspace (their runs are
-sequential); the fused plan's work list lives in this wrapper's own int workspace.
+sequential); int workspaces are plan-scoped, so each plan has its own: the caller's goes to the decode
+part, the fused plan's work list lives in the wrapper's own (``INT_WORKSPACE_BYTES``, allocated on the
+first fused plan), the batch prefill part keeps its wrapper's.
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ class PODWithPagedKVCacheWrapper:
         return self._fuser.reason
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
+        """The decode part takes both (the single prefill has no plan-scoped tables); the fused plan
+        keeps its own int workspace (plan-scoped tables must not share one)."""
         self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
 
     def plan(self, indptr: Tensor, indices: Tensor, last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int,
@@ -246,8 +250,11 @@ class BatchPODWithPagedKVCacheWrapper:
         return self._fuser.reason
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
+        """The float workspace is shared by both parts (their runs are sequential); an int workspace is
+        plan-scoped, so only the decode part takes the caller's: the prefill part and the fused plan keep
+        their own."""
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
-        self._decode.reset_workspace_buffer(float_workspace_buffer)
+        self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
 
     def plan(self, qo_indptr_p: Tensor, kv_indptr_p: Tensor, kv_indices_p: Tensor, last_page_len_p: Tensor,
              qo_indptr_d: Tensor, kv_indptr_d: Tensor, kv_indices_d: Tensor, last_page_len_d: Tensor,

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 16 (POD in one launch) on one GPU, within ~500 s: install, the fused POD tests in bf16 on the
-# GPU (tests/test_pod_fused.py, marked gpu, plus its CPU-shaped cases run on the GPU's interpreter-free
-# path), then `attncore bench` for PD1/PD2 (fused vs composed-serial vs auto) and the sweep (prefill
-# 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k), once with the default grid launch and once with
-# the persistent one (POD_MODE), and a short table last.  FI=1 adds FlashInfer's POD (needs
-# .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON and the plot under $OUT.
+# GPU (the gpu-marked tests of tests/test_pod_fused.py), fused-launch variants on PD1/PD2 (grid vs
+# persistent, prefill tile configs), then `attncore bench` for PD1/PD2 (fused vs composed-serial vs
+# auto) and the sweep (prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k), a short table last.
+# FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON
+# and (when matplotlib imports) the plot under $OUT.
 # Usage on the device machine:  [FI=0] [SWEEP=1] bash scripts/gpu_issue16_pod.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
@@ -13,7 +13,7 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
-python3 -m pip install -q matplotlib > /dev/null 2>&1 || echo "matplotlib not installable: no plot"
+PLOT=""; python3 -c "import matplotlib" 2> /dev/null && PLOT="--plot $OUT/pod_speedup.png"
 FIARG=""
 if [ "${FI:-0}" = 1 ]; then
   export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-cache}
@@ -21,29 +21,47 @@ if [ "${FI:-0}" = 1 ]; then
   ANCHORS_DIR=.anchors source .anchors/fi_setup.sh && FIARG="--flashinfer"
 fi
 stamp "installed"
-timeout 200 python3 -m pytest -q -m gpu tests/test_pod_fused.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
+timeout 150 python3 -m pytest -q -m gpu tests/test_pod_fused.py 2>&1 | tail -15 > "$OUT/tests.txt"
 stamp "gpu tests done"
-SW=""; [ "${SWEEP:-1}" = 1 ] && SW="--pod-sweep"
-# the persistent launch shape, selected through the backend's constructor option (one small driver)
-cat > /tmp/pod_mode.py <<'PY'
-import sys, json
+# fused launch variants on PD1/PD2 (fused time only): grid vs persistent, a prefill tile config
+cat > /tmp/pod_variants.py <<'PY'
+import torch
+import attncore
 from attncore.core import registry
 from attncore.cli import bench_pod
-mode = sys.argv[1]
+from attncore.cli.bench import _timer
 b = registry.entries()["triton"].backend
-b._pod = (b._pod[0], mode, 2, None)
-info = bench_pod.run_pod_bench(["PD1", "PD2"], device="cuda")
-print(bench_pod.format_pod_table(info))
-json.dump(info, open(sys.argv[2], "w"), indent=1, default=str)
+t = _timer("cuda")
+p64 = {"prefill": dict(block_m=64, block_n=64, num_warps=8, num_stages=2),
+       "decode": dict(block_m=16, block_n=64, num_warps=8, num_stages=2)}
+variants = [("grid default", ("always", "grid", 1, None)), ("persistent x1", ("always", "persistent", 1, None)),
+            ("grid p64x64 w8", ("always", "grid", 1, p64))]
+print(f"{'variant':<18} {'PD1 ms':>8} {'PD2 ms':>8}")
+for name, v in variants:
+    b._pod = v
+    ms = []
+    for w in bench_pod.POD_WORKLOADS:
+        try:
+            run, wr = bench_pod._setup(w, "cuda", torch.bfloat16, attncore, dict(backend="triton"))
+            ms.append(f"{t(run):8.3f}")
+        except Exception as e:
+            ms.append(f"{type(e).__name__}"[:8])
+    print(f"{name:<18} {ms[0]:>8} {ms[1]:>8}", flush=True)
 PY
-timeout 120 python3 /tmp/pod_mode.py persistent "$OUT/pod_persistent.json" > "$OUT/pod_persistent.txt" 2>&1
-stamp "persistent PD1/PD2 done"
-# shellcheck disable=SC2086
-timeout 330 python3 -m attncore.cli bench --workload PD1 --workload PD2 $SW $FIARG --device cuda \
-  --json "$OUT/pod_bench.json" --plot "$OUT/pod_speedup.png" > "$OUT/pod_bench.txt" 2> "$OUT/pod_bench.err"
-stamp "bench done (rc $?)"
-tail -5 "$OUT/pod_bench.err"
-echo "== persistent launch (PD1/PD2) =="; cat "$OUT/pod_persistent.txt" | tail -4
-echo "== tests =="; tail -2 "$OUT/tests.txt"
-echo "== POD bench (grid launch; targets: PD1 fused x >= 1.15, PD2 fused < 0.40 ms, sweep worst auto >= 0.98) =="
-cat "$OUT/pod_bench.txt"
+timeout 80 python3 /tmp/pod_variants.py > "$OUT/pod_variants.txt" 2>&1
+stamp "fused variants done"
+timeout 90 python3 -m attncore.cli bench --workload PD1 --workload PD2 $FIARG --device cuda \
+  --json "$OUT/pod_pd.json" > "$OUT/pod_pd.txt" 2> "$OUT/pod_pd.err"
+stamp "PD1/PD2 done (rc $?)"
+if [ "${SWEEP:-1}" = 1 ]; then  # rows also go to pod_sweep.err as they are measured
+  # shellcheck disable=SC2086
+  timeout 180 python3 -m attncore.cli bench --pod-sweep --device cuda --json "$OUT/pod_sweep.json" $PLOT \
+    > "$OUT/pod_sweep.txt" 2> "$OUT/pod_sweep.err"
+  stamp "sweep done (rc $?)"
+fi
+echo "== tests =="; tail -3 "$OUT/tests.txt"
+echo "== fused launch variants (PD1/PD2, ms) =="; tail -4 "$OUT/pod_variants.txt"
+[ -s "$OUT/pod_sweep.txt" ] && { echo "== sweep =="; cat "$OUT/pod_sweep.txt"; } \
+  || { echo "== sweep (cut short: rows measured) =="; grep "pod bench:" "$OUT/pod_sweep.err" 2>/dev/null; }
+echo "== PD1/PD2 (targets: PD1 fused x >= 1.15 and below FlashInfer's 0.414 ms; PD2 fused < 0.40 ms) =="
+cat "$OUT/pod_pd.txt"; tail -3 "$OUT/pod_pd.err" | grep -v "pod bench:"

@@ -285,3 +285,61 @@ def test_batch_pod_auto_fuses_pd1_shape_gpu():
     for a, b in zip(res[True], res[False]):
         assert (a[0].float() - b[0].float()).abs().max().item() < 0.05
         assert (a[1] - b[1]).abs().max().item() < 0.05
+
+
+def test_pod_bench_rows_on_cpu(triton_pod):
+    """The POD bench's rows (fused, serial, auto) on a shrunken PD1, with a timer that only runs the
+    closure (the interpreter's times mean nothing); the table prints every column."""
+    from attncore.cli import bench_pod
+
+    calls = []
+    w = bench_pod._shrink(bench_pod.POD_WORKLOADS[0])
+    row = bench_pod.measure(w, device="cpu", time_fn=lambda fn: (fn(), calls.append(1), 1.0)[2])
+    assert "fused_error" not in row, row.get("fused_error")
+    assert row["fused"] == row["serial"] == row["auto"] == 1.0 and len(calls) == 3
+    assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("prefill=")
+    assert triton_pod._pod[0] == "always"  # the forced mode is restored to the fixture's
+    table = bench_pod.format_pod_table({"device": "cpu", "rows": [row]})
+    assert "PD1" in table and "fused x" in table
+    with pytest.raises(ValueError, match="unknown POD workload PD9"):
+        bench_pod.run_pod_bench(["PD9"], device="cpu")
+
+
+def test_bench_plot_needs_pod_rows():
+    from attncore.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--device", "cpu", "--plot", "/tmp/x.png"])
+    assert e.value.code == 2
+
+
+def test_pod_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from attncore.cli import bench_pod
+
+    rows = [{"id": "S-a", "shape": "x", "fused_speedup": 1.2, "auto_speedup": 1.1},
+            {"id": "S-b", "shape": "y", "fused_speedup": 0.9, "auto_speedup": 1.0}]
+    bench_pod.plot({"device": "cpu", "rows": rows}, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_batch_pod_fused_draft_rows_fp32(triton_pod):
+    """batch_pod whose decode requests carry 2 query rows each (speculative drafts: causal within the
+    request), fp32, page size 1."""
+    dtype = torch.float32
+    torch.manual_seed(5)
+    hq, hkv, d, page = 4, 1, 16, 1
+    kvp, qop, kvd = [7], [7], [5, 9]
+    ip, xp, lp_, cp = _paged(kvp, page, hkv, d, dtype)
+    idd, xd, ld_, cd = _paged(kvd, page, hkv, d, dtype)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend="triton")
+    w.plan(torch.tensor([0, 7], dtype=torch.int32), ip, xp, lp_, torch.tensor([0, 2, 4], dtype=torch.int32),
+           idd, xd, ld_, hq, hkv, d, page, q_data_type=dtype)
+    qp, qd = torch.randn(7, hq, d, dtype=dtype), torch.randn(4, hq, d, dtype=dtype)
+    (op, lp), (od, ld) = w.run(qp, cp, qd, cd, causal_p=False, return_lse=True)
+    assert w.backend == "fused=triton"
+    k, v = _request_kv(cp, ip, xp, 7, 0)
+    _check(op, lp, qp, k, v, dtype)
+    for i, n in enumerate(kvd):
+        k, v = _request_kv(cd, idd, xd, n, i)
+        _check(od[2 * i:2 * i + 2], ld[2 * i:2 * i + 2], qd[2 * i:2 * i + 2], k, v, dtype, causal=True)

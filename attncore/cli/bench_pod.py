@@ -5,7 +5,8 @@ paged decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces t
 ``--pod-backend`` (default triton) on every batch, ``serial`` composes the parts (``fuse=False``,
 each part on auto's backend), ``auto`` is what the wrapper does by default (fused where the backend's
 plan estimates a gain; the table says which ran), and ``flashinfer`` (with ``--flashinfer``) is
-FlashInfer's POD wrapper on the same inputs.  The sweep (``--pod-sweep``): prefill 512 / 2k / 8k x
+FlashInfer's POD wrapper on the same inputs.  The sweep (``--pod-sweep``; alone, without PD ids, it
+runs only the sweep): prefill 512 / 2k / 8k x
 decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k, with the median speedup and, with ``--plot``, a
 plot of the speedup over serial (matplotlib, optional).  On a CPU the shapes shrink (Triton's
 interpreter) and the figures only show that the paths run.
@@ -129,16 +130,16 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
     unknown = [i for i in ids or () if i not in known]
     if unknown:
         raise ValueError(f"unknown POD workload {', '.join(unknown)}; known: {', '.join(known)}")
-    todo = [known[i] for i in ids] if ids else list(POD_WORKLOADS)
+    todo = [known[i] for i in ids] if ids else ([] if sweep else list(POD_WORKLOADS))
     if sweep:
         todo += SWEEP if device == "cuda" else SWEEP[:1]
     if device != "cuda":
         todo = [_shrink(w) for w in todo]
     rows = []
     for w in todo:
-        if progress:
-            progress(f"pod bench: {w.id}")
         rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi))
+        if progress:  # each row as it is measured: a run cut short still shows what it measured
+            progress("pod bench: " + _fmt_row(rows[-1]))
     sp = [r["fused_speedup"] for r in rows if r["id"].startswith("S-") and "fused_speedup" in r]
     auto = [r["auto_speedup"] for r in rows if r["id"].startswith("S-") and "auto_speedup" in r]
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}
@@ -153,15 +154,19 @@ def _ms(x) -> str:
     return f"{x:.3f}" if isinstance(x, float) else "-"
 
 
+def _fmt_row(r: Dict) -> str:
+    return (f"{r['id']:<20} {r['shape']:<18} {_ms(r.get('fused')):>8} {_ms(r.get('serial')):>8} "
+            f"{_ms(r.get('auto')):>8} {_ms(r.get('flashinfer')):>8} "
+            f"{r.get('fused_speedup', 0):>8.2f} {r.get('auto_speedup', 0):>7.2f} "
+            f"{r.get('flashinfer_speedup', 0):>6.2f}  {r.get('auto_ran')}")
+
+
 def format_pod_table(info: Dict) -> str:
     lines = [f"POD on {info['device']} (ms; speedup = serial / x)",
              f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'auto':>8} {'flashinf':>8} "
              f"{'fused x':>8} {'auto x':>7} {'fi x':>6}  auto ran"]
     for r in info["rows"]:
-        lines.append(f"{r['id']:<20} {r['shape']:<18} {_ms(r.get('fused')):>8} {_ms(r.get('serial')):>8} "
-                     f"{_ms(r.get('auto')):>8} {_ms(r.get('flashinfer')):>8} "
-                     f"{r.get('fused_speedup', 0):>8.2f} {r.get('auto_speedup', 0):>7.2f} "
-                     f"{r.get('flashinfer_speedup', 0):>6.2f}  {r.get('auto_ran')}")
+        lines.append(_fmt_row(r))
         for k in ("fused_error", "flashinfer_error"):
             if k in r:
                 lines.append(f"    {k}: {r[k]}")

@@ -65,6 +65,13 @@ SM_FLOPS = 430e12 / 132
 SM_BYTES = 3.0e12 / 132
 OVERLAP = 0.5
 PREFILL_EFF = 0.8
+# (block_m, block_n, num_warps, num_stages) of each path on a GPU; the kernel takes the prefill path's
+# warps and the smaller stage count.  Both paths live in one kernel, so its registers are the larger
+# path's plus what stays live across the branch: compiled offline for sm90 (Triton 3.9, d128 bf16,
+# causal), prefill 64x32 + decode 16x64 on 8 warps takes 254 registers without spills, where 64x64 on
+# 4 warps spills 1.2 KB per thread and 128x64 on 8 warps 0.5 KB.  One CTA per SM, then: the parts
+# share the GPU across SMs (decode items on some while prefill tiles run on others), not within one.
+GPU_CONFIG = {"prefill": (64, 32, 8, 2), "decode": (16, 64, 8, 2)}
 MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower than serial by more than 2%)
 
 
@@ -127,7 +134,7 @@ def _interleave(a: list, b: list) -> list:
 
 
 def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fused: str = "auto",
-             mode: str = "grid", ctas_per_sm: int = 2, config: Optional[dict] = None) -> PODPlan:
+             mode: str = "grid", ctas_per_sm: int = 1, config: Optional[dict] = None) -> PODPlan:
     from attncore.backends.triton import config as _cfg
 
     if not isinstance(batch, PODBatch):
@@ -144,10 +151,10 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
             c = _cfg.LaunchConfig(**config[which])
         elif interpret:
             c = _cfg.candidates(pp, rows, interpret=True)[0]
-        elif which == "prefill":  # 64-row tiles, 4 warps: two or three CTAs per SM, beside decode items
-            c = _cfg.LaunchConfig(64, 64, 4, 2, prefetch=pp.page_size is not None)
+        elif which == "prefill":  # see GPU_CONFIG
+            c = _cfg.LaunchConfig(*GPU_CONFIG["prefill"], prefetch=pp.page_size is not None)
         else:
-            c = _cfg.LaunchConfig(max(16, _cfg._pow2(min(rows, 64))), 64, 4, 2)
+            c = _cfg.LaunchConfig(max(16, _cfg._pow2(min(rows, 64))), *GPU_CONFIG["decode"][1:])
         parts.append(dict(problem=pp, meta=meta, block_m=c.block_m, block_n=c.block_n, prefetch=c.prefetch,
                           num_warps=c.num_warps, num_stages=c.num_stages, mask_mode=MASK_IDS[meta.mask],
                           nnz_q=meta.qo_indptr_host[-1]))
@@ -303,14 +310,15 @@ class TritonPODBackend(TritonBackend):
     pod : {"auto", "always"}, default "auto"
         "auto": plan() declines a batch the cost model says would not gain (the API composes the
         parts); "always": fuse every batch (tests).
-    pod_mode : {"grid", "persistent"}, default "grid"; pod_ctas_per_sm: programs per SM (persistent).
+    pod_mode : {"grid", "persistent"}, default "grid"; pod_ctas_per_sm: programs per SM (persistent; 1
+        by default: the kernel holds one CTA per SM, see GPU_CONFIG).
     pod_config : dict, optional: {"prefill": LaunchConfig kwargs, "decode": ...} (tuning).
     Every other keyword goes to ``TritonBackend``.
     """
 
     capabilities = tuple(TritonBackend.capabilities) + POD_CAPABILITIES
 
-    def __init__(self, *, pod: str = "auto", pod_mode: str = "grid", pod_ctas_per_sm: int = 2,
+    def __init__(self, *, pod: str = "auto", pod_mode: str = "grid", pod_ctas_per_sm: int = 1,
                  pod_config: Optional[dict] = None, **kw):
         super().__init__(**kw)
         if pod not in ("auto", "always"):
