@@ -18,6 +18,8 @@ import torch
 
 from attncore.core.selector import BackendSelectionError
 
+WORKSPACE_MB = 512  # the float workspace every attncore workload is planned with
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -149,7 +151,10 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     import attncore
 
     ac = api or attncore
-    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    # A serving stack sizes its float workspace once; 512 MiB lets Triton's paged prefill gather the
+    # pages of P4 (about 300 MiB of K/V) into it, which a 128 MiB workspace cannot hold (then it
+    # reads the pages in place, about 8% slower on P4: BENCHMARKS.md).  Other backends use a few MiB.
+    ws = torch.empty(WORKSPACE_MB << 20, dtype=torch.uint8, device=device)
     kv_dtype = torch.float8_e4m3fn if w.kv_fp8 else dtype
     if w.op == "prefill" and api is not None:  # the one-call function (plan + run each call)
         runs = []
