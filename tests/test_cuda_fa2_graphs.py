@@ -9,6 +9,7 @@ conformance suite's graph runner; device memory flat over 100 plan/run cycles.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -177,7 +178,11 @@ def test_graph_mode_without_workspaces_keeps_its_own_buffers_cpu():
             launched.append([bytes(x) for x in FakeLib.launched])
             _tables(plan)
     assert launched[0] == launched[1] == launched[2] and len(launched[0]) == 2
-    assert plan.graph.own_int is not None and plan.graph.own_float is not None
+    st = plan.graph
+    assert st.own_int is not None and st.own_float is not None and st.anchor() is not None
+    del plan, bases  # the caller's buffers go: its state no longer keys anything (an address reused later
+    gc.collect()     # by another caller's buffer starts a fresh state)
+    assert st.anchor() is None
 
 
 def test_graph_mode_keeps_the_first_config_cpu():

@@ -16,6 +16,7 @@ that needs more is an error naming the capacity.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
@@ -46,7 +47,7 @@ class GraphState:
     sm90_reasons: List[str] = field(default_factory=list)  # the first plan's (why not prefill90)
     own_int: Optional[torch.Tensor] = None  # the table buffer when the caller gave no int workspace
     own_float: Optional[torch.Tensor] = None  # the partials' buffer when the caller gave no float workspace
-    anchor: Optional[torch.Tensor] = None  # the buffer keying this state, kept alive so its address is not reused
+    anchor: Any = None  # weakref to the buffer keying this state (its root tensor)
 
 
 @dataclass
@@ -88,8 +89,9 @@ class Fa2Plan:
 # ------------------------------------------------------------------------------ graph-mode state
 # Keyed by the caller's identity in graph mode: its int workspace (a wrapper's own buffer) or, when
 # driven directly without one (tests, the conformance suite), its fixed qo_indptr buffer; plus the
-# problem and device.  A state keeps that buffer alive (``anchor``): a freed buffer's address, reused by
-# another caller's allocation, must not find this state.  Bounded: the oldest states go first.
+# problem and device.  A state holds a weak reference to that buffer (``anchor``): once the caller's
+# buffer is freed its state is dropped, so a later allocation at the same address starts afresh, and
+# no state keeps a caller's memory alive.  Bounded: the oldest states go first.
 _GRAPH_STATES: "OrderedDict[tuple, GraphState]" = OrderedDict()
 _MAX_GRAPH_STATES = 64
 
@@ -127,16 +129,35 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
     return s
 
 
-def graph_state(problem, meta, dev, first: GraphState) -> GraphState:
-    """The caller's graph state: ``first`` (built from this plan) on its first graph-mode plan."""
+def _anchor(meta: BatchMeta) -> torch.Tensor:
+    """The caller's buffer that identifies it in graph mode: the root tensor of its int workspace or
+    of its fixed ``qo_indptr`` buffer (a plan sees a new view of it each time)."""
+    t = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
+    while t._base is not None:
+        t = t._base
+    return t
+
+
+def find_graph_state(problem, meta, dev) -> Optional[GraphState]:
+    """The caller's graph state, or None before its first graph-mode plan (or once its buffer died)."""
     k = _graph_key(problem, meta, dev)
     st = _GRAPH_STATES.get(k)
-    if st is None:
-        st = _GRAPH_STATES[k] = first
-        while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
-            _GRAPH_STATES.popitem(last=False)
-    else:
+    if st is not None and st.anchor() is None:
+        del _GRAPH_STATES[k]
+        st = None
+    if st is not None:
         _GRAPH_STATES.move_to_end(k)
+    return st
+
+
+def new_graph_state(problem, meta, dev, st: GraphState) -> GraphState:
+    """Record ``st`` as the caller's graph state (dropping the states whose callers are gone)."""
+    for k in [k for k, v in _GRAPH_STATES.items() if v.anchor() is None]:
+        del _GRAPH_STATES[k]
+    st.anchor = weakref.ref(_anchor(meta))
+    _GRAPH_STATES[_graph_key(problem, meta, dev)] = st
+    while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
+        _GRAPH_STATES.popitem(last=False)
     return st
 
 
@@ -239,16 +260,11 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     if problem.cuda_graph:
         from attncore.backends.cuda_fa2 import binding
 
-        k = _graph_key(problem, meta, dev)
-        graph = _GRAPH_STATES.get(k)
+        graph = find_graph_state(problem, meta, dev)
         if graph is None:
             lib, config, why = choose_lib()
-            anchor = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
-            graph = graph_state(problem, meta, dev, GraphState(config, lib.key, *_capacities(lib, nnz_q, B, G, Hkv),
-                                                               batch_size=B, nnz_q=nnz_q, sm90_reasons=why,
-                                                               anchor=anchor))
-        else:
-            _GRAPH_STATES.move_to_end(k)
+            graph = new_graph_state(problem, meta, dev, GraphState(config, lib.key, *_capacities(lib, nnz_q, B, G, Hkv),
+                                                                   batch_size=B, nnz_q=nnz_q, sm90_reasons=why))
         lib, config, why = binding.get_library(graph.key, dev), graph.config, graph.sm90_reasons
     else:
         lib, config, why = choose_lib()
