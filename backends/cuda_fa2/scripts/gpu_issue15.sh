@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda_fa2, issue 15 items 2-3 and issue 14 item 3, in ONE device call (within ~550 s; an H100):
+# cuda_fa2, issue 15 items 2-3 and issue 14 item 3, in ONE device call (at most ~530 s; an H100):
 # install, prebuild the conformance libraries in parallel, the cuda_fa2 tests (tests/test_cuda_fa2*.py:
 # numerics, graph replay == eager for every op x feature, memory flat over 100 plan/run cycles), the
 # conformance suite for cuda_fa2 (its cuda_graph family now runs: the batch ops claim cuda_graph), and
@@ -16,43 +16,52 @@ status() { if [ "$1" = 0 ]; then echo pass; else echo "FAIL(rc=$1)"; fi; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING | tail -3
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-echo "== prebuild (conformance specializations + the tests' own)" | tee "$OUT/log.txt"
-timeout 170 python3 scripts/prebuild_conformance.py 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-timeout 90 python3 - <<'PYEOF' 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-import os, sys
+echo "== prebuild (the conformance suite's specializations + the tests', one parallel build)" | tee "$OUT/log.txt"
+timeout 220 python3 - <<'PYEOF' 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+import os, sys, time
 import torch
 sys.path[:0] = ["tests", "scripts"]
 from attncore.build import jit
-from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+from attncore.testing import resolve_backend
+from attncore.testing.cases import generate
 from prebuild_conformance import candidate_keys
 from test_cuda_fa2 import gpu_test_uris
 import test_cuda_fa2_graphs as g
+backend, _ = resolve_backend("cuda_fa2")
+problems = [c.problem for fam, cases in generate(backend).items() if fam in ("numerics", "merge", "cuda_graph")
+            for c in cases]
 cc = torch.cuda.get_device_capability()
+problems += [g._problem(op, compute_capability=cc, **f) for op in g.OPS for f in g.FEATURES.values()]
 keys = set()
-for op in g.OPS:
-    for f in g.FEATURES.values():
-        keys |= candidate_keys(CudaFa2Backend(), g._problem(op, compute_capability=cc, **f))
+for p in problems:
+    try:
+        keys |= candidate_keys(backend, p)
+    except ValueError:
+        pass
 specs = []
-for k in keys:
+for k in sorted(keys, key=lambda k: k.uri):
     try:
         specs.append(k.spec())
     except ValueError:  # a combination no plan() builds
         pass
+t = time.time()
 res = jit.build("cuda_fa2", gpu_test_uris() + specs, jobs=os.cpu_count())
-print(f"prebuilt {len(res)} test specializations")
+print(f"prebuilt {len(res)} specializations ({sum(1 for r in res if r.seconds)} built) in {time.time() - t:.0f} s")
 PYEOF
 
 echo "== conformance cuda_fa2 ($N shards, in the background) + tests" | tee -a "$OUT/log.txt"
 for ((i = 0; i < N; i++)); do
-  timeout 230 python3 -m attncore.cli conformance cuda_fa2 -q -p no:cacheprovider -rfE --attncore-shard "$i/$N" \
+  timeout 210 python3 -m attncore.cli conformance cuda_fa2 -q -p no:cacheprovider -rfE --attncore-shard "$i/$N" \
     > "$OUT/conformance_$i.txt" 2>&1 &
 done
-timeout 130 python3 -m pytest tests/test_cuda_fa2_graphs.py -q -rfE -p no:cacheprovider 2>&1 | tail -15 \
-  > "$OUT/graphs.txt"
-r_g=${PIPESTATUS[0]}
-timeout 110 python3 -m pytest tests/test_cuda_fa2.py -q -rfE -p no:cacheprovider 2>&1 | tail -15 > "$OUT/tests.txt"
-r_t=${PIPESTATUS[0]}
+(timeout 210 python3 -m pytest tests/test_cuda_fa2_graphs.py -q -rfE -p no:cacheprovider > "$OUT/graphs_full.txt" 2>&1;
+ echo $? > "$OUT/graphs.rc") &
+timeout 210 python3 -m pytest tests/test_cuda_fa2.py -q -rfE -p no:cacheprovider > "$OUT/tests_full.txt" 2>&1
+r_t=$?
 wait
+r_g=$(cat "$OUT/graphs.rc")
+tail -15 "$OUT/graphs_full.txt" > "$OUT/graphs.txt"
+tail -15 "$OUT/tests_full.txt" > "$OUT/tests.txt"
 cat "$OUT/graphs.txt" "$OUT/tests.txt" | tee -a "$OUT/log.txt"
 r_c=0
 for ((i = 0; i < N; i++)); do
@@ -64,7 +73,7 @@ done
 grep -h "^FAILED\|^ERROR" "$OUT"/conformance_*.txt | head -20 | tee -a "$OUT/log.txt"
 
 echo "== bench --backend cuda_fa2 (P1 P3 P4 D1)" | tee -a "$OUT/log.txt"
-timeout 90 python3 -m attncore.cli bench --backend cuda_fa2 --workload P1 --workload P3 --workload P4 --workload D1 \
+timeout 80 python3 -m attncore.cli bench --backend cuda_fa2 --workload P1 --workload P3 --workload P4 --workload D1 \
   --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tee -a "$OUT/log.txt"
 r_b=${PIPESTATUS[0]}
 echo
