@@ -317,6 +317,7 @@ class TritonPODBackend(TritonBackend):
     """
 
     capabilities = tuple(TritonBackend.capabilities) + POD_CAPABILITIES
+    description = TritonBackend.description + "; fused POD (prefill + decode in one launch)"
 
     def __init__(self, *, pod: str = "auto", pod_mode: str = "grid", pod_ctas_per_sm: int = 1,
                  pod_config: Optional[dict] = None, **kw):
