@@ -8,6 +8,7 @@ GPU (``-m gpu``): replay == eager on every op x feature (attncore.testing's grap
 allocation in plan()/run() over 100 cycles, and the public wrappers' memory stays flat.
 """
 
+import itertools
 import os
 import random
 import zlib
@@ -341,13 +342,13 @@ def test_public_wrappers_memory_flat_gpu():
     for i in range(101):
         bsz = rng.randint(1, 16)
         npages = [rng.randint(1, 64) for _ in range(bsz)]
-        indptr = torch.tensor([0] + list(torch.tensor(npages).cumsum(0)), dtype=torch.int32, device="cuda")
+        indptr = torch.tensor([0, *itertools.accumulate(npages)], dtype=torch.int32, device="cuda")
         indices = torch.randperm(pool, device="cuda")[:int(indptr[-1])].to(torch.int32)
         last = torch.tensor([rng.randint(1, page) for _ in range(bsz)], dtype=torch.int32, device="cuda")
         dec.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.bfloat16)
         out = dec.run(torch.randn(bsz, hq, d, dtype=torch.bfloat16, device="cuda"), cache)
         qo = [rng.randint(1, 32) for _ in range(bsz)]
-        qo_indptr = torch.tensor([0] + list(torch.tensor(qo).cumsum(0)), dtype=torch.int32, device="cuda")
+        qo_indptr = torch.tensor([0, *itertools.accumulate(qo)], dtype=torch.int32, device="cuda")
         pre.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=torch.bfloat16)
         out = pre.run(torch.randn(sum(qo), hq, d, dtype=torch.bfloat16, device="cuda"), cache)
         del out

@@ -514,7 +514,6 @@ def attention_fwd(
         return lambda *a: None
     half = D // 2
     dummy = kv_lens
-    lse_t = lse if lse is not None else dummy
     t_o = tmp_o if tmp_o is not None else dummy
     t_l = tmp_lse if tmp_lse is not None else dummy
     ts = tuple(tmp_o.stride()[:2]) if tmp_o is not None else (0, 0)
