@@ -406,3 +406,23 @@ def test_persistent_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+@cpu_only
+def test_graph_state_follows_its_caller_not_an_address():
+    # a new caller (a new fixed qo_indptr buffer) gets its own capacities even at a freed caller's address
+    from attncore.backends.triton import plan as tp
+
+    be = TritonBackend(config=TILES16)
+    p = _problem("batch_prefill_ragged")
+    small = inputs.build(p, "", 1, "cpu", shapes=([1, 1], [5, 5]))
+    bases: dict = {}
+    st = be.plan(p, runner._into_fixed(small.meta, bases)).graph
+    assert st.caller() is bases["qo_indptr"]
+    key = tp._graph_key(p, small.meta)
+    big = inputs.build(p, "", 2, "cpu", shapes=([40, 40], [50, 50]))
+    other = {"qo_indptr": torch.zeros(4096, dtype=torch.int32)}
+    st.caller = lambda: other["qo_indptr"]  # as if the first caller died and another took its address
+    tp._GRAPH_STATES[key] = st
+    plan = be.plan(p, runner._into_fixed(big.meta, bases))  # the same buffers: would be a capacity error...
+    assert plan.graph is not st and plan.graph.nnz_q == 80  # ...but the state was another caller's

@@ -69,6 +69,7 @@ class GraphState:
     nnz_q: int
     own_int: Optional[torch.Tensor] = None  # the tables when the caller gave no int workspace
     own_float: Optional[torch.Tensor] = None  # the partials when the caller gave no float workspace
+    caller: Any = None  # weak reference to _graph_caller(meta): a state whose caller died starts afresh
 
 
 @dataclass
@@ -121,6 +122,13 @@ def _heads_first(costs: list, num_heads: int, num_sms_: int) -> bool:
 # device.  Bounded: the oldest states go first.
 _GRAPH_STATES: "OrderedDict[tuple, GraphState]" = OrderedDict()
 _MAX_GRAPH_STATES = 64
+
+
+def _graph_caller(meta: BatchMeta) -> torch.Tensor:
+    """The tensor that identifies the caller in graph mode: its int workspace, else the buffer behind its
+    fixed qo_indptr (the base of the view)."""
+    t = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
+    return t._base if t._base is not None else t
 
 
 def _graph_key(problem: AttentionProblem, meta: BatchMeta) -> tuple:
@@ -290,6 +298,8 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     if graph_mode:
         gk = _graph_key(problem, meta)
         graph = _GRAPH_STATES.get(gk)
+        if graph is not None and graph.caller() is not _graph_caller(meta):
+            graph = None  # another caller at a freed caller's address: its own state
         if graph is None:
             cfg = _pick_config(be, problem, rows_max, device, interp, cc)
             caps = _capacities(nnz_q, B, G, Hkv, cfg.block_m, sms)
@@ -299,7 +309,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
                 caps = (caps[0], min(caps[1], fit if fit >= 2 else 0), caps[2])
             grid = max(1, min(caps[0] * Hkv, PROGRAMS_PER_SM * sms))
             graph = GraphState(cfg, *caps, grid=grid, merge_grid=max(1, min(caps[2], PROGRAMS_PER_SM * sms)),
-                               batch_size=B, nnz_q=nnz_q)
+                               batch_size=B, nnz_q=nnz_q, caller=weakref.ref(_graph_caller(meta)))
             _GRAPH_STATES[gk] = graph
             while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
                 _GRAPH_STATES.popitem(last=False)
