@@ -50,7 +50,7 @@ for name, v in variants:
 PY
 timeout 80 python3 /tmp/pod_variants.py > "$OUT/pod_variants.txt" 2>&1
 stamp "fused variants done"
-timeout 90 python3 -m attncore.cli bench --workload PD1 --workload PD2 $FIARG --device cuda \
+PYTHONPATH="${FI_ROOT:-}" timeout 200 python3 -m attncore.cli bench --workload PD1 --workload PD2 $FIARG --device cuda \
   --json "$OUT/pod_pd.json" > "$OUT/pod_pd.txt" 2> "$OUT/pod_pd.err"
 stamp "PD1/PD2 done (rc $?)"
 if [ "${SWEEP:-1}" = 1 ]; then  # rows also go to pod_sweep.err as they are measured

@@ -75,6 +75,33 @@ GPU_CONFIG = {"prefill": (64, 32, 8, 2), "decode": (16, 64, 8, 2)}
 MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower than serial by more than 2%)
 
 
+# Where the fused launch won, measured (`attncore bench --pod-sweep`, H100, bf16, 32/8 heads, d128, page
+# 16, 2026-11-24 06:20 UTC): fused / composed-serial speedup 2.63 (prefill 512 + decode 8 x 1k), 2.95
+# (512 + 8 x 4k), 2.07 (512 + 32 x 1k), 1.59 (512 + 128 x 1k), 1.14 (2k + 8 x 1k); everywhere else it lost
+# (median 0.70, 0.28-0.33 at prefill 8k: the one-CTA-per-SM kernel runs the prefill at a third of the
+# composed kernels' rate) and the cost model above did not tell the two apart (it fused 6 points, 5 of them
+# losing, down to 0.46).  On a GPU, auto fuses only inside this region; elsewhere plan() declines.
+MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
+    (512, None, 1024),
+    (512, 8, 4096),
+    (2048, 8, 1024),
+)
+
+
+def _outside_measured_wins(batch: "PODBatch") -> Optional[str]:
+    """Why auto composes this batch on a GPU (None: it is inside a measured winning region)."""
+    p_tokens = batch.prefill.qo_indptr_host[-1]
+    b = batch.decode.batch_size
+    kv = max(batch.decode.kv_lens_host, default=0)
+    for max_p, max_b, max_kv in MEASURED_WINS:
+        if p_tokens <= max_p and (max_b is None or b <= max_b) and kv <= max_kv:
+            return None
+    return (f"prefill {p_tokens} tokens + decode {b} x up to {kv} keys is outside the measured region where the "
+            f"fused launch beat the composed parts (MEASURED_WINS in backends/triton/pod.py: prefill <= 512 "
+            f"tokens with decode kv <= 1024 or batch <= 8 and kv <= 4096, or prefill <= 2048 with decode batch "
+            f"<= 8 and kv <= 1024)")
+
+
 @dataclass
 class PODPlan:
     problem: AttentionProblem
@@ -174,7 +201,11 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
     longest = [max((x[0] for x in its), default=0.0) for its in items]
     t_fused, t_composed = estimate(total, longest, sms)
     stats = dict(items=[len(i) for i in items], est_fused_us=t_fused * 1e6, est_composed_us=t_composed * 1e6)
-    if fused == "auto" and t_fused > MARGIN * t_composed:
+    measured = _outside_measured_wins(batch) if device.type == "cuda" else None
+    stats["measured_rule"] = measured or "inside the region where fused won (MEASURED_WINS)"
+    if fused == "auto" and device.type == "cuda" and measured:
+        raise PODDeclined(measured)
+    if fused == "auto" and device.type != "cuda" and t_fused > MARGIN * t_composed:
         raise PODDeclined(
             f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs: the "
             f"longest decode item ({longest[1] * 1e6:.1f} us) needs split-KV" if longest[1] >= t_fused * 0.99
