@@ -38,7 +38,8 @@ def test_decode_graph_replay_equals_eager():
     bufs = dict(paged_kv_indptr_buffer=torch.zeros(b + 1, dtype=torch.int32, device=dev),
                 paged_kv_indices_buffer=torch.zeros(b * 64, dtype=torch.int32, device=dev),
                 paged_kv_last_page_len_buffer=torch.zeros(b, dtype=torch.int32, device=dev))
-    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD",
+    # 128 MiB, FlashInfer's usual size: split-KV partials of 8 requests x 32 heads need a few MiB
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
                                                     use_cuda_graph=True, **bufs)
     cache = torch.randn(b * 64, 2, page, hkv, d, device=dev, dtype=torch.bfloat16)
     q = torch.randn(b, hq, d, device=dev, dtype=torch.bfloat16)
@@ -56,7 +57,7 @@ def test_decode_graph_replay_equals_eager():
     q.copy_(torch.randn_like(q))
     out.fill_(float("nan"))
     g.replay()
-    eager = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD")
+    eager = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD")
     eager.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=torch.bfloat16)
     ref = eager.run(q, cache)
     assert not torch.isnan(out).any()

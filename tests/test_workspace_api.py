@@ -4,6 +4,8 @@ reset_workspace_buffer replaces both, the one-call functions use a cached per-de
 caller's workspace_buffer), a workspace too small is WorkspaceTooSmall at plan() naming the bytes, and a
 carving backend allocates nothing across plan/run cycles after the first plan."""
 
+import gc
+
 import pytest
 import torch
 
@@ -207,7 +209,7 @@ def test_gpu_memory_flat_across_plan_run_cycles(backend, kind):
     _gpu_backend(backend, kind)
     dev, dt, hq, hkv, d, page = "cuda", torch.bfloat16, 32, 8, 128, 16
     w = WRAPPERS[kind](torch.zeros(256 << 20, dtype=torch.uint8, device=dev), "NHD", backend=backend)
-    cache = torch.randn(4096, 2, page, hkv, d, device=dev, dtype=dt)
+    cache = torch.randn(64 * 128, 2, page, hkv, d, device=dev, dtype=dt)  # room for 64 requests of 2047 tokens
     kv_all = torch.randn(64 * 2048, hkv, d, device=dev, dtype=dt)
     rows = 2 if kind != "decode" else 1
     outs = {b: torch.empty(b * rows, hq, d, device=dev, dtype=dt) for b in range(1, 65)}
@@ -223,7 +225,7 @@ def test_gpu_memory_flat_across_plan_run_cycles(backend, kind):
             return
         npages = (lens + page - 1) // page
         indptr = torch.cat([torch.zeros(1, dtype=torch.int64), npages.cumsum(0)]).to(torch.int32)
-        indices = torch.randperm(4096, generator=g)[:int(indptr[-1])].to(torch.int32)
+        indices = torch.randperm(cache.shape[0], generator=g)[:int(indptr[-1])].to(torch.int32)
         last = (lens - (npages - 1) * page).to(torch.int32)
         if kind == "decode":
             w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt)
@@ -234,10 +236,12 @@ def test_gpu_memory_flat_across_plan_run_cycles(backend, kind):
 
     for b in (64, 1, 17):  # first plans: JIT builds, kernel caches, one-time buffers
         cycle(b)
+    gc.collect()  # earlier tests' garbage (wrappers in reference cycles) must not be freed inside the window
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for i in range(100):
         cycle(1 + (i * 37) % 64)
+    gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
 
