@@ -305,3 +305,32 @@ def xqa_batch_decode_with_kv_cache(
     planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,
                         enable_pdl=bool(enable_pdl)))
     return out
+
+
+def trtllm_batch_decode_with_kv_cache(
+    query: Tensor, kv_cache, workspace_buffer: Tensor, block_tables: Tensor, seq_lens: Tensor, max_seq_len: int,
+    bmm1_scale: float, bmm2_scale: float, window_left: int = -1, out: Optional[Tensor] = None,
+    out_dtype=None, o_sf_scale: Optional[float] = None, o_sf_vec_size: Optional[int] = None,
+    sinks: Optional[Tensor] = None, enable_pdl: Optional[bool] = None, *, backend: str = "auto",
+) -> Tensor:
+    """FlashInfer 0.2.14's TRT-LLM-gen decode entry point, served by the xqa path
+    (:func:`xqa_batch_decode_with_kv_cache`): one query token per request, ``query [B, Hq, D]``, the cache
+    in HND form (``[pages, 1 or 2, Hkv, page_size, D]`` or a ``(k_cache, v_cache)`` tuple of
+    ``[pages, Hkv, page_size, D]``), ``logit = qk * bmm1_scale``, ``out = softmax @ v * bmm2_scale``.
+    NVFP4 output (``out_dtype="nvfp4"``, ``o_sf_scale``, ``o_sf_vec_size``) is refused: no attncore backend
+    writes NVFP4 (an sm100 format)."""
+    if out_dtype == "nvfp4" or o_sf_scale is not None or o_sf_vec_size is not None:
+        raise NotImplementedError("trtllm_batch_decode_with_kv_cache: NVFP4 output (out_dtype='nvfp4', o_sf_scale, "
+                                  "o_sf_vec_size) is not supported: no attncore backend writes NVFP4; use an "
+                                  "fp16/bf16 output")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise ValueError(f"out_dtype: got {out_dtype!r}, expected a torch.dtype, 'nvfp4' (refused) or None")
+    if out is None and out_dtype is not None and out_dtype != query.dtype:
+        out = torch.empty(query.shape, dtype=out_dtype, device=query.device)
+    if isinstance(sinks, (list, tuple)):  # FlashInfer types it as a list of tensors: one per call
+        if len(sinks) != 1:
+            raise ValueError(f"sinks: got a list of {len(sinks)} tensors, expected one [num_qo_heads] tensor")
+        sinks = sinks[0]
+    return xqa_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,
+                                          bmm1_scale, bmm2_scale, window_left, out, sinks, "HND", enable_pdl,
+                                          1, 1.0, None, None, backend=backend)
