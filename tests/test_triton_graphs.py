@@ -313,6 +313,7 @@ def test_no_device_allocation_in_plan_or_run_gpu(op, graph):
         if graph:
             runner._into_fixed(b.meta, bases)
         b.meta.workspace, b.meta.int_workspace = fws, iws
+        plan = None  # the previous plan (and the inputs it references) is freed outside the measured window
         torch.cuda.synchronize()
         n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
         m0 = torch.cuda.memory_allocated()
@@ -342,13 +343,15 @@ def test_public_wrappers_memory_flat_gpu():
     for i in range(101):
         bsz = rng.randint(1, 16)
         npages = [rng.randint(1, 64) for _ in range(bsz)]
-        indptr = torch.tensor([0, *itertools.accumulate(npages)], dtype=torch.int32, device="cuda")
-        indices = torch.randperm(pool, device="cuda")[:int(indptr[-1])].to(torch.int32)
-        last = torch.tensor([rng.randint(1, page) for _ in range(bsz)], dtype=torch.int32, device="cuda")
+        # host index tensors (FlashInfer's convention): the API copies them into the int workspace, so
+        # what stays on the device between cycles is the wrappers' own, not the caller's varying inputs
+        indptr = torch.tensor([0, *itertools.accumulate(npages)], dtype=torch.int32)
+        indices = torch.randperm(pool)[:int(indptr[-1])].to(torch.int32)
+        last = torch.tensor([rng.randint(1, page) for _ in range(bsz)], dtype=torch.int32)
         dec.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.bfloat16)
         out = dec.run(torch.randn(bsz, hq, d, dtype=torch.bfloat16, device="cuda"), cache)
         qo = [rng.randint(1, 32) for _ in range(bsz)]
-        qo_indptr = torch.tensor([0, *itertools.accumulate(qo)], dtype=torch.int32, device="cuda")
+        qo_indptr = torch.tensor([0, *itertools.accumulate(qo)], dtype=torch.int32)
         pre.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=torch.bfloat16)
         out = pre.run(torch.randn(sum(qo), hq, d, dtype=torch.bfloat16, device="cuda"), cache)
         del out
