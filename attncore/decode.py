@@ -16,7 +16,8 @@ from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core.backend import BatchMeta, RunArgs
 from attncore.page import unpack_paged_kv_cache
-from attncore.prefill import _BatchWrapper, _run_positional, single_prefill_with_kv_cache
+from attncore.core.wrapper import _BatchWrapper, _run_positional
+from attncore.prefill import single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
 
