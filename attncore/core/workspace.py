@@ -14,7 +14,8 @@ Offsets depend only on the order and sizes of ``add()`` calls, so a plan that ad
 with the same capacities gets the same addresses: what a captured CUDA graph keeps using across
 re-plans.  A workspace too small for a plan is an error at ``plan()`` naming the bytes needed and
 each region, never a silent allocation.  Without a workspace (a backend driven directly through the
-contract by tests or benchmarks) ``carve(None, ...)`` allocates one buffer of the exact size.
+contract by tests or benchmarks) ``carve(None, ..., device=...)`` allocates one buffer of the layout's size
+(plus room to align its start: a CPU allocation need not start on a 256-byte boundary).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class WorkspaceLayout:
     def carve(self, buffer: Optional[torch.Tensor], arg: str = "float_workspace_buffer",
               device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
         """Views of ``buffer`` (a uint8 tensor; ``arg`` names it in errors), one per region.  ``buffer``
-        None: one fresh allocation on ``device`` of exactly the layout's size."""
+        None: one fresh allocation on ``device`` of the layout's size (plus room to align its start)."""
         if buffer is None:
             if device is None:
                 raise ValueError(f"{self.who}: carve(None) needs a device")

@@ -221,21 +221,13 @@ def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device) ->
         hi = views[last].data_ptr() + views[last].numel() * views[last].element_size()
         return lo, hi
 
-    (hlo, hhi), (dlo, _) = span(host), span(dev_views)
+    hlo, hhi = span(host)
     hoff = hlo - hbuf.data_ptr()
     src = hbuf[hoff: hoff + (hhi - hlo)]
     dbase = dev_views[first].view(-1).view(torch.uint8)
     dst = torch.as_strided(dbase, (hhi - hlo,), (1,))  # the same span, from the first region on
     dst.copy_(src, non_blocking=True)
     return st.uploaded(slot, dev)
-
-
-def carve(layout: WorkspaceLayout, buf: Optional[torch.Tensor], arg: str, dev: torch.device) -> dict:
-    """``layout.carve``; without a buffer (driven directly), one allocation with room to align its start
-    (a CPU allocation, in the CPU tests, need not be 256-byte aligned)."""
-    if buf is None:
-        buf = torch.empty(layout.nbytes + ALIGN, dtype=torch.uint8, device=dev)
-    return layout.carve(buf, arg)
 
 
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
@@ -292,7 +284,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
             if graph.own_float is None:
                 graph.own_float = torch.empty(flay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
             fbuf = graph.own_float
-        parts = carve(flay, fbuf, "float_workspace_buffer", dev)
+        parts = flay.carve(fbuf, "float_workspace_buffer", device=dev)
     # int workspace: the tables (plan-scoped), one upload
     ilay = WorkspaceLayout("cuda_fa2")
     ilay.add("counts", (2,), torch.int32)
@@ -306,7 +298,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         if graph.own_int is None or graph.own_int.numel() < ilay.nbytes + ALIGN:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
         ibuf = graph.own_int
-    tabs = carve(ilay, ibuf, "int_workspace_buffer", dev)
+    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=dev)
 
     def fill(h):
         h["counts"].copy_(torch.tensor([n_items, n_merge], dtype=torch.int32))

@@ -235,14 +235,6 @@ def _upload(layout: WorkspaceLayout, dev_views: dict, fill, shared: bool) -> Upl
     return Upload(host, dst, shared)
 
 
-def _carve(layout: WorkspaceLayout, buf: Optional[torch.Tensor], arg: str, device) -> dict:
-    """``layout.carve``; without a buffer, one allocation with room to align (a CPU allocation need not
-    start on a 256-byte boundary, which carve(None) assumes)."""
-    if buf is None:
-        buf = torch.empty(layout.nbytes + ALIGN, dtype=torch.uint8, device=device)
-    return layout.carve(buf, arg)
-
-
 def _rows(t: List[tuple], width: int) -> torch.Tensor:
     return torch.tensor(t, dtype=torch.int32).view(-1, width)
 
@@ -404,7 +396,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph.own_float is None:
             graph.own_float = torch.empty(flay.nbytes + ALIGN, dtype=torch.uint8, device=device)
         fbuf = graph.own_float
-    fviews = _carve(flay, fbuf, "float_workspace_buffer", device) if flay.regions else {}
+    fviews = flay.carve(fbuf, "float_workspace_buffer", device=device) if flay.regions else {}
     plan.part_o, plan.part_lse = fviews.get("part_o"), fviews.get("part_lse")
 
     # ---- int workspace (plan-scoped): the tables, one upload
@@ -426,7 +418,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph.own_int is None:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=device)
         ibuf, shared = graph.own_int, True
-    tabs = _carve(ilay, ibuf, "int_workspace_buffer", device)
+    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=device)
 
     def fill(h):
         h["counts"].copy_(torch.tensor([n_items, n_merge, int(heads_first), 0], dtype=torch.int32))
