@@ -144,3 +144,13 @@ def build(tiles: Sequence[RowTile], qo_lens: Sequence[int], *, chunk: Optional[i
         work.sort(key=lambda w: -w[0])
     return Schedule(items=[w[1] for w in work], costs=[w[0] for w in work], num_splits=num_splits,
                     part_off=part_off, part_rows=rows, chunk=chunk)
+
+
+def check_capacity(who: str, what: str, need: int, cap: int, batch_size: int, nnz_q: int) -> None:
+    """CUDA-graph mode: a re-plan needing more ``what`` than the capacity ``cap`` fixed at the caller's
+    first graph-mode plan (for ``batch_size`` requests and ``nnz_q`` query rows) is an error naming it."""
+    if need > cap:
+        raise ValueError(
+            f"{who}: this CUDA-graph plan needs {need} {what}, more than the capacity {cap} fixed at the first "
+            f"graph-mode plan (batch_size {batch_size}, {nnz_q} query rows); a captured graph cannot grow: "
+            f"plan with at most that many query rows, or make a new wrapper (and capture again)")

@@ -161,14 +161,6 @@ def new_graph_state(problem, meta, dev, st: GraphState) -> GraphState:
     return st
 
 
-def check_capacity(st: GraphState, what: str, need: int, cap: int) -> None:
-    if need > cap:
-        raise ValueError(
-            f"cuda_fa2: this CUDA-graph plan needs {need} {what}, more than the capacity {cap} fixed at the first "
-            f"graph-mode plan (batch_size {st.batch_size}, {st.nnz_q} query rows); a captured graph cannot grow: "
-            f"plan with at most that many query rows, or make a new wrapper (and capture again)")
-
-
 # ------------------------------------------------------------------------------------ tables
 class _Staging:
     """Pinned host buffers per device, reused across plans: a small ring, each slot guarded by the event
@@ -266,9 +258,9 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     merge = s.merge_table(qo)
     n_items, n_part, n_merge = s.num_items, s.part_rows, len(merge)
     if graph is not None:
-        check_capacity(graph, "work items", n_items, graph.cap_items)
-        check_capacity(graph, "split partial rows", n_part, graph.cap_part)
-        check_capacity(graph, "merge rows", n_merge, graph.cap_merge)
+        sched.check_capacity("cuda_fa2", "work items", n_items, graph.cap_items, graph.batch_size, graph.nnz_q)
+        sched.check_capacity("cuda_fa2", "split partial rows", n_part, graph.cap_part, graph.batch_size, graph.nnz_q)
+        sched.check_capacity("cuda_fa2", "merge rows", n_merge, graph.cap_merge, graph.batch_size, graph.nnz_q)
         cap_items, cap_part, cap_merge = graph.cap_items, graph.cap_part, graph.cap_merge
     else:
         cap_items, cap_part, cap_merge = max(n_items, 1), n_part, n_merge

@@ -149,14 +149,6 @@ def _capacities(nnz_q: int, batch: int, group: int, hkv: int, block_m: int, sms:
     return items, part, max(1, min(nnz_q, part // 2))
 
 
-def _check_capacity(st: GraphState, what: str, need: int, cap: int) -> None:
-    if need > cap:
-        raise ValueError(
-            f"triton: this CUDA-graph plan needs {need} {what}, more than the capacity {cap} fixed at the "
-            f"first graph-mode plan (batch_size {st.batch_size}, {st.nnz_q} query rows); a captured graph "
-            f"cannot grow: plan at most that many query rows, or make a new wrapper (and capture again)")
-
-
 # ------------------------------------------------------------------------------ table upload
 class _Staging:
     """A pinned host buffer per device, reused across plans; the event recorded after each upload
@@ -328,7 +320,8 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         chunk = -(-chunk // BN) * BN
     s = sched.build(tiles, qo_lens, chunk=chunk)
     if graph is not None:
-        _check_capacity(graph, "work items (row tiles)", len(tiles), graph.cap_items)
+        sched.check_capacity("triton", "work items (row tiles)", len(tiles), graph.cap_items, graph.batch_size,
+                             graph.nnz_q)
         while s.chunk and (s.num_items > graph.cap_items or s.part_rows > graph.cap_part
                            or sum(qo_lens[i] for i in range(B) if s.num_splits[i] > 1) > graph.cap_merge):
             bigger = s.chunk * 2  # fewer splits until the schedule fits the captured capacities
