@@ -15,6 +15,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attncore.core import _api
+from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core.backend import BatchMeta, RunArgs
@@ -75,7 +76,9 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     params = _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                               pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
     if custom_mask is not None and packed_custom_mask is None:
-        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len, kv_len], what="([qo_len, kv_len] bool)")
+        flat = isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1  # FlashInfer reads view(-1) too
+        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len * kv_len] if flat else [qo_len, kv_len],
+                          what="([qo_len, kv_len] bool, or flattened)")
         custom_mask = custom_mask.reshape(-1)
     def meta_of():  # the one-call workspace (float, run-scoped); no int workspace: each cached plan owns its tables
         return BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device,
@@ -183,7 +186,8 @@ def single_prefill_with_kv_cache(
     o_dtype : torch.dtype, optional
         Output dtype (default q's); a backend that cannot write it is refused with the reason.
     custom_mask : torch.Tensor, optional
-        bool ``[qo_len, kv_len]``, True = keep (replaces ``causal``, ANDed with the window).
+        bool ``[qo_len, kv_len]`` (or flattened, as FlashInfer takes it too), True = keep (replaces
+        ``causal``, ANDed with the window).
     packed_custom_mask : torch.Tensor, optional
         uint8, the custom mask packed LSB-first (``packbits(mask.flatten(), "little")``).
     causal : bool
@@ -255,7 +259,7 @@ _RAGGED_ORDER = ("..., num_kv_heads, head_dim_qk, head_dim_vo, custom_mask, pack
 
 
 def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask,
-                         causal, pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction, multi_item):
+                         causal, pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction):
     """The checks both prefill plan()s share: 0.2.14's slots against the older order (which has no head_dim_vo,
     so everything after the head sizes sits one place earlier), the aliases, the refused options.
     Returns (head_dim, use_fp16_qk_reduction)."""
@@ -281,7 +285,6 @@ def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim
     if head_dim_vo is not None and head_dim_vo != head_dim:
         raise NotImplementedError(f"{where}: head_dim_vo: got {head_dim_vo} with head_dim_qk {head_dim}; attncore's "
                                   f"wrappers need head_dim_vo == head_dim_qk (None means equal)")
-    _api.refuse_multi_item(where, *multi_item)
     return head_dim, bool(fp16)
 
 
@@ -325,12 +328,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         a value that fits the older order instead (no ``head_dim_vo``) raises ``TypeError``.  Keyword aliases:
         ``head_dim`` (``head_dim_qk``), ``allow_fp16_qk_reduction`` (``use_fp16_qk_reduction``).  Newer
         releases' ``o_data_type``, ``fixed_split_size``, ``disable_split_kv`` are keyword-only.  Multi-item
-        scoring and the trtllm-gen arguments (``seq_lens``, ``block_tables``...) raise when given."""
+        scoring (``prefix_len_ptr``...) is planned as a custom mask (``attncore.core.multi_item``); the
+        trtllm-gen arguments (``seq_lens``, ``block_tables``...) raise when given."""
         where = "BatchPrefillWithPagedKVCacheWrapper.plan"
         head_dim, fp16 = _prefill_plan_compat(
             where, _PAGED_ORDER, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask, causal,
-            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction,
-            (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr))
+            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction)
         if page_size is None:
             raise TypeError(f"{where}: missing page_size")
         _check_split(fixed_split_size)
@@ -344,6 +347,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
+        multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                                  max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
+                                  custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
@@ -354,6 +360,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                workspace=self._float_workspace_buffer,
                                int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
                                disable_split_kv=disable_split_kv)
+        _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
                         features=(return_lse, sinks, fp8_scales))
@@ -365,7 +372,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
                                rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
                                non_blocking=non_blocking, o_data_type=o_data_type, fixed_split_size=fixed_split_size,
-                               disable_split_kv=disable_split_kv)),
+                               disable_split_kv=disable_split_kv, prefix_len_ptr=prefix_len_ptr,
+                               token_pos_in_items_ptr=token_pos_in_items_ptr,
+                               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr)),
              "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
              "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
              "rope_scale": rope_scale, "rope_theta": rope_theta},
@@ -452,8 +461,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         where = "BatchPrefillWithRaggedKVCacheWrapper.plan"
         head_dim, fp16 = _prefill_plan_compat(
             where, _RAGGED_ORDER, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask, causal,
-            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction,
-            (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr))
+            pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction)
         _check_split(fixed_split_size)
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
@@ -461,11 +469,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                   rope_scale=rope_scale, rope_theta=rope_theta)
         qo_host = _api.check_indptr("qo_indptr", qo_indptr)
         self._freeze_batch(len(qo_host) - 1)
+        multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                                  max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
+                                  custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
         meta = BatchMeta.ragged(qo_indptr, kv_indptr, qo_indptr_host=qo_host, device=self._device, params=params,
                                 causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
                                 buffers=self._graph_buffers if self._use_cuda_graph else None,
                                 workspace=self._float_workspace_buffer,
                                 int_workspace=self._int_workspace_buffer)
+        _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         # the split-KV hints are kept as given (as the paged plans do), for the backends that read them
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
@@ -478,7 +490,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                                rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
                                kv_data_type=kv_data_type, non_blocking=non_blocking, o_data_type=o_data_type,
-                               fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)),
+                               fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+                               prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
+                               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr)),
              "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
              "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
              "rope_scale": rope_scale, "rope_theta": rope_theta},

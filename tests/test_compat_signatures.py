@@ -1,6 +1,6 @@
 """FlashInfer 0.2.14's signatures (issue 18 item 1, "no silent reinterpretation"): every positional order,
 the keyword aliases of other releases, alias + canonical conflicts, calls that only fit another release's
-order, data_type, the attributes serving stacks read, backend= names, the refused multi-item arguments.
+order, data_type, the attributes serving stacks read, backend= names, the multi-item arguments' checks.
 CPU, reference backend."""
 
 import math
@@ -127,10 +127,13 @@ def test_paged_prefill_plan_aliases_conflicts_and_refusals():
         w.plan(*args, D, PAGE, torch.ones(40, dtype=torch.bool))
     with pytest.raises(NotImplementedError, match="head_dim_vo"):
         w.plan(*args, D, PAGE, 8)
-    for name, val in (("prefix_len_ptr", _t([0, 0])), ("token_pos_in_items_ptr", _t([0])),
-                      ("token_pos_in_items_len", 3), ("max_item_len_ptr", _t([1, 1]))):
-        with pytest.raises(NotImplementedError, match=rf"{name}: multi-item scoring is not implemented"):
+    # multi-item scoring (tests/test_multi_item.py): prefix_len_ptr turns it on, the others never go alone
+    for name, val in (("token_pos_in_items_ptr", _t([0])), ("token_pos_in_items_len", 3),
+                      ("max_item_len_ptr", _t([1, 1]))):
+        with pytest.raises(ValueError, match=rf"{name}: given without prefix_len_ptr"):
             w.plan(*args, D, PAGE, **{name: val})
+    with pytest.raises(ValueError, match=r"token_pos_in_items_ptr: missing"):
+        w.plan(*args, D, PAGE, prefix_len_ptr=_t([0, 0]))
     with pytest.raises(NotImplementedError, match="block_tables"):
         w.plan(*args, D, PAGE, block_tables=torch.zeros(2, 3, dtype=I32))
     w.plan(*args, D, PAGE, q_data_type=torch.float32, fixed_split_size=2, disable_split_kv=True,
@@ -174,7 +177,7 @@ def test_ragged_prefill_plan_all_positional_in_0_2_14_order():
     assert torch.equal(a.run(q, k, v), b.run(q, k, v))
     with pytest.raises(TypeError, match=r"both head_dim_qk=.* and head_dim="):
         a.plan(qo, kv, H, HKV, D, head_dim=D)
-    with pytest.raises(NotImplementedError, match="multi-item"):
+    with pytest.raises(ValueError, match="token_pos_in_items_ptr: missing"):
         a.plan(qo, kv, H, HKV, D, prefix_len_ptr=_t([0, 0]))
     with pytest.raises(TypeError, match=r"positional argument.*return_lse"):
         a.run(q, k, v, True)

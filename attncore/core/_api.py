@@ -422,20 +422,6 @@ def ambiguous(where: str, name: str, value, expected: str, order: str, other: st
                      f"Pass {other.split(' ')[0]} (and what follows it) by keyword")
 
 
-def refuse_multi_item(where: str, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
-                      max_item_len_ptr) -> None:
-    """FlashInfer's multi-item scoring arguments of the prefill plan()s: accepted by name, refused when used
-    (never accepted and ignored)."""
-    used = [n for n, v in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
-                           ("max_item_len_ptr", max_item_len_ptr)) if v is not None]
-    if token_pos_in_items_len not in (None, 0):
-        used.append("token_pos_in_items_len")
-    if used:
-        raise NotImplementedError(f"{where}: {', '.join(used)}: multi-item scoring is not implemented by attncore "
-                                  f"(no backend serves it); leave prefix_len_ptr, token_pos_in_items_ptr, "
-                                  f"max_item_len_ptr None and token_pos_in_items_len 0")
-
-
 # ----------------------------------------------------------------------------- batches
 _SMALL: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 
