@@ -47,9 +47,9 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
         hit = _api.ONE_CALL_PLANS.get(key)
         if hit is not None:
             planned, scales, out_dtype = hit
-            qo_len, hq, d = q.shape
+            qo_len, hq, _ = q.shape
             if out is None:
-                out = torch.empty((qo_len, hq, d), dtype=out_dtype, device=q.device)
+                out = torch.empty((qo_len, hq, v.shape[-1]), dtype=out_dtype, device=q.device)
             if return_lse and lse is None:
                 lse = torch.empty((qo_len, hq), dtype=torch.float32, device=q.device)
             return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
@@ -58,8 +58,10 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    _api.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
     device = _api.norm_device(q.device)
     qo_len, hq, d = q.shape
+    dv = v.shape[-1]
     kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
     hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
     _api.check_heads(hq, hkv, d)
@@ -67,7 +69,7 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
         raise ValueError(f"q: the last dimension must be contiguous (stride 1), got stride {q.stride(-1)}")
     _api.check_ragged_kv("k", k, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
                          device=device)
-    _api.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
+    _api.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=dv, kv_dtype=k.dtype,
                          device=device)
     has_mask = custom_mask is not None or packed_custom_mask is not None
     if causal and not has_mask and kv_len < qo_len:
@@ -92,13 +94,14 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
     problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq,
-                                 num_kv_heads=hkv, head_dim=d, kv_layout=kv_layout, mask=meta.mask, params=params,
+                                 num_kv_heads=hkv, head_dim=d, head_dim_vo=dv, kv_layout=kv_layout, mask=meta.mask,
+                                 params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
     planned = _api.plan_one_call(problem, meta, meta_of, backend)
     if key is not None:
         _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
-    out = _api.alloc_out("out", out, (qo_len, hq, d), out_dtype, device)
+    out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
                    v_scale=scales[2])
@@ -179,7 +182,8 @@ def single_prefill_with_kv_cache(
         ``[qo_len, num_qo_heads, head_dim]``, fp16/bf16/fp32.
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND);
-        q's dtype or fp8 (then pass ``k_scale``/``v_scale``).
+        q's dtype or fp8 (then pass ``k_scale``/``v_scale``).  v's last dim is ``head_dim_vo`` and may
+        differ from q's and k's (DeepSeek-style 192/128); the output has it.
     scale_q, scale_k, scale_v : float or torch.Tensor, optional
         FlashInfer 0.2.14's names of ``q_scale``/``k_scale``/``v_scale`` (keyword aliases; giving both
         spellings is a ``TypeError``).  A per-head tensor is accepted when all its entries are equal.
@@ -206,7 +210,7 @@ def single_prefill_with_kv_cache(
 
     Returns
     -------
-    out (``[qo_len, num_qo_heads, head_dim]``, ``o_dtype``), and the LSE when ``return_lse``.
+    out (``[qo_len, num_qo_heads, head_dim_vo]``, ``o_dtype``), and the LSE when ``return_lse``.
     """
     if (scale_q is not None or scale_k is not None or scale_v is not None or o_dtype is not None
             or backend.__class__ is not str or use_fp16_qk_reduction is not None or allow_fp16_qk_reduction is not None):
@@ -216,6 +220,10 @@ def single_prefill_with_kv_cache(
         if o_dtype is not None and _api.to_dtype(o_dtype, "o_dtype") != q.dtype:
             raise NotImplementedError("o_dtype: an output dtype other than q's is not supported under torch.compile "
                                       "(attncore::single_prefill writes q's dtype); call it eagerly")
+        if v.shape[-1] != q.shape[-1]:
+            raise NotImplementedError(f"v: a last dim ({v.shape[-1]}) other than q's ({q.shape[-1]}) is not supported "
+                                      f"under torch.compile (attncore::single_prefill's output has q's shape); call "
+                                      f"it eagerly")
         return _ops.single_prefill_traced(
             q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
             kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
@@ -282,9 +290,8 @@ def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim
                              "allow_fp16_qk_reduction (releases before 0.2.14, which have no head_dim_vo)")
     fp16 = _api.alias(where, "use_fp16_qk_reduction", use_fp16_qk_reduction, "allow_fp16_qk_reduction",
                       allow_fp16_qk_reduction)
-    if head_dim_vo is not None and head_dim_vo != head_dim:
-        raise NotImplementedError(f"{where}: head_dim_vo: got {head_dim_vo} with head_dim_qk {head_dim}; attncore's "
-                                  f"wrappers need head_dim_vo == head_dim_qk (None means equal)")
+    if head_dim_vo is not None and head_dim_vo <= 0:
+        raise ValueError(f"{where}: head_dim_vo: got {head_dim_vo}, expected a positive int (None: head_dim_qk)")
     return head_dim, bool(fp16)
 
 
@@ -363,10 +370,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
-                        features=(return_lse, sinks, fp8_scales))
+                        features=(return_lse, sinks, fp8_scales), head_dim_vo=head_dim_vo)
         self._record_plan(
             {"__args__": ((qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                           num_kv_heads, head_dim, page_size),
+                           num_kv_heads, head_dim, page_size, head_dim_vo),
                           dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
                                pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16, sm_scale=sm_scale,
                                window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
@@ -387,8 +394,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
             window_left: Optional[int] = None, sinks: Optional[Tensor] = None):
         """Run the planned batch.  ``paged_kv_cache``: 5-D ``[pages, 2, page, Hkv, D]`` (NHD) /
-        ``[pages, 2, Hkv, page, D]`` (HND) or a tuple of 4-D (k_cache, v_cache).
-        Returns out ``[nnz_qo, Hq, D]`` (and float32 base-2 LSE ``[nnz_qo, Hq]`` with ``return_lse``).
+        ``[pages, 2, Hkv, page, D]`` (HND) or a tuple of 4-D (k_cache, v_cache) (the only form when
+        ``head_dim_vo`` differs from ``head_dim_qk``: v_cache's last dim is ``head_dim_vo``).
+        Returns out ``[nnz_qo, Hq, head_dim_vo]`` (and float32 base-2 LSE ``[nnz_qo, Hq]`` with ``return_lse``).
         ``window_left`` must match the plan (a plan-time choice)."""
         if args:
             _run_positional("BatchPrefillWithPagedKVCacheWrapper.run", args, "k_scale, v_scale, return_lse")
@@ -482,9 +490,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                        features=(return_lse, sinks, fp8_scales))
+                        features=(return_lse, sinks, fp8_scales), head_dim_vo=head_dim_vo)
         self._record_plan(
-            {"__args__": ((qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim),
+            {"__args__": ((qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, head_dim_vo),
                           dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
                                pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16,
                                window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
@@ -504,7 +512,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
             q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             sinks: Optional[Tensor] = None):
-        """Run the planned batch.  k, v: ``[nnz_kv, Hkv, D]`` (NHD) or ``[Hkv, nnz_kv, D]`` (HND)."""
+        """Run the planned batch.  k, v: ``[nnz_kv, Hkv, D]`` (NHD) or ``[Hkv, nnz_kv, D]`` (HND), v's D
+        being ``head_dim_vo``; returns out ``[nnz_qo, Hq, head_dim_vo]``."""
         if args:
             _run_positional("BatchPrefillWithRaggedKVCacheWrapper.run", args, "return_lse")
         if _ops.compiling():  # inside torch.compile: attncore::run_planned (attncore.core.ops)
@@ -531,7 +540,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         planned = self._planned
         p = planned.problem
         n = planned.meta.kv_indptr_host[-1]
-        for name, t in (("k", k), ("v", v)):
+        for name, t, d in (("k", k, p.head_dim_qk), ("v", v, p.head_dim_vo)):
             _api.check_ragged_kv(name, t, kv_layout=p.kv_layout, n=n, num_kv_heads=p.num_kv_heads,
-                                 head_dim=p.head_dim_qk, kv_dtype=p.kv_dtype, device=self._device)
+                                 head_dim=d, kv_dtype=p.kv_dtype, device=self._device)
         return k, v

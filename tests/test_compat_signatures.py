@@ -125,8 +125,8 @@ def test_paged_prefill_plan_aliases_conflicts_and_refusals():
     assert w._use_fp16_qk_reduction is True
     with pytest.raises(TypeError, match=r"head_dim_vo.*custom_mask"):  # an older release's order
         w.plan(*args, D, PAGE, torch.ones(40, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="head_dim_vo"):
-        w.plan(*args, D, PAGE, 8)
+    w.plan(*args, D, PAGE, 8)  # head_dim_vo in 0.2.14's place: V's head dim (tests/test_head_dim_vo.py)
+    assert (w._planned.problem.head_dim_qk, w._planned.problem.head_dim_vo) == (D, 8)
     # multi-item scoring (tests/test_multi_item.py): prefix_len_ptr turns it on, the others never go alone
     for name, val in (("token_pos_in_items_ptr", _t([0])), ("token_pos_in_items_len", 3),
                       ("max_item_len_ptr", _t([1, 1]))):

@@ -244,8 +244,8 @@ def test_unpack_bad_input():
         unpack_paged_kv_cache(torch.zeros(1, 2, 1, 1), "NHD")
     with pytest.raises(ValueError, match=r"paged_kv_cache: got a tensor of shape \(1, 3, 1, 1, 1\)"):
         unpack_paged_kv_cache(torch.zeros(1, 3, 1, 1, 1), "NHD")
-    with pytest.raises(ValueError, match=r"k_cache shape \(1, 2, 1, 1\) and v_cache shape \(1, 2, 1, 2\)"):
-        unpack_paged_kv_cache((torch.zeros(1, 2, 1, 1), torch.zeros(1, 2, 1, 2)), "NHD")
+    with pytest.raises(ValueError, match=r"k_cache shape \(1, 2, 1, 1\) and v_cache shape \(1, 3, 1, 1\)"):
+        unpack_paged_kv_cache((torch.zeros(1, 2, 1, 1), torch.zeros(1, 3, 1, 1)), "NHD")
     with pytest.raises(ValueError, match=r"\(v_cache\): got shape \(1, 2, 1\).*4-D"):
         unpack_paged_kv_cache((torch.zeros(1, 2, 1, 1), torch.zeros(1, 2, 1)), "NHD")
     with pytest.raises(TypeError, match=r"k_cache dtype torch.float32 and v_cache dtype torch.float16"):

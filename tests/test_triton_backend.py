@@ -73,7 +73,7 @@ def test_capabilities_and_priority():
         base.replace(op="pod"),
         base.replace(q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
         base.replace(cuda_graph=True),
-        base.replace(head_dim_vo=64),
+        base.replace(op="xqa_decode", head_dim_vo=64),  # xqa: one head dim (prefill / decode serve two)
         base.replace(op="xqa_decode", out_dtype=torch.float8_e4m3fn),
         base.replace(device_type="cuda", compute_capability=(7, 5)),
         base.replace(spec_mask=True),

@@ -509,17 +509,20 @@ def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor
 
 
 def check_paged_cache(paged_kv_cache, *, kv_layout: str, num_kv_heads: int, head_dim: int, page_size: int,
-                      kv_dtype, device, max_page_id: int, name: str = "paged_kv_cache"
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Split a paged cache into (k_cache, v_cache) 4-D views and check them against the plan."""
+                      kv_dtype, device, max_page_id: int, name: str = "paged_kv_cache",
+                      head_dim_vo: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Split a paged cache into (k_cache, v_cache) 4-D views and check them against the plan (V's last
+    dim against ``head_dim_vo``, default ``head_dim``)."""
     from attncore.page import unpack_paged_kv_cache
 
+    dv = head_dim if head_dim_vo is None else head_dim_vo
+    if dv != head_dim and isinstance(paged_kv_cache, torch.Tensor):
+        raise ValueError(f"{name}: got one tensor of shape {tuple(paged_kv_cache.shape)}, but this plan has "
+                         f"head_dim_qk {head_dim} and head_dim_vo {dv}, and a single 5-D cache holds K and V with "
+                         f"one head dim; pass a tuple (k_cache, v_cache) of 4-D tensors")
     k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
-    if kv_layout == "NHD":
-        exp = [None, page_size, num_kv_heads, head_dim]
-    else:
-        exp = [None, num_kv_heads, page_size, head_dim]
-    for n, t in ((name + " (k)", k_cache), (name + " (v)", v_cache)):
+    for n, t, d in ((name + " (k)", k_cache, head_dim), (name + " (v)", v_cache, dv)):
+        exp = [None, page_size, num_kv_heads, d] if kv_layout == "NHD" else [None, num_kv_heads, page_size, d]
         check_tensor(n, t, shape=exp, dtype=kv_dtype, device=device,
                      what=f"({kv_layout}: [pages, {'page_size, Hkv' if kv_layout == 'NHD' else 'Hkv, page_size'}, D])")
         if t.stride(-1) != 1:

@@ -103,7 +103,7 @@ class _BatchWrapper:
 
     def _plan_with(self, op: str, meta: BatchMeta, q_data_type, kv_data_type, o_data_type, *, num_qo_heads: int,
                    num_kv_heads: int, head_dim: int, page_size: Optional[int] = None, q_len_per_req: int = 1,
-                   features: tuple = (None, False, False)) -> None:
+                   features: tuple = (None, False, False), head_dim_vo: Optional[int] = None) -> None:
         """Build the problem of this plan (dtype names parsed, kv/out default to q; the mask and the
         window are the batch's) and plan it.  ``features``: plan()'s (return_lse, sinks, fp8_scales), the
         run-time features planned up front (a CUDA-graph run never plans one); return_lse None: with an LSE
@@ -114,7 +114,8 @@ class _BatchWrapper:
         problem = _api.build_problem(
             op, self._device, q_dtype=q_dtype, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
             out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, kv_layout=self._kv_layout,
+            num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_vo=head_dim_vo, page_size=page_size,
+            kv_layout=self._kv_layout,
             mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph,
             return_lse=bool(return_lse), sinks=sinks, fp8_scales=fp8_scales)
         self._planned = _api.Planned(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
@@ -143,7 +144,8 @@ class _BatchWrapper:
         planned = self._planned
         p = planned.problem
         return _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
-                                      head_dim=p.head_dim_qk, page_size=p.page_size, kv_dtype=p.kv_dtype,
+                                      head_dim=p.head_dim_qk, head_dim_vo=p.head_dim_vo, page_size=p.page_size,
+                                      kv_dtype=p.kv_dtype,
                                       device=self._device, max_page_id=planned.meta.max_page_id)
 
     def _check_kv(self, k: Tensor, v: Tensor):
@@ -167,11 +169,11 @@ class _BatchWrapper:
         _api.check_tensor("q", q, ndim=3, dtype=p.q_dtype, device=self._device, shape=[None, hq, d],
                           what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
         nhd = p.kv_layout == "NHD"
-        if p.page_size is not None:
-            exp = [None, p.page_size, hkv, d] if nhd else [None, hkv, p.page_size, d]
-        else:
-            exp = [None, hkv, d] if nhd else [hkv, None, d]
-        for name, t in (("k", k), ("v", v)):
+        for name, t, dim in (("k", k, d), ("v", v, p.head_dim_vo)):
+            if p.page_size is not None:
+                exp = [None, p.page_size, hkv, dim] if nhd else [None, hkv, p.page_size, dim]
+            else:
+                exp = [None, hkv, dim] if nhd else [hkv, None, dim]
             _api.check_tensor(name, t, shape=exp, dtype=p.kv_dtype, device=self._device,
                               what=f"(as planned, {p.kv_layout})")
         rows = q.shape[0]

@@ -27,8 +27,8 @@ def unpack_paged_kv_cache(
     paged_kv_cache : torch.Tensor or tuple of torch.Tensor
         Either one 5-D tensor, NHD ``[pages, 2, page_size, Hkv, D]`` or HND
         ``[pages, 2, Hkv, page_size, D]``, or a tuple/list ``(k_cache, v_cache)`` of two 4-D tensors,
-        NHD ``[pages, page_size, Hkv, D]`` or HND ``[pages, Hkv, page_size, D]``, with equal shapes,
-        dtypes and devices. Any dtype.
+        NHD ``[pages, page_size, Hkv, D]`` or HND ``[pages, Hkv, page_size, D]``, with equal shapes
+        but for the last dim (V's may differ: head_dim_vo != head_dim_qk), dtypes and devices. Any dtype.
     kv_layout : str
         ``"NHD"`` (default) or ``"HND"``.
 
@@ -44,7 +44,7 @@ def unpack_paged_kv_cache(
         Not a tensor or a pair of tensors.
     ValueError
         Bad ``kv_layout``, wrong ``ndim``, dimension 1 of a 5-D cache is not 2, or K and V differ in
-        shape, dtype or device.
+        shape (but for the last dim), dtype or device.
     """
     _check_layout(kv_layout)
     if isinstance(paged_kv_cache, torch.Tensor):
@@ -70,10 +70,10 @@ def unpack_paged_kv_cache(
                     f"paged_kv_cache ({name}): got shape {tuple(t.shape)}; accepted: a 4-D tensor {form} "
                     f"({kv_layout})"
                 )
-        if k_cache.shape != v_cache.shape:
+        if k_cache.shape[:-1] != v_cache.shape[:-1]:
             raise ValueError(
                 f"paged_kv_cache: got k_cache shape {tuple(k_cache.shape)} and v_cache shape "
-                f"{tuple(v_cache.shape)}; accepted: equal shapes"
+                f"{tuple(v_cache.shape)}; accepted: equal shapes but for the last dim (head_dim_qk / head_dim_vo)"
             )
         if k_cache.dtype != v_cache.dtype:
             raise TypeError(
@@ -246,7 +246,8 @@ def append_paged_kv_cache(
     Parameters
     ----------
     append_key, append_value : torch.Tensor
-        ``[nnz, Hkv, D]`` (always token-major), same dtype and device as the cache.
+        ``[nnz, Hkv, D]`` (always token-major; append_value's D is v_cache's), same dtype and device
+        as the cache.
     batch_indices, positions : torch.Tensor
         ``[nnz]`` int32 (int64 accepted).
     paged_kv_cache : torch.Tensor or tuple of torch.Tensor
@@ -273,7 +274,7 @@ def append_paged_kv_cache(
     """
     k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
     num_pages, page_size, heads, dim = _cache_geometry(k_cache, kv_layout)
-    for name, t in (("append_key", append_key), ("append_value", append_value)):
+    for name, t, dim in (("append_key", append_key, dim), ("append_value", append_value, v_cache.shape[-1])):
         _tensor(t, name, 3, None, "[nnz, Hkv, D]")
         if t.dtype != k_cache.dtype:
             raise TypeError(f"{name}: got dtype {t.dtype}; accepted: the cache dtype {k_cache.dtype}")

@@ -32,11 +32,13 @@ _OPS = frozenset({"single_prefill", "batch_prefill_ragged", "batch_prefill_paged
 
 CAPABILITIES = (
     # CUDA, every op but xqa: out dtype = q dtype.  fp32 q and fp8 output are implemented in the
-    # kernels but not yet validated on a GPU, so they are refused there for now.
+    # kernels but not yet validated on a GPU, so they are refused there for now.  head_dim_vo may
+    # differ from head_dim_qk (a separate V / output head dim in kernels/attention.py; the dense
+    # kernel does not serve it: _dense_serves).  xqa (FlashInfer's xqa API) has one head dim.
     Capabilities(
         ops=_OPS, devices=frozenset({"cuda"}), min_compute_capability=(8, 0),
         q_dtypes=frozenset({_F16, _BF16}), kv_dtypes=frozenset({_F16, _BF16, _E4M3, _E5M2}),
-        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256,
+        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256, same_head_dim_vo=False,
         layouts=frozenset({"NHD", "HND"}), masks=frozenset({"none", "causal", "custom"}),
         features=_FEATURES | {"cuda_graph"},
     ),
@@ -49,14 +51,14 @@ CAPABILITIES = (
         features=_FEATURES | {"spec_mask"},
     ),
     # CPU through Triton's interpreter: no bf16 (the interpreter rounds bf16 stores wrongly),
-    # no fp8 output (same); fp8 KV is read correctly.
-    Capabilities(
-        ops=_OPS | {"xqa_decode"}, devices=frozenset({"cpu"}),
+    # no fp8 output (same); fp8 KV is read correctly.  xqa as on CUDA: one head dim.
+    *(Capabilities(
+        ops=ops, devices=frozenset({"cpu"}),
         q_dtypes=frozenset({_F16, _F32}), kv_dtypes=frozenset({_F16, _F32, _E4M3, _E5M2}),
-        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256,
+        kv_dtype_must_match_q=True, head_dim_multiple=16, max_head_dim=256, same_head_dim_vo=same_vo,
         layouts=frozenset({"NHD", "HND"}), masks=frozenset({"none", "causal", "custom"}),
         features=_FEATURES | {"spec_mask"},
-    ),
+    ) for ops, same_vo in ((_OPS, False), (frozenset({"xqa_decode"}), True))),
 )
 
 class TritonBackend(Backend):

@@ -120,7 +120,7 @@ def _launch(plan: TritonPlan, args: RunArgs, ks, vs):
         g.cap_items if g is not None else plan.num_items,
         plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_lens, mask_bytes, mask_indptr,
         args.sinks, plan.slopes, num_kv_heads=p.num_kv_heads, group_size=p.group_size,
-        head_dim=p.head_dim_qk, page_size=p.page_size, kv_strides=ks, v_strides=vs,
+        head_dim=p.head_dim_qk, head_dim_vo=p.head_dim_vo, page_size=p.page_size, kv_strides=ks, v_strides=vs,
         mask_mode=plan.mask_mode, window_left=prm.window_left, soft_cap=cap > 0,
         alibi=prm.pos_encoding_mode == "ALIBI", rope=prm.pos_encoding_mode == "ROPE_LLAMA",
         rope_theta=prm.rope_theta, rope_scale=prm.rope_scale,

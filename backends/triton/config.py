@@ -40,20 +40,24 @@ def _pow2(x: int) -> int:
 
 
 def config_key(problem, rows_per_req: int, device: torch.device) -> Tuple:
-    """What a config depends on: device, head dim, dtype width, rope, and the packed rows bucket."""
+    """What a config depends on: device, head dims, dtype width, rope, and the packed rows bucket."""
     small = min(_pow2(max(rows_per_req, 1)), 128)
-    return (str(device), problem.head_dim_qk, problem.q_dtype, problem.kv_dtype,
+    return (str(device), problem.head_dim_qk, problem.head_dim_vo, problem.q_dtype, problem.kv_dtype,
             problem.page_size is not None, problem.pos_encoding == "ROPE_LLAMA", small)
 
 
-def _smem(cfg: LaunchConfig, d: int, elt: int) -> int:
-    return (cfg.block_m * d + max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * d) * elt
+def _smem(cfg: LaunchConfig, d: int, elt: int, dv: Optional[int] = None) -> int:
+    """Shared memory of a config: the q tile and the pipelined K (d wide) and V (dv wide) tiles."""
+    dv = d if dv is None else dv
+    return (cfg.block_m * d + max(cfg.num_stages - 1, 1) * cfg.block_n * (d + dv)) * elt
 
 
 def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tuple[int, int]] = None
                ) -> List[LaunchConfig]:
     """Configs that fit the problem, best guess first.  rows_per_req: max packed rows (qo * G)."""
     d = max(16, _pow2(problem.head_dim_qk))
+    dv = max(16, _pow2(problem.head_dim_vo))
+    dmax = max(d, dv)  # tile sizes follow the wider of the K and V / accumulator tiles
     elt = problem.q_dtype.itemsize
     rows = max(rows_per_req, 1)
     paged = problem.page_size is not None
@@ -69,16 +73,16 @@ def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tupl
             f16 = problem.q_dtype == torch.bfloat16 and problem.pos_encoding != "ROPE_LLAMA"
             out = [LaunchConfig(bm, bn, 4, st, pf, f) for f in ((True, False) if f16 else (False,))
                    for bn in (128, 256) for st in (2, 3) for pf in (False, True)]
-        elif d <= 128:
+        elif dmax <= 128:
             out = [LaunchConfig(bm, bn, 4, st, pf) for bn in (64, 128) for st in (2, 3)
                    for pf in (False, True)]
         else:
             out = [LaunchConfig(bm, bn, 4, st, pf) for bn in (32, 64) for st in (2, 3)
                    for pf in (False, True)]
     else:
-        if d <= 64:
+        if dmax <= 64:
             base = [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]
-        elif d <= 128:
+        elif dmax <= 128:
             base = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2)]
         else:
             base = [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2)]
@@ -87,7 +91,7 @@ def candidates(problem, rows_per_req: int, *, interpret: bool, cc: Optional[Tupl
         out = [LaunchConfig(*b) for b in base]
         if paged:
             out = [LaunchConfig(*b, prefetch=True) for b in base[:2]] + out
-    out = [c for c in out if _smem(c, d, elt) <= budget] or [LaunchConfig(32, 32, 4, 1)]
+    out = [c for c in out if _smem(c, d, elt, dv) <= budget] or [LaunchConfig(32, 32, 4, 1)]
     return out
 
 

@@ -3,14 +3,16 @@
 Notation
   B        requests in the batch; request i has qo_i query rows and kv_i keys
   Hq, Hkv  query / kv heads; G = Hq // Hkv (GQA group size)
-  D        head dim (HEAD_DIM); BLOCK_D = next power of two >= D (padded lanes masked)
+  D        head dim of q and k (HEAD_DIM); BLOCK_D = next power of two >= D (padded lanes masked)
+  Dv       head dim of v and the output (HEAD_DIM_VO, BLOCK_DV; DeepSeek-style 192/128); where it
+           equals D the V offsets and masks are D's own values, so the kernel compiles as before
   page     tokens per page (PAGE; 0 = ragged KV addressed by token offsets)
   packed   row p of request i is (token p // G, head hkv*G + p % G): the G query heads that share
            a kv head are packed into the rows of one tile, so each K/V tile is loaded once per group
   item     one program's work, planned on the host (attncore.core.schedule): (req, first packed row,
            kv_lo, kv_hi, part_row); part_row >= 0 marks one KV partition of a split request
            (flash-decoding): its normalized partial output and LSE go to rows part_row + t of
-           TmpO [part_rows, Hq, D] / TmpLse [part_rows, Hq], and ``merge.py`` combines them
+           TmpO [part_rows, Hq, Dv] / TmpLse [part_rows, Hq], and ``merge.py`` combines them
   grid     one program per (item, kv head), or (CUDA-graph mode, PERSISTENT) a fixed number of
            programs looping over the live items, whose count is read from Counts on the device
   off      kv_i - qo_i: query row t sits at absolute position off + t (bottom-right alignment)
@@ -86,11 +88,12 @@ def _kv_step(
     Kh, Vh, kv_len,
     q_tok, row_ok, off, window_left, win_lo, qk_scale, cap_inv, cap_l2, slope,
     MaskBytes, mask_base, spec_row, inv_freq,
-    offs_n, offs_d, offs_h,
+    offs_n, offs_d, offs_h, offs_v,
     MASKED: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr, ALIBI: tl.constexpr, ROPE: tl.constexpr, HEAD: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     tok = start_n + offs_n
     tok_ok = tok < kv_len
@@ -163,17 +166,17 @@ def _kv_step(
         v_ok = tok_ok  # keys past kv_len load as 0: their p is 0, but 0 * NaN would be NaN
         if HEAD:  # so do keys left of the window of every row of the tile (below win_lo, its first
             v_ok = v_ok & (tok >= win_lo)  # token's bound; docs/semantics.md rule 2)
-        if BLOCK_D != HEAD_DIM:
-            v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
-                        mask=v_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if BLOCK_DV != DV:
+            v = tl.load(Vh + v_row[:, None] + offs_v[None, :],
+                        mask=v_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
         else:
-            v = tl.load(Vh + v_row[:, None] + offs_d[None, :], mask=v_ok[:, None], other=0.0)
+            v = tl.load(Vh + v_row[:, None] + offs_v[None, :], mask=v_ok[:, None], other=0.0)
     else:
-        if BLOCK_D != HEAD_DIM:
-            v = tl.load(Vh + v_row[:, None] + offs_d[None, :],
-                        mask=(offs_d[None, :] < HEAD_DIM) & (offs_n[:, None] >= 0), other=0.0)
+        if BLOCK_DV != DV:
+            v = tl.load(Vh + v_row[:, None] + offs_v[None, :],
+                        mask=(offs_v[None, :] < DV) & (offs_n[:, None] >= 0), other=0.0)
         else:
-            v = tl.load(Vh + v_row[:, None] + offs_d[None, :])
+            v = tl.load(Vh + v_row[:, None] + offs_v[None, :])
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(DT), v.to(DT), acc, input_precision=DOT_PREC)
     return acc, l_i, m_new
@@ -191,10 +194,22 @@ def _kv_loop(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr, ALIBI: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr,
-    KV_ADDR: tl.constexpr, HEAD: tl.constexpr,
+    KV_ADDR: tl.constexpr, HEAD: tl.constexpr, HEAD_DIM_VO: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0,
 ):
     """KV tiles [lo, hi) step BLOCK_N.  PREFETCH: the page ids of tile n+1 are gathered while tile
-    n is computed, so the K/V loads depend on loop-carried offsets only (pipelines like ragged)."""
+    n is computed, so the K/V loads depend on loop-carried offsets only (pipelines like ragged).
+    HEAD_DIM_VO / BLOCK_DV: V's head dim and its block (0: HEAD_DIM's, as kernels/pod.py calls it);
+    ``acc`` is [BLOCK_M, BLOCK_DV].  Equal blocks reuse ``offs_d``: the same code as one head dim."""
+    if HEAD_DIM_VO == 0:
+        DV: tl.constexpr = HEAD_DIM
+        BDV: tl.constexpr = BLOCK_D
+    else:
+        DV: tl.constexpr = HEAD_DIM_VO
+        BDV: tl.constexpr = BLOCK_DV
+    if BDV == BLOCK_D:
+        offs_v = offs_d
+    else:
+        offs_v = tl.arange(0, BDV)
     k_row, v_row = _kv_rows(KvIndices, page_base, lo + offs_n, kv_len, stride_kp, stride_ks,
                             stride_vp, stride_vs, PAGE, True, KV_ADDR)
     for start_n in range(lo, hi, BLOCK_N):
@@ -207,9 +222,9 @@ def _kv_loop(
         acc, l_i, m_i = _kv_step(
             acc, l_i, m_i, q, q2, start_n, k_row, v_row, Kh, Vh, kv_len,
             q_tok, row_ok, off, window_left, win_lo, qk_scale, cap_inv, cap_l2, slope,
-            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
+            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h, offs_v,
             MASKED, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HEAD)
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HEAD, DV, BDV)
         if PREFETCH:
             k_row = nk_row
             v_row = nv_row
@@ -233,6 +248,7 @@ def _attn_fwd(
     qk_scale, cap_inv, cap_l2, out_scale, window_left,
     rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes, NUM_KV, NUM_ITEMS,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM_VO: tl.constexpr, BLOCK_DV: tl.constexpr,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
@@ -258,8 +274,8 @@ def _attn_fwd(
                 stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
                 qk_scale, cap_inv, cap_l2, out_scale, window_left,
                 rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
-                G, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE, HAS_WINDOW,
-                SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+                G, HEAD_DIM, BLOCK_D, HEAD_DIM_VO, BLOCK_DV, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
+                HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
     else:  # one program per (item, kv head)
         if HEADS_FIRST:  # launch heaviest first across all heads (see plan._heads_first)
             item = pid // NUM_KV
@@ -274,8 +290,8 @@ def _attn_fwd(
             stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
             qk_scale, cap_inv, cap_l2, out_scale, window_left,
             rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
-            G, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE, HAS_WINDOW,
-            SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+            G, HEAD_DIM, BLOCK_D, HEAD_DIM_VO, BLOCK_DV, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
 
 
 @triton.jit
@@ -292,6 +308,7 @@ def _attn_item(
     qk_scale, cap_inv, cap_l2, out_scale, window_left,
     rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM_VO: tl.constexpr, BLOCK_DV: tl.constexpr,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
@@ -322,6 +339,10 @@ def _attn_item(
     row_ok = q_tok < qo_len
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    if BLOCK_DV == BLOCK_D:
+        offs_dv = offs_d
+    else:
+        offs_dv = tl.arange(0, BLOCK_DV)
     offs_h = tl.arange(0, BLOCK_HALF)
     q_row = (qo_start + q_tok).to(tl.int64) * stride_qt + head * stride_qh
 
@@ -388,7 +409,7 @@ def _attn_item(
     f_lo = tl.minimum(tl.maximum(f_lo, lo), hi_up)
     f_hi = tl.maximum(f_hi, f_lo)
 
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     if KV_ADDR > 0:  # page strides in token rows (see _kv_rows)
@@ -407,7 +428,7 @@ def _attn_item(
             q_tok, row_ok, off, window_left, w_lo, qk_scale, cap_inv, cap_l2, slope,
             MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
             True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, True)
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, True, HEAD_DIM_VO, BLOCK_DV)
     # three segments: masked tiles below f_lo, unmasked [f_lo, f_hi), masked from f_hi
     for seg in tl.static_range(3):
         if seg == 0:
@@ -425,7 +446,7 @@ def _attn_item(
             q_tok, row_ok, off, window_left, w_lo, qk_scale, cap_inv, cap_l2, slope,
             MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
             seg != 1, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, False)
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, False, HEAD_DIM_VO, BLOCK_DV)
 
     # ---- epilogue: a row that saw no key has l_i == 0 -> out 0, lse -inf.  A NaN query row that
     # saw a key has l_i NaN and must give NaN out and LSE (docs/semantics.md, non-finite inputs):
@@ -433,8 +454,8 @@ def _attn_item(
     seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
-    if ROPE:
-        om = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if ROPE or HEAD_DIM_VO != HEAD_DIM:  # out rows are Dv wide (q's mask qm is D wide)
+        om = row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_VO)
     else:
         om = qm
     if SPLIT:
@@ -445,7 +466,7 @@ def _attn_item(
         o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
         # partial row part_row + t of the split's rows (attncore.core.schedule)
         t_row = (part_row + q_tok).to(tl.int64) * stride_tt + head * stride_th
-        tl.store(TmpO + t_row[:, None] + offs_d[None, :], o, mask=om)
+        tl.store(TmpO + t_row[:, None] + offs_dv[None, :], o, mask=om)
         u_row = (part_row + q_tok).to(tl.int64) * stride_ut + head * stride_uh
         tl.store(TmpLse + u_row, lse, mask=row_ok)
     else:
@@ -455,7 +476,7 @@ def _attn_item(
             scale = 1.0 / l_safe
         o = tl.where(seen[:, None], acc * (scale * out_scale)[:, None], 0.0)  # exactly 0 unseen
         o_row = (qo_start + q_tok).to(tl.int64) * stride_ot + head * stride_oh
-        tl.store(Out + o_row[:, None] + offs_d[None, :], o.to(Out.dtype.element_ty), mask=om)
+        tl.store(Out + o_row[:, None] + offs_dv[None, :], o.to(Out.dtype.element_ty), mask=om)
         if STORE_LSE:
             l_row = (qo_start + q_tok).to(tl.int64) * stride_lt + head * stride_lh
             tl.store(Lse + l_row, lse, mask=row_ok)
@@ -482,22 +503,26 @@ def attention_fwd(
     page_size, kv_strides, v_strides, mask_mode, window_left, soft_cap, alibi, rope,
     rope_theta, rope_scale, qk_scale, cap_inv, cap_l2, out_scale, spec_q_len, spec_row_bytes,
     split, block_m, block_n, num_warps, num_stages, prefetch=False,
-    dot_f16=False, heads_first=False, persistent_grid=0,
+    dot_f16=False, heads_first=False, persistent_grid=0, head_dim_vo=None,
 ):
     """Launch ``_attn_fwd`` over ``num_items`` work items x ``num_kv_heads``, or, with
     ``persistent_grid`` > 0 (CUDA-graph mode), over that many programs that loop over the live
     items (``counts`` int32 [>= 3] on the device: live items, merge rows, heads-first flag).
 
-    q [nnz_q, Hq, D]; k, v: ragged [nnz_kv, ...] or paged caches, addressed through
-    ``kv_strides`` / ``v_strides`` = (page, slot-or-token, head) element strides; out [nnz_q, Hq, D];
-    lse [nnz_q, Hq] fp32 or None; tmp_o [part_rows, Hq, D] / tmp_lse [part_rows, Hq] fp32 when split.
+    q [nnz_q, Hq, D]; k, v: ragged [nnz_kv, ...] or paged caches (k's last dim D, v's Dv =
+    ``head_dim_vo``, default D), addressed through ``kv_strides`` / ``v_strides`` = (page,
+    slot-or-token, head) element strides; out [nnz_q, Hq, Dv]; lse [nnz_q, Hq] fp32 or None;
+    tmp_o [part_rows, Hq, Dv] / tmp_lse [part_rows, Hq] fp32 when split.
     work int32 [>= num_items, 5].  Every index tensor is int32 on q's device.
     """
     D = head_dim
+    Dv = D if head_dim_vo is None else int(head_dim_vo)
     assert q.dim() == 3 and q.stride(2) == 1 and out.stride(2) == 1, "q/out: last dim contiguous"
     assert k.stride(-1) == 1 and v.stride(-1) == 1, "k/v: last dim contiguous"
-    assert q.shape[1] == num_kv_heads * group_size and q.shape[2] == D
-    assert D % 16 == 0 and D <= 256, f"head_dim {D}: multiples of 16 up to 256"
+    assert q.shape[1] == num_kv_heads * group_size and q.shape[2] == D and k.shape[-1] == D
+    assert v.shape[-1] == Dv and out.shape[2] == Dv, f"v / out: last dim {Dv} (head_dim_vo)"
+    for n, x in (("head_dim", D), ("head_dim_vo", Dv)):
+        assert x % 16 == 0 and x <= 256, f"{n} {x}: multiples of 16 up to 256"
     assert mask_mode in (MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC)
     assert block_m >= 16 and block_n >= 16 and block_m & (block_m - 1) == 0 and block_n & (block_n - 1) == 0
     assert work.dtype.itemsize == 4 and work.is_contiguous() and work.numel() >= num_items * WORK_FIELDS
@@ -510,6 +535,7 @@ def attention_fwd(
         assert mask_bytes is not None and mask_bytes.dtype.itemsize == 1
     if split:
         assert tmp_o is not None and tmp_lse is not None and tmp_o.dim() == 3 and tmp_o.stride(2) == 1
+        assert tmp_o.shape[2] == Dv, f"tmp_o: last dim {tmp_o.shape[2]}, head_dim_vo {Dv}"
     if num_items == 0 and not persistent_grid:
         return lambda *a: None
     half = D // 2
@@ -537,7 +563,8 @@ def attention_fwd(
         max(int(num_items), 1),
     )
     cx = dict(
-        G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HALF=half,
+        G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HEAD_DIM_VO=Dv,
+        BLOCK_DV=max(16, _next_pow2(Dv)), HALF=half,
         BLOCK_HALF=max(16, _next_pow2(half)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE=int(page_size or 0), MASK_MODE=mask_mode, HAS_WINDOW=window_left >= 0,
         SOFT_CAP=bool(soft_cap), ALIBI=bool(alibi), ROPE=bool(rope), HAS_SINKS=sinks is not None,
