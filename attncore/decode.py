@@ -142,7 +142,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                                non_blocking=non_blocking, buffers=self._graph_buffers if self._use_cuda_graph else None,
                                workspace=self._float_workspace_buffer,
                                int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
-                               disable_split_kv=disable_split_kv)
+                               disable_split_kv=disable_split_kv, memo=self._plan_memo())
         self._plan_with("batch_decode", meta, q_data_type, kv_data_type, o_data_type, num_qo_heads=num_qo_heads,
                         num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_len_per_req=q_len_per_req,
                         features=(return_lse, sinks, fp8_scales))

@@ -366,7 +366,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                buffers=self._graph_buffers if self._use_cuda_graph else None,
                                workspace=self._float_workspace_buffer,
                                int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
-                               disable_split_kv=disable_split_kv)
+                               disable_split_kv=disable_split_kv, memo=self._plan_memo())
         _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
@@ -484,7 +484,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                 causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
                                 buffers=self._graph_buffers if self._use_cuda_graph else None,
                                 workspace=self._float_workspace_buffer,
-                                int_workspace=self._int_workspace_buffer)
+                                int_workspace=self._int_workspace_buffer, memo=self._plan_memo())
         _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         # the split-KV hints are kept as given (as the paged plans do), for the backends that read them
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)

@@ -422,11 +422,11 @@ def test_graph_state_follows_its_caller_not_an_address():
     small = inputs.build(p, "", 1, "cpu", shapes=([1, 1], [5, 5]))
     bases: dict = {}
     st = be.plan(p, runner._into_fixed(small.meta, bases)).graph
-    assert st.caller() is bases["qo_indptr"]
-    key = tp._graph_key(p, small.meta)
+    assert st.anchor() is bases["qo_indptr"]
+    key = tp._GRAPH_STATES.key(p, small.meta)
     big = inputs.build(p, "", 2, "cpu", shapes=([40, 40], [50, 50]))
     other = {"qo_indptr": torch.zeros(4096, dtype=torch.int32)}
-    st.caller = lambda: other["qo_indptr"]  # as if the first caller died and another took its address
-    tp._GRAPH_STATES[key] = st
+    st.anchor = lambda: other["qo_indptr"]  # as if the first caller died and another took its address
+    tp._GRAPH_STATES.states[key] = st
     plan = be.plan(p, runner._into_fixed(big.meta, bases))  # the same buffers: would be a capacity error...
     assert plan.graph is not st and plan.graph.nnz_q == 80  # ...but the state was another caller's

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from attncore.core import params as _params
-from attncore.core import ranking, registry
 from attncore.core import selector
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
 from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
@@ -92,20 +90,44 @@ def norm_device(d: torch.device) -> torch.device:
     return d
 
 
-def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None) -> List[int]:
-    """Validate a CSR indptr (int32, 1-D, starts at 0, non-decreasing); returns it as host ints."""
+def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None, host=None) -> List[int]:
+    """Validate a CSR indptr (int32, 1-D, starts at 0, non-decreasing); returns it as host ints.  ``host``:
+    its values already read (``read_host``)."""
     check_tensor(name, t, ndim=1, dtype=torch.int32)
     if t.numel() < 1:
         raise ValueError(f"{name}: got an empty tensor, expected [batch_size + 1] entries starting at 0")
     if length is not None and t.numel() != length:
         raise ValueError(f"{name}: got {t.numel()} entries, expected {length} (batch_size + 1)")
-    host = t.tolist()  # int32: Python ints (host time: no conversion first)
+    host = host if host is not None else read_host([t])[0]
     if host[0] != 0:
         raise ValueError(f"{name}: got {name}[0] = {host[0]}, expected 0")
     for i in range(len(host) - 1):
         if host[i + 1] < host[i]:
             raise ValueError(f"{name}: not non-decreasing: {name}[{i}] = {host[i]} > {name}[{i + 1}] = {host[i + 1]}")
     return host
+
+
+def read_host(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
+    """The values of int32 tensors as lists of Python ints: host tensors directly, the device ones (on one
+    device) with one copy into pinned memory and one wait for it: plan()'s only device sync when the
+    caller passes device-side index tensors (with host-side ones, FlashInfer's convention, none)."""
+    out: List[Optional[List[int]]] = [t.tolist() if t.device.type == "cpu" else None for t in tensors]
+    dev = [t for t, a in zip(tensors, out) if a is None]
+    if len({t.device for t in dev}) > 1:  # rare: index tensors on several devices, one copy each
+        return [a if a is not None else read_host([t])[0] for t, a in zip(tensors, out)]
+    if dev:
+        flat = torch.cat([t.reshape(-1) for t in dev]) if len(dev) > 1 else dev[0].reshape(-1)
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=flat.device.type == "cuda")
+        host.copy_(flat, non_blocking=True)
+        if flat.device.type == "cuda":
+            torch.cuda.current_stream(flat.device).synchronize()
+        vals, a = host.tolist(), 0
+        it = iter(dev)
+        for i, x in enumerate(out):
+            if x is None:
+                n = next(it).numel()
+                out[i], a = vals[a:a + n], a + n
+    return out
 
 
 def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -222,8 +244,7 @@ class Planned:
         self.graph = graph
         self.who = who
         # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
-        self.requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
-        self.backend: Backend = selector.select(problem, self.requested)
+        self.requested, self.backend = selector.choose(problem, backend)
         if prefer_lse and not problem.return_lse:
             with_lse = problem.replace(return_lse=True)
             if self.backend.supports(with_lse):
@@ -292,20 +313,7 @@ def tkey(t: Optional[torch.Tensor]):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
-# os.environ.get costs ~1 us (it encodes the key); its live backing dict, where CPython has one, ~50 ns
-_ENV_KEYS = ("ATTNCORE_BACKEND", "ATTNCORE_DISABLE_BACKENDS", "ATTNCORE_TUNE", "ATTNCORE_CACHE_DIR")
-_ENV_DATA = getattr(os.environ, "_data", None)
-if isinstance(_ENV_DATA, dict) and all(isinstance(k, bytes) for k in list(_ENV_DATA)[:1]):
-    _ENV_KEYS_RAW = tuple(os.fsencode(k) for k in _ENV_KEYS)
-else:  # another platform's os.environ: the plain lookup
-    _ENV_DATA, _ENV_KEYS_RAW = os.environ, _ENV_KEYS
-
-
-def env_key() -> tuple:
-    """What selection reads beyond the problem: the environment and the registry and ranking generations."""
-    g = _ENV_DATA.get
-    return (g(_ENV_KEYS_RAW[0]), g(_ENV_KEYS_RAW[1]), g(_ENV_KEYS_RAW[2]), g(_ENV_KEYS_RAW[3]),
-            registry.generation(), ranking.generation())
+env_key = selector.env_key  # what selection reads beyond the problem (one home: the selector)
 
 
 class PlanCache:
@@ -462,38 +470,55 @@ def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torc
     return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
 
 
-def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False
-                 ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False,
+                 memo: Optional[dict] = None) -> Tuple[List[torch.Tensor], torch.Tensor]:
     """A batch's int32 index tensors carved from the END of the wrapper's int workspace (the backend carves its
     tables from the front of what is left, so their offsets do not move with the batch): ``parts`` are host lists
     or int32 tensors (host or ``device``).  Host data goes in one copy from pinned memory (a CUDA device: no
-    stream sync); device tensors are copied on the device.  Returns (one view per part, the rest of the buffer)."""
+    stream sync); device tensors are copied on the device.  Returns (one view per part, the rest of the buffer).
+    ``memo``: the caller's dict (``BatchMeta.memo``) keeping the views of the same sizes at the same address."""
     from attncore.core.workspace import WorkspaceTooSmall
 
-    sizes = [len(x) if x.__class__ is list else x.numel() for x in parts]
-    total = sum(sizes)
-    off = int_workspace.numel() - 4 * total
-    off -= (int_workspace.data_ptr() + off) % 4
-    if off < 0:
-        raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the buffer "
-                                f"has {int_workspace.numel()}; pass a larger int_workspace_buffer")
-    region = int_workspace[off:off + 4 * total].view(torch.int32)
-    views = region.split(sizes)  # host time: one call for every view
-    on_device = [i for i, x in enumerate(parts) if not isinstance(x, list) and x.device.type != "cpu"]
-    if len(on_device) < len(parts):  # host data: written through numpy (no tensor made per part)
-        staging = torch.empty(total, dtype=torch.int32, pin_memory=True) if device.type == "cuda" else region
-        arr, a = staging.numpy(), 0
-        for x, n in zip(parts, sizes):
-            if isinstance(x, list):
-                arr[a:a + n] = x
-            elif x.device.type == "cpu":
-                arr[a:a + n] = x.numpy()
-            a += n
-        if staging is not region:
-            region.copy_(staging, non_blocking=True)  # the caching host allocator keeps staging until it ran
+    sizes = tuple([len(x) if x.__class__ is list else x.numel() for x in parts])
+    key = ("index_tables", int_workspace.data_ptr(), int_workspace.numel(), int_workspace.device, sizes)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        total = sum(sizes)
+        off = int_workspace.numel() - 4 * total
+        off -= (int_workspace.data_ptr() + off) % 4
+        if off < 0:
+            raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the "
+                                    f"buffer has {int_workspace.numel()}; pass a larger int_workspace_buffer")
+        region = int_workspace[off:off + 4 * total].view(torch.int32)
+        hit = (region, region.split_with_sizes(sizes), int_workspace[:off])  # host time: one call for every view
+        if memo is not None:
+            memo[key] = hit
+    region, views, rest = hit
+    on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
+    if len(on_device) < len(parts):  # host data: one list and one conversion (small), else through numpy
+        cuda = device.type == "cuda"  # elsewhere the host data goes straight into the region (no tensor made)
+        if sum(sizes) <= 4096 and not on_device:
+            flat: list = []
+            for x in parts:
+                flat += x if x.__class__ is list else x.tolist()
+            if cuda:
+                region.copy_(torch.tensor(flat, dtype=torch.int32, pin_memory=True), non_blocking=True)
+            else:
+                region.numpy()[:] = flat
+        else:
+            src = torch.empty(region.shape, dtype=torch.int32, pin_memory=True) if cuda else region
+            arr, a = src.numpy(), 0
+            for x, n in zip(parts, sizes):
+                if x.__class__ is list:
+                    arr[a:a + n] = x
+                elif x.device.type == "cpu":
+                    arr[a:a + n] = x.numpy()
+                a += n
+            if cuda:  # device parts are copied over their (unwritten) spans below, on the same stream
+                region.copy_(src, non_blocking=True)  # the caching host allocator keeps src until it ran
     for i in on_device:
         views[i].copy_(parts[i], non_blocking=True)
-    return views, int_workspace[:off]
+    return list(views), rest
 
 
 def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:

@@ -131,6 +131,10 @@ class BatchMeta:
     # mode their addresses are what a captured graph keeps using across plans.
     workspace: Optional[torch.Tensor] = None
     int_workspace: Optional[torch.Tensor] = None
+    # The caller's memo (a wrapper's own dict, emptied when its workspaces change; None: nothing kept): views
+    # of its workspaces by address and layout (WorkspaceLayout.carve, _api.index_tables), so a re-plan of
+    # the same shapes makes no new tensors there (host time).  Keys say everything a value depends on.
+    memo: Optional[dict] = field(default=None, repr=False, compare=False)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     mask: Optional[str] = None  # "none" | "causal" | "custom": what the kernels apply (resolve_mask)
 
@@ -167,7 +171,8 @@ class BatchMeta:
                qo_indptr_host: Optional[List[int]] = None, kv_indptr_host: Optional[List[int]] = None,
                device, params: AttnParams, causal: bool = False, custom_mask: Optional[torch.Tensor] = None,
                packed_custom_mask: Optional[torch.Tensor] = None, buffers: Optional[dict] = None,
-               workspace: Optional[torch.Tensor] = None, int_workspace: Optional[torch.Tensor] = None) -> "BatchMeta":
+               workspace: Optional[torch.Tensor] = None, int_workspace: Optional[torch.Tensor] = None,
+               memo: Optional[dict] = None) -> "BatchMeta":
         """Request ``i`` has the query rows ``qo_indptr[i]:qo_indptr[i+1]`` and the keys
         ``kv_indptr[i]:kv_indptr[i+1]`` of ragged K/V (single prefill is a batch of one).
 
@@ -191,7 +196,7 @@ class BatchMeta:
         if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
             (qo_t, kv_t, kv_lens_t), int_workspace = _api.index_tables(
                 int_workspace, device, [qo_indptr_host if qo_indptr is None else qo_indptr,
-                                        kv_indptr_host if kv_indptr is None else kv_indptr, kv_lens])
+                                        kv_indptr_host if kv_indptr is None else kv_indptr, kv_lens], memo=memo)
         else:
             qo_t = (_api.small_index(qo_indptr_host, device) if qo_indptr is None
                     else _api.to_device_int32(qo_indptr, device))
@@ -207,7 +212,7 @@ class BatchMeta:
         return cls(batch_size=b, qo_indptr=qo_t, qo_indptr_host=qo_indptr_host, kv_indptr=kv_t,
                    kv_indptr_host=kv_indptr_host, kv_lens=kv_lens_t, kv_lens_host=kv_lens, packed_mask=packed,
                    mask_indptr=mask_indptr, mask_indptr_host=mask_host, params=params, workspace=workspace,
-                   int_workspace=int_workspace,
+                   int_workspace=int_workspace, memo=memo,
                    device=device, mask=mask)
 
     @classmethod
@@ -218,7 +223,8 @@ class BatchMeta:
               names: Tuple[str, str, str] = ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
               non_blocking: bool = False, buffers: Optional[dict] = None, workspace: Optional[torch.Tensor] = None,
               int_workspace: Optional[torch.Tensor] = None,
-              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> "BatchMeta":
+              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+              memo: Optional[dict] = None) -> "BatchMeta":
         """Request ``i`` reads the pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` of a paged cache,
         the last one holding ``kv_last_page_len[i]`` tokens (``1 <= last <= page_size``; any value in
         ``[0, page_size]`` for a request with no pages).  The page table is validated (its entries
@@ -235,20 +241,26 @@ class BatchMeta:
             raise ValueError(f"page_size: got {page_size!r}, expected a positive int")
         device = _api.norm_device(device)
         b = len(qo_indptr_host) - 1
-        kv_host = _api.check_indptr(n_indptr, kv_indptr, length=b + 1)
+        # every shape and dtype first, then the values in one read (no device sync for host tensors, one
+        # copy to pinned memory for device ones: _read_page_table)
+        _api.check_tensor(n_indptr, kv_indptr, ndim=1, dtype=torch.int32)
         _api.check_tensor(n_indices, kv_indices, ndim=1, dtype=torch.int32)
         _api.check_tensor(n_last, kv_last_page_len, ndim=1, dtype=torch.int32, shape=[b])
+        if kv_indptr.numel() != b + 1:
+            _api.check_indptr(n_indptr, kv_indptr, length=b + 1)  # raises (before any read)
+        indptr_h, last_h, used, (lo, hi) = _read_page_table(kv_indptr, kv_indices, kv_last_page_len)
+        kv_host = _api.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h)
         if kv_indices.numel() < kv_host[-1]:
             raise ValueError(f"{n_indices}: got {kv_indices.numel()} entries, expected at least {n_indptr}[-1] = "
                              f"{kv_host[-1]}")
-        kv_lens = _paged_kv_lens(kv_host, kv_last_page_len.tolist(), page_size, n_last)
-        used = kv_indices[:kv_host[-1]]
-        max_page = int(used.max()) if used.numel() else -1
-        if used.numel() and int(used.min()) < 0:
-            raise ValueError(f"{n_indices}: got a negative page id {int(used.min())}, expected ids >= 0")
+        kv_lens = _paged_kv_lens(kv_host, last_h, page_size, n_last)
+        max_page = hi if kv_host[-1] else -1
+        if kv_host[-1] and lo < 0:
+            raise ValueError(f"{n_indices}: got a negative page id {lo}, expected ids >= 0")
         if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
             (qo_dev, dev_indptr, dev_indices, dev_last, dev_kv_lens), int_workspace = _api.index_tables(
-                int_workspace, device, [qo_indptr_host, kv_host, used, kv_last_page_len, kv_lens], non_blocking)
+                int_workspace, device, [qo_indptr_host, kv_host, used, last_h, kv_lens], non_blocking,
+                memo=memo)
         else:
             dev_indptr = _api.to_device_int32(kv_indptr, device, non_blocking)
             dev_indices = _api.to_device_int32(kv_indices, device, non_blocking)
@@ -262,7 +274,7 @@ class BatchMeta:
             dev_kv_lens = _api._into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
             if "qo_indptr" in buffers:
                 qo_dev = _api._into(buffers, "qo_indptr", qo_dev, "qo_indptr")
-        if decode:
+        if decode and q_len_per_req > 1:
             for i, n in enumerate(kv_lens):
                 if 0 < n < q_len_per_req:
                     raise ValueError(f"{n_last}: request {i} holds {n} tokens, fewer than q_len_per_req "
@@ -274,7 +286,7 @@ class BatchMeta:
                    kv_lens_host=kv_lens, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
                    mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, max_page_id=max_page,
                    fixed_split_size=fixed_split_size, disable_split_kv=bool(disable_split_kv), workspace=workspace,
-                   int_workspace=int_workspace,
+                   int_workspace=int_workspace, memo=memo,
                    device=device, mask=mask)
 
     @classmethod
@@ -363,6 +375,34 @@ def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
     values are below 2**31), so a captured graph keeps reading the caller's buffer."""
     t = seq_lens.view(torch.int32) if seq_lens.dtype == torch.uint32 else seq_lens.to(torch.int32)
     return t.contiguous()
+
+
+_SMALL_TABLE = 4096  # host page tables up to this many ids are read as Python ints (cheaper than tensor ops)
+
+
+def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor) -> tuple:
+    """(indptr, last_page_len as host ints, the page ids in use as host ints or as a tensor, their (min,
+    max)), read with at most one device-to-host copy (``_api.read_host``): on a device the ids are reduced
+    there (masked by the count in use, ``indptr[-1]``, so that need not be read first).  Shapes were
+    checked.  (min, max) is (2**31 - 1, -1) when no id is in use."""
+    n = indices.numel()
+    empty = (2 ** 31 - 1, -1)
+    if n and indices.device.type != "cpu":
+        count = indptr[-1:].to(indices.device, non_blocking=True)  # stays on the device
+        valid = torch.arange(n, device=indices.device, dtype=torch.int32) < count
+        lohi = torch.cat([torch.where(valid, indices, 2 ** 31 - 1).min().view(1),
+                          torch.where(valid, indices, -1).max().view(1)])
+        ip, lp, (lo, hi) = _api.read_host([indptr, last, lohi])
+        k = min(max(ip[-1], 0), n) if ip else 0
+        return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty
+    ip, lp = _api.read_host([indptr, last])
+    k = min(max(ip[-1], 0), n) if ip else 0
+    if k <= _SMALL_TABLE:
+        used = (indices if k == n else indices[:k]).tolist()
+        return ip, lp, used, (min(used), max(used)) if k else empty
+    used = indices if k == n else indices[:k]
+    lo, hi = torch.aminmax(used)
+    return ip, lp, used, (int(lo), int(hi))
 
 
 def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: int, name: str) -> List[int]:

@@ -199,21 +199,50 @@ def _detail(rr: "ranking.RuleRank", meas: Optional["ranking.Measured"], name: st
 
 _logged: set = set()
 _cache: Dict[tuple, Backend] = {}
+_chosen: Dict[tuple, Tuple[str, Backend]] = {}
+
+# os.environ.get costs ~1 us (it encodes the key); its live backing dict, where CPython has one, ~50 ns
+_ENV_KEYS = ("ATTNCORE_BACKEND", "ATTNCORE_DISABLE_BACKENDS", "ATTNCORE_TUNE", "ATTNCORE_CACHE_DIR")
+_ENV_DATA = getattr(os.environ, "_data", None)
+if isinstance(_ENV_DATA, dict) and all(isinstance(k, bytes) for k in list(_ENV_DATA)[:1]):
+    _ENV_KEYS_RAW = tuple(os.fsencode(k) for k in _ENV_KEYS)
+else:  # another platform's os.environ: the plain lookup
+    _ENV_DATA, _ENV_KEYS_RAW = os.environ, _ENV_KEYS
+
+
+def env_key() -> tuple:
+    """What selection reads beyond the problem: the environment and the registry and ranking generations
+    (a registered backend, a changed ATTNCORE_BACKEND or a new tune table changes it)."""
+    g = _ENV_DATA.get
+    return (g(_ENV_KEYS_RAW[0]), g(_ENV_KEYS_RAW[1]), g(_ENV_KEYS_RAW[2]), g(_ENV_KEYS_RAW[3]),
+            registry.generation(), ranking.generation())
 
 
 def select(problem: AttentionProblem, backend: str = "auto") -> Backend:
     """The backend to use, or ``BackendSelectionError`` listing every reason.  Cached per
-    (problem, backend, ATTNCORE_BACKEND, ATTNCORE_TUNE, ATTNCORE_CACHE_DIR, registry and ranking
-    generations) so per-call APIs stay cheap."""
-    env = os.environ
-    key = (problem, backend, env.get("ATTNCORE_BACKEND"), env.get("ATTNCORE_TUNE"), env.get("ATTNCORE_CACHE_DIR"),
-           registry.generation(), ranking.generation())
+    (problem, backend, ``env_key()``) so per-call APIs stay cheap."""
+    key = (problem, backend, env_key())
     hit = _cache.get(key)
     if hit is not None:
         return hit
     b = _select(problem, backend)
     _cache[key] = b
     return b
+
+
+def choose(problem: AttentionProblem, backend) -> Tuple[str, Backend]:
+    """(``registry.resolve(backend)``, ``select(problem, that)``) for ``backend=`` as an entry point got
+    it, cached per (problem, backend, ``env_key()``): plan()'s selection of a seen signature is one
+    lookup.  Errors (an unknown name, no backend) are raised every time, never cached."""
+    key = (problem, backend, env_key())
+    hit = _chosen.get(key)
+    if hit is None:
+        requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
+        hit = (requested, select(problem, requested))
+        if len(_chosen) > 4096:
+            _chosen.clear()
+        _chosen[key] = hit
+    return hit
 
 
 def _select(problem: AttentionProblem, backend: str) -> Backend:

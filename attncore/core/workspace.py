@@ -58,28 +58,40 @@ class WorkspaceLayout:
                          for n, s, d, _ in self.regions)
 
     def carve(self, buffer: Optional[torch.Tensor], arg: str = "float_workspace_buffer",
-              device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
+              device: Optional[torch.device] = None, memo: Optional[dict] = None) -> Dict[str, torch.Tensor]:
         """Views of ``buffer`` (a uint8 tensor; ``arg`` names it in errors), one per region.  ``buffer``
-        None: one fresh allocation on ``device`` of the layout's size (plus room to align its start)."""
+        None: one fresh allocation on ``device`` of the layout's size (plus room to align its start).
+        ``memo``: the caller's dict (``BatchMeta.memo``) that keeps the views of a layout carved from the
+        same buffer address (host time: a view costs microseconds; the size check runs every time)."""
         if buffer is None:
             if device is None:
                 raise ValueError(f"{self.who}: carve(None) needs a device")
             buffer = torch.empty(self.nbytes + ALIGN, dtype=torch.uint8, device=device)  # room to align the start
+            memo = None
         if buffer.dtype != torch.uint8 or not buffer.is_contiguous():
             buffer = buffer.view(-1).view(torch.uint8) if buffer.is_contiguous() else buffer
         if buffer.dtype != torch.uint8 or not buffer.is_contiguous():
             raise ValueError(f"{arg}: got a {buffer.dtype} tensor that is not contiguous, expected a contiguous "
                              f"uint8 buffer")
         have = buffer.numel()
-        base = buffer.data_ptr() % ALIGN
+        ptr = buffer.data_ptr()
+        base = ptr % ALIGN
         need = self.nbytes + (ALIGN - base if base else 0)
         if need > have:
             raise WorkspaceTooSmall(
                 f"{arg}: {self.who} needs {need} bytes ({need / 2 ** 20:.1f} MiB) of workspace for this plan, "
                 f"the buffer has {have} ({have / 2 ** 20:.1f} MiB); pass a larger {arg} (regions: {self.describe()})")
+        key = None
+        if memo is not None:
+            key = ("carve", ptr, buffer.device, tuple(self.regions))
+            hit = memo.get(key)
+            if hit is not None:
+                return hit
         shift = ALIGN - base if base else 0
         out: Dict[str, torch.Tensor] = {}
         for name, shape, dtype, off in self.regions:
             n = _nbytes(shape, dtype)
             out[name] = buffer[shift + off: shift + off + n].view(dtype).view(shape)
+        if key is not None:
+            memo[key] = out
         return out

@@ -48,6 +48,9 @@ class _BatchWrapper:
         self._int_workspace_buffer = torch.empty(_api.INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
         # run()'s fast path: {signature of a run's arguments: the checked scales}, emptied by every plan()
         self._run_cache: dict = {}
+        # plan()'s memo (BatchMeta.memo): workspace views by address and layout, the problem and backend of a
+        # plan signature (_plan_with); emptied when the workspaces change, bounded
+        self._memo: dict = {}
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._requested_backend = backend
@@ -91,6 +94,13 @@ class _BatchWrapper:
                               ndim=1, what="(a uint8 buffer, FlashInfer recommends 8 MiB)")
             self._int_workspace_buffer = int_workspace_buffer
         self._float_workspace_buffer = float_workspace_buffer
+        self._memo = {}
+
+    def _plan_memo(self) -> dict:
+        """``BatchMeta.memo`` for this plan: the wrapper's memo, emptied when it grew past 256 entries."""
+        if len(self._memo) > 256:
+            self._memo = {}
+        return self._memo
 
     def _freeze_batch(self, batch_size: int) -> None:
         if not self._use_cuda_graph:
@@ -196,7 +206,7 @@ class _BatchWrapper:
             if scales is not None:
                 p = planned.problem
                 if kv.__class__ is torch.Tensor:
-                    k, v = (kv[:, 0], kv[:, 1]) if planned.problem.page_size is not None else kv
+                    k, v = kv.unbind(1) if planned.problem.page_size is not None else kv  # one op: host time
                 else:
                     k, v = kv
                 rows = q.shape[0]

@@ -16,13 +16,12 @@ that needs more is an error naming the capacity.
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 import torch
 
+from attncore.core import graphs
 from attncore.core import schedule as sched
 from attncore.core.backend import BatchMeta
 from attncore.core.mask import alibi_slopes
@@ -47,7 +46,7 @@ class GraphState:
     sm90_reasons: List[str] = field(default_factory=list)  # the first plan's (why not prefill90)
     own_int: Optional[torch.Tensor] = None  # the table buffer when the caller gave no int workspace
     own_float: Optional[torch.Tensor] = None  # the partials' buffer when the caller gave no float workspace
-    anchor: Any = None  # weakref to the buffer keying this state (its root tensor)
+    anchor: Any = None  # weakref to the buffer keying this state (attncore.core.graphs)
 
 
 @dataclass
@@ -79,7 +78,6 @@ class Fa2Plan:
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
     kv_strides: Any = None
-    upload_event: Any = field(default=None, repr=False)
 
     @property
     def needs_merge(self) -> bool:
@@ -87,19 +85,9 @@ class Fa2Plan:
 
 
 # ------------------------------------------------------------------------------ graph-mode state
-# Keyed by the caller's identity in graph mode: its int workspace (a wrapper's own buffer) or, when
-# driven directly without one (tests, the conformance suite), its fixed qo_indptr buffer; plus the
-# problem and device.  A state holds a weak reference to that buffer (``anchor``): once the caller's
-# buffer is freed its state is dropped, so a later allocation at the same address starts afresh, and
-# no state keeps a caller's memory alive.  Bounded: the oldest states go first.
-_GRAPH_STATES: "OrderedDict[tuple, GraphState]" = OrderedDict()
-_MAX_GRAPH_STATES = 64
-
-
-def _graph_key(problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> tuple:
-    ident = ("int", meta.int_workspace.data_ptr()) if meta.int_workspace is not None \
-        else ("qo", meta.qo_indptr.data_ptr())
-    return ident + (str(dev), problem)
+# Keyed by the caller's identity in graph mode (attncore.core.graphs): its int workspace, or its fixed
+# qo_indptr buffer when driven directly without one.
+_GRAPH_STATES = graphs.GraphStates()
 
 
 def _capacities(lib, nnz_q: int, batch: int, group: int, hkv: int) -> Tuple[int, int, int]:
@@ -129,97 +117,12 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
     return s
 
 
-def _anchor(meta: BatchMeta) -> torch.Tensor:
-    """The caller's buffer that identifies it in graph mode: the root tensor of its int workspace or
-    of its fixed ``qo_indptr`` buffer (a plan sees a new view of it each time)."""
-    t = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
-    while t._base is not None:
-        t = t._base
-    return t
-
-
-def find_graph_state(problem, meta, dev) -> Optional[GraphState]:
-    """The caller's graph state, or None before its first graph-mode plan (or once its buffer died)."""
-    k = _graph_key(problem, meta, dev)
-    st = _GRAPH_STATES.get(k)
-    if st is not None and st.anchor() is None:
-        del _GRAPH_STATES[k]
-        st = None
-    if st is not None:
-        _GRAPH_STATES.move_to_end(k)
-    return st
-
-
-def new_graph_state(problem, meta, dev, st: GraphState) -> GraphState:
-    """Record ``st`` as the caller's graph state (dropping the states whose callers are gone)."""
-    for k in [k for k, v in _GRAPH_STATES.items() if v.anchor() is None]:
-        del _GRAPH_STATES[k]
-    st.anchor = weakref.ref(_anchor(meta))
-    _GRAPH_STATES[_graph_key(problem, meta, dev)] = st
-    while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
-        _GRAPH_STATES.popitem(last=False)
-    return st
-
-
-# ------------------------------------------------------------------------------------ tables
-class _Staging:
-    """Pinned host buffers per device, reused across plans: a small ring, each slot guarded by the event
-    of its last upload.  A plan takes a slot whose copy has run (event.query(), no wait); only when every
-    slot's copy is still queued does the host wait, for the next slot in ring order."""
-
-    SLOTS = 4
-
-    def __init__(self) -> None:
-        self.bufs: List[Optional[torch.Tensor]] = [None] * self.SLOTS
-        self.events: list = [None] * self.SLOTS
-        self.next = 0
-
-    def get(self, nbytes: int, dev: torch.device) -> Tuple[int, torch.Tensor]:
-        i = next((j for j in range(self.SLOTS) if self.events[j] is None or self.events[j].query()), None)
-        if i is None:
-            i = self.next
-            self.events[i].synchronize()
-        self.next = (i + 1) % self.SLOTS
-        self.events[i] = None
-        buf = self.bufs[i]
-        if buf is None or buf.numel() < nbytes:
-            n = max(nbytes, 4096, 2 * (buf.numel() if buf is not None else 0))
-            buf = torch.empty(n, dtype=torch.uint8)
-            self.bufs[i] = buf = buf.pin_memory() if dev.type == "cuda" else buf
-        return i, buf
-
-    def uploaded(self, i: int, dev: torch.device) -> Any:
-        if dev.type != "cuda":
-            return None
-        ev = self.events[i] = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(dev))
-        return ev
-
-
-_STAGING: dict = {}
-
-
-def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device) -> Any:
-    """Write the int tables on the host (``fill(host_views)``) and copy the whole span of ``layout`` to
-    ``dev_views`` in one non-blocking copy.  Returns the event of the copy (None off CUDA)."""
-    st = _STAGING.setdefault(str(dev), _Staging())
-    slot, hbuf = st.get(layout.nbytes + ALIGN, dev)
-    host = layout.carve(hbuf, "staging")
-    fill(host)
-    first, last = layout.regions[0][0], layout.regions[-1][0]
-
-    def span(views):
-        lo = views[first].data_ptr()
-        hi = views[last].data_ptr() + views[last].numel() * views[last].element_size()
-        return lo, hi
-
-    hlo, hhi = span(host)
-    hoff = hlo - hbuf.data_ptr()
-    src = hbuf[hoff: hoff + (hhi - hlo)]
-    dbase = dev_views[first].view(-1).view(torch.uint8)
-    dst = torch.as_strided(dbase, (hhi - hlo,), (1,))  # the same span, from the first region on
-    dst.copy_(src, non_blocking=True)
-    return st.uploaded(slot, dev)
+def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device, memo: Optional[dict]) -> None:
+    """Write the int tables into a host image (``fill(numpy views)``) and copy the whole span of ``layout``
+    to ``dev_views`` in one non-blocking copy (attncore.core.graphs)."""
+    image, views = graphs.host_views(layout)
+    fill(views)
+    graphs.send(graphs.staged(image, dev), graphs.span(layout, dev_views, memo))
 
 
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
@@ -244,11 +147,11 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     if problem.cuda_graph:
         from attncore.backends.cuda_fa2 import binding
 
-        graph = find_graph_state(problem, meta, dev)
+        graph = _GRAPH_STATES.find(problem, meta)
         if graph is None:
             lib, config, why = choose_lib()
-            graph = new_graph_state(problem, meta, dev, GraphState(config, lib.key, *_capacities(lib, nnz_q, B, G, Hkv),
-                                                                   batch_size=B, nnz_q=nnz_q, sm90_reasons=why))
+            graph = _GRAPH_STATES.add(problem, meta, GraphState(config, lib.key, *_capacities(lib, nnz_q, B, G, Hkv),
+                                                                batch_size=B, nnz_q=nnz_q, sm90_reasons=why))
         lib, config, why = binding.get_library(graph.key, dev), graph.config, graph.sm90_reasons
     else:
         lib, config, why = choose_lib()
@@ -276,7 +179,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
             if graph.own_float is None:
                 graph.own_float = torch.empty(flay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
             fbuf = graph.own_float
-        parts = flay.carve(fbuf, "float_workspace_buffer", device=dev)
+        parts = flay.carve(fbuf, "float_workspace_buffer", device=dev, memo=meta.memo)
     # int workspace: the tables (plan-scoped), one upload
     ilay = WorkspaceLayout("cuda_fa2")
     ilay.add("counts", (2,), torch.int32)
@@ -290,20 +193,20 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         if graph.own_int is None or graph.own_int.numel() < ilay.nbytes + ALIGN:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
         ibuf = graph.own_int
-    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=dev)
+    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=dev, memo=meta.memo)
 
-    def fill(h):
-        h["counts"].copy_(torch.tensor([n_items, n_merge], dtype=torch.int32))
+    def fill(h):  # numpy views of the host image: one conversion per table
+        h["counts"][:] = (n_items, n_merge)
         if n_items:
-            h["work"][:n_items].copy_(torch.tensor(s.items, dtype=torch.int32))
+            h["work"][:n_items] = s.items
         else:
-            h["work"][:1].copy_(torch.tensor([[0, 0, 0, 0, -1]], dtype=torch.int32))
+            h["work"][0] = (0, 0, 0, 0, -1)
         if n_merge:
-            h["merge"][:n_merge].copy_(torch.tensor(merge, dtype=torch.int32))
+            h["merge"][:n_merge] = merge
         if "alibi" in h:
-            h["alibi"].copy_(alibi_slopes(Hq))
+            h["alibi"][:] = alibi_slopes(Hq).float().numpy()
 
-    event = upload(ilay, tabs, fill, dev)
+    upload(ilay, tabs, fill, dev, meta.memo)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
     return Fa2Plan(
@@ -314,4 +217,4 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"],
         part_o=parts.get("part_o"), part_lse=parts.get("part_lse"), alibi_slopes=tabs.get("alibi"),
         mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
-        graph=graph, sm90_reasons=why, upload_event=event)
+        graph=graph, sm90_reasons=why)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from attncore.core import graphs
 from attncore.core import schedule as sched
 from attncore.core.backend import BatchMeta
 from attncore.core.mask import alibi_slopes
@@ -48,11 +48,26 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
+_DEVICE_INFO: Dict[torch.device, Tuple[int, Optional[Tuple[int, int]]]] = {}
+
+
+def device_info(device: torch.device) -> Tuple[int, Optional[Tuple[int, int]]]:
+    """(SM count, compute capability) of ``device``, asked once (host time): 4 SMs and no capability on
+    the CPU interpreter, which has none (small enough to exercise splits)."""
+    info = _DEVICE_INFO.get(device)
+    if info is None:
+        if device.type == "cuda":
+            info = (torch.cuda.get_device_properties(device).multi_processor_count,
+                    tuple(torch.cuda.get_device_capability(device)))
+        else:
+            info = (4, None)
+        _DEVICE_INFO[device] = info
+    return info
+
+
 def num_sms(device: torch.device) -> int:
     """SM count (4 on the CPU interpreter, which has none: small enough to exercise splits)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return device_info(device)[0]
 
 
 @dataclass
@@ -69,7 +84,7 @@ class GraphState:
     nnz_q: int
     own_int: Optional[torch.Tensor] = None  # the tables when the caller gave no int workspace
     own_float: Optional[torch.Tensor] = None  # the partials when the caller gave no float workspace
-    caller: Any = None  # weak reference to _graph_caller(meta): a state whose caller died starts afresh
+    anchor: Any = None  # weak reference to the caller's buffer (attncore.core.graphs)
 
 
 @dataclass
@@ -117,24 +132,8 @@ def _heads_first(costs: list, num_heads: int, num_sms_: int) -> bool:
 
 
 # ------------------------------------------------------------------------------ graph-mode state
-# Keyed by the caller in graph mode: its int workspace (a wrapper's own buffer) or, driven directly
-# without one (tests, the conformance suite), its fixed qo_indptr buffer; plus the problem and the
-# device.  Bounded: the oldest states go first.
-_GRAPH_STATES: "OrderedDict[tuple, GraphState]" = OrderedDict()
-_MAX_GRAPH_STATES = 64
-
-
-def _graph_caller(meta: BatchMeta) -> torch.Tensor:
-    """The tensor that identifies the caller in graph mode: its int workspace, else the buffer behind its
-    fixed qo_indptr (the base of the view)."""
-    t = meta.int_workspace if meta.int_workspace is not None else meta.qo_indptr
-    return t._base if t._base is not None else t
-
-
-def _graph_key(problem: AttentionProblem, meta: BatchMeta) -> tuple:
-    ident = (("int", meta.int_workspace.data_ptr()) if meta.int_workspace is not None
-             else ("qo", meta.qo_indptr.data_ptr()))
-    return ident + (str(meta.device), problem)
+# Keyed by the caller in graph mode (attncore.core.graphs): its int workspace or its fixed qo_indptr buffer.
+_GRAPH_STATES = graphs.GraphStates()
 
 
 def _capacities(nnz_q: int, batch: int, group: int, hkv: int, block_m: int, sms: int) -> Tuple[int, int, int]:
@@ -150,52 +149,23 @@ def _capacities(nnz_q: int, batch: int, group: int, hkv: int, block_m: int, sms:
 
 
 # ------------------------------------------------------------------------------ table upload
-class _Staging:
-    """A pinned host buffer per device, reused across plans; the event recorded after each upload
-    guards the next write (the host waits only if that copy has not run yet)."""
-
-    def __init__(self) -> None:
-        self.buf: Optional[torch.Tensor] = None
-        self.event = None
-
-    def get(self, nbytes: int, dev: torch.device) -> torch.Tensor:
-        if self.event is not None:
-            self.event.synchronize()
-            self.event = None
-        if self.buf is None or self.buf.numel() < nbytes:
-            n = max(nbytes, 4096, 2 * (self.buf.numel() if self.buf is not None else 0))
-            buf = torch.empty(n, dtype=torch.uint8)
-            self.buf = buf.pin_memory() if dev.type == "cuda" else buf
-        return self.buf[:nbytes]
-
-    def copied(self, dev: torch.device) -> None:
-        if dev.type == "cuda":
-            self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream(dev))
-
-
-_STAGING: Dict[str, _Staging] = {}
-# which upload last wrote each table span (device pointer -> Upload): a plan whose tables another
+# which upload last wrote each table span (device, pointer) -> Upload: a plan whose tables another
 # plan overwrote (two plans of one wrapper, a plan cache) re-sends its bytes at run()
-_OWNERS: "weakref.WeakValueDictionary[Tuple[str, int], Upload]" = weakref.WeakValueDictionary()  # plans own uploads
+_OWNERS: "weakref.WeakValueDictionary[Tuple[torch.device, int], Upload]" = weakref.WeakValueDictionary()
 
 
 class Upload:
-    """The host image of a plan's tables and where it goes (one contiguous span of the int workspace)."""
+    """The host image of a plan's tables (pinned on CUDA: attncore.core.graphs) and where it goes (one
+    contiguous span of the int workspace)."""
 
     def __init__(self, host: torch.Tensor, dst: torch.Tensor, shared: bool) -> None:
-        self.host = host  # uint8, pageable: the plan's own copy
+        self.host = host  # uint8: the plan's own copy
         self.dst = dst  # uint8 view of the device span
-        self.key = (str(dst.device), dst.data_ptr()) if shared else None
+        self.key = (dst.device, dst.data_ptr()) if shared else None
         self.send()
 
     def send(self) -> None:
-        dev = self.dst.device
-        st = _STAGING.setdefault(str(dev), _Staging())
-        stage = st.get(self.host.numel(), dev)
-        stage.copy_(self.host)
-        self.dst.copy_(stage, non_blocking=True)
-        st.copied(dev)
+        graphs.send(self.host, self.dst)
         if self.key is not None:
             _OWNERS[self.key] = self
 
@@ -207,28 +177,6 @@ class Upload:
                     "triton: this plan's tables were overwritten by a later plan() into the same int workspace, "
                     "and a CUDA graph cannot capture sending them again: plan this batch again before capturing")
             self.send()
-
-
-def _upload(layout: WorkspaceLayout, dev_views: dict, fill, shared: bool) -> Upload:
-    """Fill the tables on the host (``fill(host_views)``, views of a host image laid out as ``layout``)
-    and send the image to ``dev_views`` (carved from one buffer by ``layout``) in one copy."""
-    first = layout.regions[0][0]
-    base = dev_views[first]
-    host = torch.zeros(layout.nbytes, dtype=torch.uint8)
-    hv = {}
-    for name, shape, dtype, off in layout.regions:
-        n = dtype.itemsize
-        for s_ in shape:
-            n *= s_
-        hv[name] = host[off: off + n].view(dtype).view(shape)
-    fill(hv)
-    raw = base.view(-1).view(torch.uint8)
-    dst = torch.as_strided(raw, (layout.nbytes,), (1,))  # the layout's span, from its first region
-    return Upload(host, dst, shared)
-
-
-def _rows(t: List[tuple], width: int) -> torch.Tensor:
-    return torch.tensor(t, dtype=torch.int32).view(-1, width)
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -275,15 +223,11 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     causal = mask_mode == MASK_CAUSAL
 
     # ---- launch config (graph mode: the first plan's)
-    sms = num_sms(device)
-    cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    sms, cc = device_info(device)
     rows_max = max([q * G for q in qo_lens] + [1])
     graph = None
     if graph_mode:
-        gk = _graph_key(problem, meta)
-        graph = _GRAPH_STATES.get(gk)
-        if graph is not None and graph.caller() is not _graph_caller(meta):
-            graph = None  # another caller at a freed caller's address: its own state
+        graph = _GRAPH_STATES.find(problem, meta)
         if graph is None:
             cfg = _pick_config(be, problem, rows_max, device, interp, cc)
             caps = _capacities(nnz_q, B, G, Hkv, cfg.block_m, sms)
@@ -292,13 +236,9 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
                 fit = max(0, (meta.workspace.numel() - 3 * ALIGN) // row)
                 caps = (caps[0], min(caps[1], fit if fit >= 2 else 0), caps[2])
             grid = max(1, min(caps[0] * Hkv, PROGRAMS_PER_SM * sms))
-            graph = GraphState(cfg, *caps, grid=grid, merge_grid=max(1, min(caps[2], PROGRAMS_PER_SM * sms)),
-                               batch_size=B, nnz_q=nnz_q, caller=weakref.ref(_graph_caller(meta)))
-            _GRAPH_STATES[gk] = graph
-            while len(_GRAPH_STATES) > _MAX_GRAPH_STATES:
-                _GRAPH_STATES.popitem(last=False)
-        else:
-            _GRAPH_STATES.move_to_end(gk)
+            graph = _GRAPH_STATES.add(problem, meta, GraphState(
+                cfg, *caps, grid=grid, merge_grid=max(1, min(caps[2], PROGRAMS_PER_SM * sms)), batch_size=B,
+                nnz_q=nnz_q))
         cfg = graph.cfg
     else:
         cfg = _pick_config(be, problem, rows_max, device, interp, cc)
@@ -389,7 +329,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph.own_float is None:
             graph.own_float = torch.empty(flay.nbytes + ALIGN, dtype=torch.uint8, device=device)
         fbuf = graph.own_float
-    fviews = flay.carve(fbuf, "float_workspace_buffer", device=device) if flay.regions else {}
+    fviews = flay.carve(fbuf, "float_workspace_buffer", device=device, memo=meta.memo) if flay.regions else {}
     plan.part_o, plan.part_lse = fviews.get("part_o"), fviews.get("part_lse")
 
     # ---- int workspace (plan-scoped): the tables, one upload
@@ -411,27 +351,27 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph.own_int is None:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=device)
         ibuf, shared = graph.own_int, True
-    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=device)
+    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=device, memo=meta.memo)
 
-    def fill(h):
-        h["counts"].copy_(torch.tensor([n_items, n_merge, int(heads_first), 0], dtype=torch.int32))
-        if n_items:
-            h["work"][:n_items].copy_(_rows(s.items, WORK_COLS))
-        else:
-            h["work"][0].copy_(torch.tensor([0, 0, 0, 0, -1], dtype=torch.int32))
-        if n_merge:
-            h["merge"][:n_merge].copy_(_rows(merge, MERGE_COLS))
-        if "slopes" in h:
-            h["slopes"].copy_(alibi_slopes(Hq).float() * LOG2E)
-        if "xqa_indptr" in h:
-            h["xqa_indptr"].copy_(torch.arange(B + 1, dtype=torch.int32) * xqa_width)
-        for bm, (items, _, _) in dense_lists.items():
-            if items:
-                h[f"dense_{bm}"].copy_(_rows(items, 2))
-        if "kv_start" in h and B:
-            h["kv_start"].copy_(torch.tensor(meta.kv_indptr_host[:-1], dtype=torch.int32) * problem.page_size)
-
-    plan.upload = _upload(ilay, tabs, fill, shared)
+    # the tables on the host (numpy views of one image: one conversion per table), then one copy
+    image, h = graphs.host_views(ilay)
+    h["counts"][:3] = (n_items, n_merge, int(heads_first))
+    if n_items:
+        h["work"][:n_items] = s.items
+    else:
+        h["work"][0] = (0, 0, 0, 0, -1)
+    if n_merge:
+        h["merge"][:n_merge] = merge
+    if "slopes" in h:
+        h["slopes"][:] = (alibi_slopes(Hq).float() * LOG2E).numpy()
+    if "xqa_indptr" in h:
+        h["xqa_indptr"][:] = range(0, (B + 1) * xqa_width, xqa_width) if xqa_width else 0
+    for bm, (items, _, _) in dense_lists.items():
+        if items:
+            h[f"dense_{bm}"][:] = items
+    if "kv_start" in h and B:
+        h["kv_start"][:B] = [x * problem.page_size for x in meta.kv_indptr_host[:-1]]
+    plan.upload = Upload(graphs.staged(image, device), graphs.span(ilay, tabs, meta.memo), shared)
     plan.counts, plan.work = tabs["counts"], tabs["work"]
     plan.merge_table, plan.slopes = tabs.get("merge"), tabs.get("slopes")
     if xqa_width is not None:

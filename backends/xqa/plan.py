@@ -158,7 +158,7 @@ def float_layout(problem: AttentionProblem, meta: BatchMeta, units: int, rows: i
     """The float workspace's regions; staging first, so split partials of a re-plan keep their offsets."""
     n_rows = meta.batch_size * meta.q_len_per_req
     hq, d = problem.num_qo_heads, problem.head_dim_qk
-    esz = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
+    esz = lambda dt: dt.itemsize  # noqa: E731  (host time: no tensor made to ask)
     parts = [("q", n_rows * hq * d * esz(problem.q_dtype)), ("out", n_rows * hq * d * esz(problem.out_dtype)),
              ("sinks", hq * 4)]
     if problem.op == "xqa_decode":  # the mask is a run-time argument: room for it whenever it may come
@@ -224,11 +224,11 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     fws = meta.workspace
     if fws is None and problem.cuda_graph:
         fws = own_buffer("float", dev, flay.nbytes + 256)
-    fb = flay.carve(fws, "float_workspace_buffer", device=dev)
+    fb = flay.carve(fws, "float_workspace_buffer", device=dev, memo=meta.memo)
     iws = meta.int_workspace
     if iws is None and ilay.regions:
         iws = own_buffer("int", dev, ilay.nbytes + 256)
-    ib = ilay.carve(iws, "int_workspace_buffer", device=dev) if ilay.regions else {}
+    ib = ilay.carve(iws, "int_workspace_buffer", device=dev, memo=meta.memo) if ilay.regions else {}
     if need_stub:
         page_table = ib["page_table_stub"]
 
@@ -266,7 +266,7 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
 def stage_view(plan: XqaPlan, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
     """The staging slot ``name`` of ``plan`` as a contiguous tensor of ``shape`` (run-time, rare path)."""
     off, n = plan.stage_offsets[name]
-    need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    need = math.prod(shape) * dtype.itemsize
     if need > n:
         raise ValueError(f"{name}: got shape {tuple(shape)} ({need} bytes as {dtype}), more than the plan's "
                          f"staging slot of {n} bytes for it")

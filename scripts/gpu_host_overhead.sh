@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Host overhead of plan(), run() and the one-call functions (issue 15 item 1) on one GPU.  Phases:
+#   tests   the gpu-marked tests of tests/test_host_overhead.py (plan() with host index tensors makes no
+#           device sync, with device ones at most one; the values planned from device tensors) and of
+#           tests/test_workspace_api.py (no sync, memory flat across plan/run cycles)
+#   graphs  the gpu-marked CUDA-graph tests of triton and cuda_fa2 (their graph-state registry and table
+#           upload moved to attncore/core/graphs.py): replay after a re-plan equals eager
+#   bench   `attncore bench --latency` for auto, triton, cuda_fa2, xqa (us per call, 300 calls, tiny
+#           problems); with FI=1 and FlashInfer importable, its row too
+# cuda_fa2 builds each specialization on first use (into $ATTNCORE_CACHE_DIR): on a cold machine run
+# `tests graphs` and `bench` as two calls on the warm machine.  Logs under $OUT; the table last.
+# Usage on the device machine:  bash scripts/gpu_host_overhead.sh [PHASES]   (default: "tests graphs bench")
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PHASES=${1:-"tests graphs bench"}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
+stamp "installed"
+LINES=()
+run_tests() {  # name, timeout, pytest args...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu "$@" > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  grep -h "^FAILED\|^ERROR" "$OUT/$name.txt" | head -20
+  LINES+=("$name (exit $rc): $(tail -1 "$OUT/$name.txt")")
+  stamp "$name done"
+}
+if has tests; then
+  run_tests host_overhead "${TESTS_TIMEOUT:-300}" tests/test_host_overhead.py \
+    tests/test_workspace_api.py -k "sync or memory or host"
+fi
+if has graphs; then
+  run_tests graphs "${GRAPHS_TIMEOUT:-400}" tests/test_triton_graphs.py tests/test_cuda_fa2_graphs.py \
+    tests/test_cuda_graph_api.py
+fi
+if has bench; then
+  FI_ARG=""
+  if [ "${FI:-0}" = 1 ] && python3 -c "import flashinfer" > /dev/null 2>&1; then FI_ARG="--flashinfer"; fi
+  timeout "${BENCH_TIMEOUT:-400}" attncore bench --latency --backend auto --backend triton --backend cuda_fa2 \
+    --backend xqa $FI_ARG --json "$OUT/latency.json" > "$OUT/latency.txt" 2> "$OUT/latency.err"
+  LINES+=("bench --latency (exit $?)")
+  stamp "bench done"
+fi
+printf '%s\n' "${LINES[@]}"
+[ -f "$OUT/latency.txt" ] && cat "$OUT/latency.txt"
+stamp "done"
