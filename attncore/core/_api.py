@@ -18,6 +18,7 @@ import torch
 from attncore.core import params as _params
 from attncore.core import selector
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
+from attncore.core.workspace import WorkspaceTooSmall
 from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
 
 log = logging.getLogger("attncore")
@@ -378,8 +379,6 @@ def plan_one_call(problem: AttentionProblem, meta: BatchMeta, meta_of, backend: 
     """Plan a one-call function's batch ``meta`` (built with the device's one-call workspace), growing that
     workspace when a backend finds it too small (the caller cannot pass one: this is attncore's buffer, as
     FlashInfer's is); ``meta_of()`` builds the batch again with the grown one."""
-    from attncore.core.workspace import WorkspaceTooSmall
-
     while True:
         try:
             return Planned(problem, meta, backend)
@@ -477,8 +476,6 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     or int32 tensors (host or ``device``).  Host data goes in one copy from pinned memory (a CUDA device: no
     stream sync); device tensors are copied on the device.  Returns (one view per part, the rest of the buffer).
     ``memo``: the caller's dict (``BatchMeta.memo``) keeping the views of the same sizes at the same address."""
-    from attncore.core.workspace import WorkspaceTooSmall
-
     sizes = tuple([len(x) if x.__class__ is list else x.numel() for x in parts])
     key = ("index_tables", int_workspace.data_ptr(), int_workspace.numel(), int_workspace.device, sizes)
     hit = memo.get(key) if memo is not None else None

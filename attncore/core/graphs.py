@@ -85,14 +85,8 @@ def host_views(layout: WorkspaceLayout) -> tuple:
     """(a zeroed numpy host image of ``layout``, {region: numpy view}): writing a Python list or tuple of
     rows into a view is one conversion, no tensor made per table (host time)."""
     raw = np.zeros(layout.nbytes, dtype=np.uint8)
-    out = {}
-    for name, shape, dtype, off in layout.regions:
-        npt = _NP[dtype]
-        n = npt.itemsize
-        for s in shape:
-            n *= s
-        out[name] = raw[off:off + n].view(npt).reshape(shape)
-    return raw, out
+    return raw, {name: np.ndarray(shape, dtype=_NP[dtype], buffer=raw, offset=off)
+                 for name, shape, dtype, off in layout.regions}
 
 
 def span(layout: WorkspaceLayout, dev_views: dict, memo: Optional[dict] = None) -> torch.Tensor:

@@ -23,11 +23,10 @@ tile); they must not visit keys outside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 
-@dataclass(frozen=True)
-class RowTile:
+class RowTile(NamedTuple):  # a tuple: built per tile in every plan (host time)
     req: int
     row0: int  # first packed row of the tile
     kv_lo: int  # keys [kv_lo, kv_hi) are the only ones a row of the tile can see

@@ -47,10 +47,12 @@ class WorkspaceLayout:
         self.nbytes = 0
 
     def add(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> None:
-        if any(name == r[0] for r in self.regions):
-            raise ValueError(f"{self.who}: workspace region {name!r} added twice")
+        for r in self.regions:
+            if r[0] == name:
+                raise ValueError(f"{self.who}: workspace region {name!r} added twice")
         off = -(-self.nbytes // ALIGN) * ALIGN
-        self.regions.append((name, tuple(int(s) for s in shape), dtype, off))
+        shape = tuple([int(s) for s in shape])
+        self.regions.append((name, shape, dtype, off))
         self.nbytes = off + _nbytes(shape, dtype)
 
     def describe(self) -> str:
