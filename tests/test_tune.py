@@ -265,3 +265,29 @@ def test_tune_list_prints_the_grid(capsys):
     assert main(["tune", "--list", "--device", "cuda", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "batch_decode causal d128 g4 bf16/e4m3 p16 kv1025-4096 B17-64" in out and "7 grid points" in out
+
+
+def test_each_point_is_saved_and_a_cut_off_run_resumes(cache, capsys):
+    """Every grid point reaches ``on_entry`` as it is measured; ``done`` skips what a grid point holds
+    already, so ``attncore tune --resume`` measures only what a cut-off run left."""
+    ops = ["batch_decode", "single_prefill"]
+    saved = []
+    t = tune.run_tune(["reference"], quick=True, ops=ops, device="cpu", progress=lambda s: None, on_entry=saved.append)
+    assert [len(s["entries"]) for s in saved] == [1, 1]
+    assert [s["entries"][0] for s in saved] == t["entries"] and all(e["times_ms"]["reference"] > 0 for e in t["entries"])
+    assert tune.run_tune(["reference"], quick=True, ops=ops, device="cpu", done=t, progress=lambda s: None)["entries"] == []
+    cut = dict(t, entries=t["entries"][:1])  # a run cut off after its first point
+    rest = tune.run_tune(["reference"], quick=True, ops=ops, device="cpu", done=cut, progress=lambda s: None)
+    assert [e["op"] for e in rest["entries"]] == [t["entries"][1]["op"]]
+    # a backend the earlier run did not measure is measured, alone
+    more = tune.run_tune(["reference", "triton"], quick=True, ops=["batch_decode"], device="cpu", done=t,
+                         progress=lambda s: None)["entries"]
+    assert len(more) == 1 and set(more[0]["times_ms"]) | set(more[0]["failed"]) == {"triton"}
+
+    from attncore.cli import main
+
+    args = ["tune", "--quick", "--device", "cpu", "--backend", "reference", "--op", "batch_decode"]
+    assert main(args) == 0 and "table: " in capsys.readouterr().out
+    assert main(args + ["--resume"]) == 0
+    assert "nothing left to measure" in capsys.readouterr().out
+    assert len(json.loads(ranking.cache_path(ranking.cpu_name()).read_text())["entries"]) == 1

@@ -286,10 +286,20 @@ def cmd_tune(a) -> int:
     _runnable_device(a.device)
     for n in a.backend or ():
         _known_backend(n)  # an unavailable one is recorded as such in every grid point
-    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device,
+    saved = {"fresh": a.fresh}
+
+    def keep(point):  # each grid point is saved as it is measured: a cut-off run keeps its points
+        saved["path"], saved["table"] = tune.save(point, fresh=saved["fresh"])
+        saved["fresh"] = False
+
+    done = tune.load_cached(device) if a.resume and not a.fresh else None
+    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device, done=done, on_entry=keep,
                           progress=lambda s: print(s, file=sys.stderr, flush=True))
-    path, written = tune.save(table, fresh=a.fresh)
     print(tune.format_table(table))
+    if "table" not in saved:
+        print("nothing left to measure: every grid point of this run is in the cached table (--resume)")
+        return 0 if done else 1
+    path, written = saved["path"], saved["table"]
     print(f"table: {path} ({len(written['entries'])} grid points in all; auto ranks by it unless ATTNCORE_TUNE=0)")
     if a.json:
         with open(a.json, "w") as f:
@@ -495,6 +505,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t.add_argument("--op", action="append", choices=list(TUNE_OPS), help="only these ops (repeatable)")
     t.add_argument("--device", choices=["cpu", "cuda"])
     t.add_argument("--fresh", action="store_true", help="replace the cached table instead of merging into it")
+    t.add_argument("--resume", action="store_true", help="skip what the cached table already holds (a backend "
+                                                         "at a grid point); each point is saved as it is measured")
     t.add_argument("--list", action="store_true", help="print the grid points and exit")
     t.add_argument("--json", metavar="FILE", help="also write the resulting table (the cache file) to FILE")
 

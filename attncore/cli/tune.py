@@ -149,8 +149,13 @@ def default_backends(device: str) -> List[str]:
 
 
 def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, ops: Optional[Sequence[str]] = None,
-             device: Optional[str] = None, progress: Callable[[str], None] = print) -> Dict:
-    """Time ``backends`` (default: ``default_backends``) on the grid; return this run's table."""
+             device: Optional[str] = None, progress: Callable[[str], None] = print,
+             done: Optional[Dict] = None, on_entry: Optional[Callable[[Dict], None]] = None) -> Dict:
+    """Time ``backends`` (default: ``default_backends``) on the grid; return this run's table.
+
+    ``done``: a table (the cached one): a backend it holds a time or a failure for at a grid point is
+    not measured there again, so a run that was cut off resumes.  ``on_entry(table)`` is called
+    with a table of that point alone (``attncore tune`` saves it, so a cut-off run keeps what it measured)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     names = [registry.canonical_name(n) for n in backends] if backends else default_backends(device)
@@ -165,14 +170,19 @@ def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, o
         progress("no CUDA GPU: timing tiny shapes on the CPU (Triton through its interpreter)")
     progress(f"attncore tune: {len(cases)} grid points x {len(names)} backends ({', '.join(names)}) on "
              f"{device_identity(device)['device']}")
+    seen = {_entry_id(e): set(e.get("times_ms", {})) | set(e.get("failed", {}))
+            for e in (done or {}).get("entries", [])}
     entries, t0 = [], time.perf_counter()
     for i, c in enumerate(cases):
-        w = c.workload()
         e = dict(zip(ranking.CLASS_FIELDS, c.key()))
-        e.update(len_bucket=c.len_bucket, batch_bucket=c.batch_bucket,
-                 shape={"batch": c.batch, "qo": c.qo, "kv": c.kv, "hq": c.hq, "hkv": c.hkv},
-                 times_ms={}, failed={})
-        for n in names:
+        e.update(len_bucket=c.len_bucket, batch_bucket=c.batch_bucket)
+        todo = [n for n in names if n not in seen.get(_entry_id(e), set())]
+        if not todo:
+            continue  # measured by an earlier run
+        w = c.workload()
+        e.update(shape={"batch": c.batch, "qo": c.qo, "kv": c.kv, "hq": c.hq, "hkv": c.hkv}, times_ms={}, failed={})
+        t1 = time.perf_counter()
+        for n in todo:
             if n in unavailable:
                 e["failed"][n] = unavailable[n]
                 continue
@@ -193,13 +203,18 @@ def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, o
         if device == "cuda":
             torch.cuda.empty_cache()
         entries.append(e)
-    table = {"format": ranking.TABLE_FORMAT, **_versions(), **device_identity(device),
+        if on_entry is not None:
+            on_entry(_table([e], names, device, quick, time.perf_counter() - t1))
+    return _table(entries, names, device, quick, time.perf_counter() - t0)
+
+
+def _table(entries: List[Dict], names: Sequence[str], device: str, quick: bool, seconds: float) -> Dict:
+    return {"format": ranking.TABLE_FORMAT, **_versions(), **device_identity(device),
              "date": time.strftime("%Y-%m-%d"), "quick": quick,
              "timer": (f"triton.testing.do_bench median, warmup {GPU_TIMER['warmup']} ms, rep {GPU_TIMER['rep']} ms"
                        if device == "cuda" else "median of 3 calls after a warm-up"),
              "backends": {n: registry.get_entry(n).origin for n in names},
-             "seconds": round(time.perf_counter() - t0, 1), "entries": entries}
-    return table
+             "seconds": round(seconds, 1), "entries": list(entries)}
 
 
 def _versions() -> Dict:
@@ -236,6 +251,15 @@ def merge(old: Optional[Dict], new: Dict) -> Dict:
         entries[k] = e
     out["entries"] = list(entries.values())
     return out
+
+
+def load_cached(device: str) -> Optional[Dict]:
+    """The cached table of this machine's ``device`` (None if there is none or it is unreadable)."""
+    path = ranking.cache_path(device_identity(device)["device"])
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def save(table: Dict, *, fresh: bool = False, path=None):
@@ -275,4 +299,4 @@ def format_table(table: Dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Case", "grid", "run_tune", "merge", "save", "format_table", "default_backends", "TUNE_OPS"]
+__all__ = ["Case", "grid", "run_tune", "merge", "save", "load_cached", "format_table", "default_backends", "TUNE_OPS"]
