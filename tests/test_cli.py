@@ -79,6 +79,16 @@ def test_bench_on_cpu_says_so(tmp_path):
     assert all("time_ms" in x for x in data["results"])
 
 
+def test_bench_times_auto_beside_named_backends(tmp_path):
+    """--backend auto beside named ones: the selector's pick and the backends timed in one run."""
+    j = tmp_path / "bench.json"
+    r = _run("bench", "--workload", "D1", "--backend", "auto", "--backend", "reference", "--json", str(j),
+             "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    rows = {x["backend"]: x for x in json.loads(j.read_text())["results"]}
+    assert set(rows) == {"auto", "reference"} and rows["auto"]["chosen"] and rows["reference"]["time_ms"] > 0
+
+
 def test_bench_sequential_pages(tmp_path):
     j = tmp_path / "bench.json"
     r = _run("bench", "--workload", "D1", "--page-order", "sequential", "--json", str(j), "--device", "cpu")

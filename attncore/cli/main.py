@@ -213,7 +213,8 @@ def cmd_bench(a) -> int:
 
     _runnable_device(a.device)
     for n in a.backend or ():
-        _known_backend(n)  # an unavailable one gets an n/a row with its reasons
+        if n != "auto":  # auto beside named backends: the selector's pick timed in the same run
+            _known_backend(n)  # an unavailable one gets an n/a row with its reasons
     if a.latency:  # issue 15: host time per call of tiny problems (attncore/cli/latency.py)
         return _bench_latency(a)
     if a.flashinfer:
@@ -477,7 +478,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from attncore.cli.bench import WORKLOADS
 
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
-    b.add_argument("--backend", action="append", help="backend (repeatable); default: auto")
+    b.add_argument("--backend", action="append", help="backend (repeatable; auto: the selector's pick); default: auto")
     b.add_argument("--workload", action="append", type=_workload,
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
                         + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
