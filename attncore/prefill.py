@@ -18,7 +18,7 @@ from attncore.core import _api
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
-from attncore.core.backend import BatchMeta, RunArgs
+from attncore.core.backend import BatchMeta, RunArgs, prefetch_paged
 from attncore.core.wrapper import _BatchWrapper, _check_split, _plain, _run_positional
 from attncore.page import unpack_paged_kv_cache
 
@@ -352,7 +352,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                       f"supported; give the page table as paged_kv_indptr/paged_kv_indices/"
                                       f"paged_kv_last_page_len (attncore.page converts block tables)")
         _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
-        qo_host = _api.check_indptr("qo_indptr", qo_indptr)
+        # device-side qo_indptr and page table: one read for all (host ones need none)
+        qo_read, reads = prefetch_paged(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
+        qo_host = _api.check_indptr("qo_indptr", qo_indptr, host=qo_read)
         self._freeze_batch(len(qo_host) - 1)
         multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                                   max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
@@ -366,7 +368,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                buffers=self._graph_buffers if self._use_cuda_graph else None,
                                workspace=self._float_workspace_buffer,
                                int_workspace=self._int_workspace_buffer, fixed_split_size=fixed_split_size,
-                               disable_split_kv=disable_split_kv, memo=self._plan_memo())
+                               disable_split_kv=disable_split_kv, memo=self._plan_memo(), reads=reads)
         _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,

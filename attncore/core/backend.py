@@ -224,7 +224,7 @@ class BatchMeta:
               non_blocking: bool = False, buffers: Optional[dict] = None, workspace: Optional[torch.Tensor] = None,
               int_workspace: Optional[torch.Tensor] = None,
               fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
-              memo: Optional[dict] = None) -> "BatchMeta":
+              memo: Optional[dict] = None, reads: Optional[tuple] = None) -> "BatchMeta":
         """Request ``i`` reads the pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` of a paged cache,
         the last one holding ``kv_last_page_len[i]`` tokens (``1 <= last <= page_size``; any value in
         ``[0, page_size]`` for a request with no pages).  The page table is validated (its entries
@@ -235,7 +235,8 @@ class BatchMeta:
         be in the cache: a non-empty request holds at least that many tokens).  ``buffers``: the
         caller's CUDA-graph buffers (``qo_indptr``, ``indptr``, ``indices``, ``last_page_len``,
         ``kv_lens``, ``custom_mask``, ``qk_indptr``) the index tensors are copied into.
-        ``fixed_split_size``, ``disable_split_kv``: the caller's split-KV hints, kept as given."""
+        ``fixed_split_size``, ``disable_split_kv``: the caller's split-KV hints, kept as given.  ``reads``:
+        the page table already read with the caller's qo_indptr (``prefetch_paged``)."""
         n_indptr, n_indices, n_last = names
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
             raise ValueError(f"page_size: got {page_size!r}, expected a positive int")
@@ -248,7 +249,7 @@ class BatchMeta:
         _api.check_tensor(n_last, kv_last_page_len, ndim=1, dtype=torch.int32, shape=[b])
         if kv_indptr.numel() != b + 1:
             _api.check_indptr(n_indptr, kv_indptr, length=b + 1)  # raises (before any read)
-        indptr_h, last_h, used, (lo, hi) = _read_page_table(kv_indptr, kv_indices, kv_last_page_len)
+        indptr_h, last_h, used, (lo, hi) = reads or _read_page_table(kv_indptr, kv_indices, kv_last_page_len)[:4]
         kv_host = _api.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h)
         if kv_indices.numel() < kv_host[-1]:
             raise ValueError(f"{n_indices}: got {kv_indices.numel()} entries, expected at least {n_indptr}[-1] = "
@@ -380,11 +381,12 @@ def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
 _SMALL_TABLE = 4096  # host page tables up to this many ids are read as Python ints (cheaper than tensor ops)
 
 
-def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor) -> tuple:
+def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
     """(indptr, last_page_len as host ints, the page ids in use as host ints or as a tensor, their (min,
-    max)), read with at most one device-to-host copy (``_api.read_host``): on a device the ids are reduced
-    there (masked by the count in use, ``indptr[-1]``, so that need not be read first).  Shapes were
-    checked.  (min, max) is (2**31 - 1, -1) when no id is in use."""
+    max), the ``extra`` tensors as host ints), read with at most one device-to-host copy
+    (``_api.read_host``): on a device the ids are reduced there (masked by the count in use,
+    ``indptr[-1]``, so that need not be read first).  Shapes were checked.  (min, max) is (2**31 - 1, -1)
+    when no id is in use."""
     n = indices.numel()
     empty = (2 ** 31 - 1, -1)
     if n and indices.device.type != "cpu":
@@ -392,17 +394,31 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
         valid = torch.arange(n, device=indices.device, dtype=torch.int32) < count
         lohi = torch.cat([torch.where(valid, indices, 2 ** 31 - 1).min().view(1),
                           torch.where(valid, indices, -1).max().view(1)])
-        ip, lp, (lo, hi) = _api.read_host([indptr, last, lohi])
+        ip, lp, (lo, hi), *ex = _api.read_host([indptr, last, lohi, *extra])
         k = min(max(ip[-1], 0), n) if ip else 0
-        return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty
-    ip, lp = _api.read_host([indptr, last])
+        return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty, ex
+    ip, lp, *ex = _api.read_host([indptr, last, *extra])
     k = min(max(ip[-1], 0), n) if ip else 0
     if k <= _SMALL_TABLE:
         used = (indices if k == n else indices[:k]).tolist()
-        return ip, lp, used, (min(used), max(used)) if k else empty
+        return ip, lp, used, (min(used), max(used)) if k else empty, ex
     used = indices if k == n else indices[:k]
     lo, hi = torch.aminmax(used)
-    return ip, lp, used, (int(lo), int(hi))
+    return ip, lp, used, (int(lo), int(hi)), ex
+
+
+def prefetch_paged(qo_indptr, kv_indptr, kv_indices, kv_last_page_len) -> tuple:
+    """A paged prefill plan whose ``qo_indptr`` and page table all live on one device: their values in one
+    read, ``(qo_indptr as host ints, reads for BatchMeta.paged(reads=))``; else ``(None, None)`` and each is
+    checked and read as usual (so a wrong argument gets its own error).  Host tensors need no prefetch."""
+    ts = (qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1 and t.numel() for t in ts):
+        return None, None
+    dev = kv_indices.device
+    if dev.type == "cpu" or any(t.device != dev for t in ts):
+        return None, None
+    ip, lp, used, lohi, (qo,) = _read_page_table(kv_indptr, kv_indices, kv_last_page_len, extra=(qo_indptr,))
+    return qo, (ip, lp, used, lohi)
 
 
 def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: int, name: str) -> List[int]:
