@@ -256,3 +256,37 @@ def test_gpu_plan_syncs(backend, kind):
     meta = w._planned.meta
     assert meta.kv_indptr_host == table[0].tolist() and meta.max_page_id == int(table[1].max())
     assert meta.kv_indices.cpu().tolist() == table[1].tolist()
+
+
+def test_prefetch_reads_only_device_tensors_of_one_device():
+    a, b = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 2, 4], dtype=torch.int32)
+    assert _api.prefetch(a, b) == [None, None]  # host tensors: read where checked, no prefetch
+    assert _api.prefetch(a, [0, 1]) == [None, None]  # not a tensor: its own check names it
+    with pytest.raises(TypeError, match=r"kv_indptr: got list"):
+        attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8)).plan(
+            a, [0, 1, 2], H, HKV, D)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda_fa2", "auto"])
+def test_gpu_ragged_plan_syncs(backend):
+    """Ragged prefill: host indptrs, no sync; device ones, at most one (both read in one copy)."""
+    if backend != "auto" and backend not in attncore.available_backends():
+        pytest.skip(f"{backend} unavailable")
+    dev, dt = "cuda", torch.bfloat16
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=dev),
+                                                      backend=backend)
+
+    def plan(seed, on):
+        g = torch.Generator().manual_seed(seed)
+        qo = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(1, 9, (4,), generator=g).cumsum(0)])
+        kv = qo + torch.arange(5) * torch.randint(0, 9, (1,), generator=g)
+        w.plan(qo.to(torch.int32).to(on), kv.to(torch.int32).to(on), 32, 8, 128, causal=True, q_data_type=dt)
+        return qo.tolist(), kv.tolist()
+
+    plan(1, "cpu")
+    assert _syncs(lambda: plan(2, "cpu")) == 0
+    plan(3, dev)
+    assert _syncs(lambda: plan(4, dev)) <= 1
+    qo, kv = plan(5, dev)
+    assert w._planned.meta.qo_indptr_host == qo and w._planned.meta.kv_indptr_host == kv

@@ -23,6 +23,12 @@ from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionP
 
 log = logging.getLogger("attncore")
 
+
+def _fp8_upcast(buf, args):
+    from attncore.core.fp8_query import upcast  # only plans of an fp8 q come here
+
+    return upcast(buf, args)
+
 _DTYPE_ALIASES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -32,6 +38,7 @@ _DTYPE_ALIASES = {
 }
 SUPPORTED_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_KV_DTYPES = SUPPORTED_Q_DTYPES + FP8_DTYPES
+ACCEPTED_Q_DTYPES = SUPPORTED_KV_DTYPES  # an fp8 q is upcast before selection (attncore.core.fp8_query)
 
 
 # ----------------------------------------------------------------------------- argument checks
@@ -129,6 +136,18 @@ def read_host(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
                 n = next(it).numel()
                 out[i], a = vals[a:a + n], a + n
     return out
+
+
+def prefetch(*tensors) -> list:
+    """The values of index tensors that all live on one device, in one read (``read_host``), for checks
+    that follow (``check_indptr(host=)``); else Nones, and each is checked and read as usual (so a wrong
+    argument gets its own error).  Host tensors need no prefetch."""
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1 and t.numel() for t in tensors):
+        return [None] * len(tensors)
+    dev = tensors[0].device
+    if dev.type == "cpu" or any(t.device != dev for t in tensors):
+        return [None] * len(tensors)
+    return read_host(tensors)
 
 
 def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -252,6 +271,7 @@ class Planned:
                 problem = with_lse
         self.problem = problem
         self._flags = (problem.return_lse, problem.sinks, problem.fp8_scales)
+        self.q_dtype = problem.q_dtype  # the caller's q dtype (an fp8 one: attncore.core.fp8_query.plan)
         self._primary = (self.backend, self.backend.plan(problem, meta))
         self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {problem: self._primary}
 
@@ -294,7 +314,11 @@ class Planned:
             self._variants[p] = v
         return v
 
+    q_upcast: Optional[torch.Tensor] = None  # an fp8 q's upcast buffer (attncore.core.fp8_query)
+
     def run(self, args: RunArgs) -> None:
+        if self.q_upcast is not None:
+            args = _fp8_upcast(self.q_upcast, args)
         fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
         b.run(plan, args)
@@ -375,12 +399,18 @@ def grow_one_call_workspace(device: torch.device, limit: int = 8 << 30) -> bool:
     return True
 
 
-def plan_one_call(problem: AttentionProblem, meta: BatchMeta, meta_of, backend: str) -> "Planned":
+def plan_one_call(problem: AttentionProblem, meta: BatchMeta, meta_of, backend: str,
+                  q_dtype: Optional[torch.dtype] = None) -> "Planned":
     """Plan a one-call function's batch ``meta`` (built with the device's one-call workspace), growing that
     workspace when a backend finds it too small (the caller cannot pass one: this is attncore's buffer, as
-    FlashInfer's is); ``meta_of()`` builds the batch again with the grown one."""
+    FlashInfer's is); ``meta_of()`` builds the batch again with the grown one.  ``q_dtype``: the caller's,
+    when it is fp8 (``problem.q_dtype`` is then the compute dtype, attncore.core.fp8_query)."""
     while True:
         try:
+            if q_dtype is not None and q_dtype in FP8_DTYPES:
+                from attncore.core import fp8_query
+
+                return fp8_query.plan(problem, meta, backend, q_dtype)
             return Planned(problem, meta, backend)
         except WorkspaceTooSmall as e:  # backends name the buffer by FlashInfer's argument name
             if (meta.workspace is None or not str(e).startswith("float_workspace_buffer")
