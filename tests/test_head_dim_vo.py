@@ -68,6 +68,7 @@ def test_ragged_split_kv_merges_partials_of_head_dim_vo(dq, dv):
     _check(out, lse, q, ks, vs, qi, True, torch.float16)
 
 
+@pytest.mark.skipif(DEV == "cuda", reason="fp32 q: Triton serves it on the CPU only (not validated on a GPU)")
 def test_ragged_fp32_and_hnd():
     w, out, lse, (q, ks, vs, qi) = _ragged(128, 64, [4, 7], [11, 7], dtype=torch.float32, layout="HND", causal=True)
     _check(out, lse, q, ks, vs, qi, True, torch.float32)
@@ -253,3 +254,49 @@ def test_gpu_bf16_deepseek_shape_long_prefill():
     # DeepSeek-V3 MHA prefill shape: 128 heads (16 here), 192/128, one long causal request
     w, out, lse, ref = _ragged(192, 128, [2048], [2048], hq=16, hkv=16, dtype=torch.bfloat16, causal=True)
     _check(out, lse, *ref, True, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_follows_a_new_plan():
+    """Graph mode: the split partials (TmpO) are sized by head_dim_vo; a captured run replays a later plan."""
+    b, page, hq, hkv, dq, dv = 4, 16, 16, 4, 192, 128
+    g = torch.Generator().manual_seed(7)
+    kc = torch.randn(b * 40, page, hkv, dq, generator=g).to(torch.bfloat16).cuda()
+    vc = torch.randn(b * 40, page, hkv, dv, generator=g).to(torch.bfloat16).cuda()
+    bufs = dict(qo_indptr_buf=torch.zeros(b + 1, dtype=torch.int32, device="cuda"),
+                paged_kv_indptr_buf=torch.zeros(b + 1, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buf=torch.zeros(b * 40, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buf=torch.zeros(b, dtype=torch.int32, device="cuda"))
+    w = attncore.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
+                                                     use_cuda_graph=True, backend="triton", **bufs)
+    qo = [8, 1, 3, 8]
+
+    def plan(seed):
+        r = torch.Generator().manual_seed(seed)
+        npages = torch.randint(1, 40, (b,), generator=r).tolist()
+        kv = [(n - 1) * page + int(torch.randint(1, page + 1, (1,), generator=r)) for n in npages]
+        idx = torch.randperm(b * 40, generator=r)[:sum(npages)].to(torch.int32)
+        last = torch.tensor([(n - 1) % page + 1 for n in kv], dtype=torch.int32)
+        w.plan(_indptr(qo), _indptr(npages), idx, last, hq, hkv, dq, page, dv, causal=True,
+               q_data_type=torch.bfloat16)
+        ks, vs, p0 = [], [], 0
+        for n, c in zip(kv, npages):
+            pages = idx[p0:p0 + c].long().cuda()
+            p0 += c
+            ks.append(kc[pages].reshape(-1, hkv, dq)[:n])
+            vs.append(vc[pages].reshape(-1, hkv, dv)[:n])
+        return ks, vs
+
+    q = torch.randn(sum(qo), hq, dq, generator=g).to(torch.bfloat16).cuda()
+    out = torch.empty(sum(qo), hq, dv, dtype=torch.bfloat16, device="cuda")
+    plan(1)
+    w.run(q, (kc, vc), out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, (kc, vc), out=out)
+    ks, vs = plan(2)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, None, q, ks, vs, _indptr(qo), True, torch.bfloat16)

@@ -2,7 +2,8 @@
 
 Notation
   S        KV partitions (splits) of one request, planned on the host (attncore.core.schedule)
-  row      one query row (token) of a split request; Hq query heads, D head dim
+  row      one query row (token) of a split request; Hq query heads, D the head dim of v and the
+           output (head_dim_vo, which may differ from q's and k's)
   TmpO     [part_rows, Hq, D] fp32, each split's normalized partial output (no v/o scale)
   TmpLse   [part_rows, Hq] fp32 base-2 LSE of each partial (-inf: the split saw no key)
   Merge    int32 [rows, 4] merge table: (out row, first partial row, partial row stride, S); split s
@@ -99,11 +100,13 @@ def _merge_splits(
 def merge_splits(tmp_o, tmp_lse, out, lse, merge, counts, sinks, *, num_rows, head_dim, out_scale,
                  max_splits, persistent_grid=0, num_warps=4):
     """Combine the partials of ``num_rows`` query rows (the merge table ``merge`` int32 [>= num_rows,
-    4]) into ``out`` [nnz_q, Hq, D] and ``lse`` [nnz_q, Hq] (or None).  ``persistent_grid`` > 0
+    4]) into ``out`` [nnz_q, Hq, D] and ``lse`` [nnz_q, Hq] (or None); ``head_dim`` is D, v's and the
+    output's (head_dim_vo), the last dim of ``tmp_o`` too.  ``persistent_grid`` > 0
     (CUDA-graph mode): that many programs per head loop over ``counts[1]`` rows read on the device;
     ``max_splits`` then only sizes the split loop's vector (any count is merged)."""
     assert tmp_o.dim() == 3 and tmp_o.stride(2) == 1 and tmp_o.dtype.itemsize == 4
     assert tmp_lse.dim() == 2 and out.stride(2) == 1
+    assert tmp_o.shape[2] == head_dim and out.shape[2] == head_dim, "tmp_o / out: last dim head_dim (head_dim_vo)"
     assert merge.dtype.itemsize == 4 and merge.is_contiguous() and counts.numel() >= 2
     assert max_splits >= 1
     if num_rows == 0 and not persistent_grid:
