@@ -279,6 +279,42 @@ def test_backend_without_custom_masks_is_refused(clean_registry):
         run_wrapper("ragged", "nocustom", q, k, v, qo_lens, kv_lens, mi_args(prefixes, tps, stride, "cpu"))
 
 
+def relayout(kv, qo, seed):
+    """Another prefix and item layout of a request of the same lengths (a truncated last item is
+    still well formed: its positions count up from its delimiter)."""
+    rng = random.Random(seed)
+    prefix = rng.randint(0, kv - qo)
+    tp = []
+    while len(tp) < kv - prefix:
+        tp += list(range(rng.randint(1, 5) + 1))
+    return prefix, tp[:kv - prefix]
+
+
+def _graph_wrapper(device, b, mask_bytes):
+    i32 = dict(dtype=torch.int32, device=device)
+    return attncore.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(8 << 20, dtype=torch.uint8, device=device), "NHD", True, torch.zeros(b + 1, **i32),
+        torch.zeros(b + 1, **i32), torch.zeros(mask_bytes, dtype=torch.uint8, device=device),
+        torch.zeros(b + 1, **i32), backend="reference" if device == "cpu" else "auto")
+
+
+def test_cuda_graph_buffers():
+    """In CUDA-graph mode the mask goes into custom_mask_buf / mask_indptr_buf, and a buffer too small
+    for it is an error naming custom_mask_buf."""
+    qo_lens, kv_lens, prefixes, tps, stride = make_batch(3, 3)
+    q, k, v = build_inputs(qo_lens, kv_lens, torch.float32, "cpu")
+    w = _graph_wrapper("cpu", 3, 4096)
+    i32 = dict(dtype=torch.int32)
+    plan_args = (torch.tensor(indptr(qo_lens), **i32), torch.tensor(indptr(kv_lens), **i32), HQ, HKV, D)
+    w.plan(*plan_args, causal=True, q_data_type=torch.float32, **mi_args(prefixes, tps, stride, "cpu"))
+    assert w._planned.meta.packed_mask.data_ptr() == w._graph_buffers["custom_mask"].data_ptr()
+    out, lse = w.run(q, k, v, return_lse=True)
+    check_against_golden(out, lse, q, k, v, qo_lens, kv_lens, prefixes, tps, torch.float32)
+    with pytest.raises(ValueError, match=r"custom_mask_buf: needs \d+ entries but the CUDA-graph buffer holds 4"):
+        _graph_wrapper("cpu", 3, 4).plan(*plan_args, causal=True, q_data_type=torch.float32,
+                                         **mi_args(prefixes, tps, stride, "cpu"))
+
+
 # ----------------------------------------------------------------------------- bad input
 def _plan_ragged(qo_lens, kv_lens, **kw):
     w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend="reference")
@@ -358,9 +394,10 @@ def test_good_input_plans_and_qo_longer_than_kv_is_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda_fa2", "triton", "auto"])
 @pytest.mark.parametrize("kind", ["paged", "ragged"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu(backend, kind, dtype):
-    """Scoring-sized requests (a long prefix, many short items) on the GPU backends."""
+def test_gpu(backend, kind):
+    """Scoring-sized requests (a long prefix, many short items) on the GPU backends, in bf16 (fp16: the
+    FlashInfer-shaped case below)."""
+    dtype = torch.bfloat16
     qo_lens, kv_lens, prefixes, tps, stride = make_batch(
         21, 3, prefix_range=(0, 200), items_range=(1, 16), item_len_range=(1, 16), pad=17)
     q, k, v = build_inputs(qo_lens, kv_lens, dtype, "cuda", seed=4)
@@ -384,3 +421,35 @@ def test_gpu_flashinfer_case_rope_softcap(backend):
                                 pos_encoding_mode="ROPE_LLAMA", logits_soft_cap=30.0)
     check_against_golden(out, lse, q, k, v, [81], [97], [prefix], [tp], torch.float16,
                          logits_soft_cap=30.0, pos_encoding_mode="ROPE_LLAMA")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda_fa2", "triton"])
+def test_gpu_graph_replay_follows_new_items(backend):
+    """A captured run replays the items of the latest plan (same lengths, another layout)."""
+    qo_lens, kv_lens, prefixes, tps, stride = make_batch(31, 4, prefix_range=(0, 64), items_range=(1, 12))
+    dtype, dev = torch.bfloat16, "cuda"
+    q, k, v = build_inputs(qo_lens, kv_lens, dtype, dev, seed=6)
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device=dev), "NHD", True,
+        *(torch.zeros(5, dtype=torch.int32, device=dev) for _ in range(2)),
+        torch.zeros(1 << 16, dtype=torch.uint8, device=dev), torch.zeros(5, dtype=torch.int32, device=dev),
+        backend=backend)
+    i32 = dict(dtype=torch.int32, device=dev)
+    plan_args = (torch.tensor(indptr(qo_lens), **i32), torch.tensor(indptr(kv_lens), **i32), HQ, HKV, D)
+    w.plan(*plan_args, causal=True, q_data_type=dtype, return_lse=True, **mi_args(prefixes, tps, stride, dev))
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=dev)
+    w.run(q, k, v, out=out, lse=lse, return_lse=True)  # warm-up compiles outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, k, v, out=out, lse=lse, return_lse=True)
+    layouts = [relayout(kv, qo, 100 + i) for i, (kv, qo) in enumerate(zip(kv_lens, qo_lens))]
+    prefixes2, tps2 = [p for p, _ in layouts], [t for _, t in layouts]
+    stride2 = max(len(t) for t in tps2)
+    w.plan(*plan_args, causal=True, q_data_type=dtype, return_lse=True, **mi_args(prefixes2, tps2, stride2, dev))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    check_against_golden(out, lse, q, k, v, qo_lens, kv_lens, prefixes2, tps2, dtype)
