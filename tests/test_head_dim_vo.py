@@ -125,6 +125,17 @@ def test_legacy_forward_replans_with_head_dim_vo():
     _check(out2, None, q, ks, vs, qi, True, torch.float16)
 
 
+def test_a_replan_with_another_head_dim_vo_is_a_new_problem():
+    # the same wrapper, indptrs and everything but head_dim_vo (a plan memo must key on it)
+    w, out, lse, (q, ks, vs, qi) = _ragged(192, 128, [3, 2], [6, 4], causal=True)
+    ki = _indptr([6, 4])
+    for dv in (64, 128):
+        v = torch.randn(10, 2, dv, dtype=torch.float16, device=DEV)
+        w.plan(qi, ki, 6, 2, 192, dv, causal=True, q_data_type=torch.float16)
+        out = w.run(q, torch.cat(ks), v)
+        _check(out, None, q, ks, [v[:6], v[6:]], qi, True, torch.float16)
+
+
 @pytest.mark.parametrize("dq,dv", [(192, 128), (64, 128)])
 def test_single_prefill_with_a_wider_or_narrower_v(dq, dv):
     g = torch.Generator().manual_seed(dq)
@@ -135,6 +146,14 @@ def test_single_prefill_with_a_wider_or_narrower_v(dq, dv):
     _check(out, lse, q, [k], [v], torch.tensor([0, 5]), True, torch.float16)
     again = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="triton")  # the cached plan
     assert torch.equal(again, out)
+
+
+def test_single_prefill_plan_cache_keys_on_v():
+    q, k = torch.randn(3, 2, 64).half().to(DEV), torch.randn(7, 2, 64).half().to(DEV)
+    for dv in (64, 128, 64, 32):
+        v = torch.randn(7, 2, dv).half().to(DEV)
+        out = attncore.single_prefill_with_kv_cache(q, k, v, backend="triton")
+        _check(out, None, q, [k], [v], torch.tensor([0, 3]), False, torch.float16)
 
 
 def test_sm_scale_defaults_to_head_dim_qk():
