@@ -253,6 +253,21 @@ def test_auto_picks_a_backend_that_serves_it():
     _check(out, lse, *ref, False, torch.float16)
 
 
+def test_conformance_suite_computes_the_head_dim_vo_cases_on_triton():
+    """What `attncore conformance triton` generates for the head_dim_vo axis: numerics for the prefill and
+    decode ops (run here, through the interpreter), a refusal for xqa."""
+    from attncore.testing import cases, runner
+
+    fams = cases.generate(TritonBackend(), device=DEV)
+    two = [c for c in fams["numerics"] if c.problem.head_dim_vo != c.problem.head_dim_qk]
+    assert {c.problem.op for c in two} == {"single_prefill", "batch_prefill_ragged", "batch_prefill_paged",
+                                             "batch_decode"}, [c.id for c in two]
+    assert any(c.problem.op == "xqa_decode" and c.problem.head_dim_vo != c.problem.head_dim_qk
+               for c in fams["refusal"])
+    for c in two:
+        runner.run_numerics(c)
+
+
 # ------------------------------------------------------------------------------------------------ GPU (bf16)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dq,dv", DIMS)
