@@ -12,6 +12,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attncore.core import _api
+from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core.backend import BatchMeta, RunArgs
@@ -53,9 +54,13 @@ def single_decode_with_kv_cache(
     v_scale: Optional[float] = None, window_left: int = -1, logits_soft_cap: Optional[float] = None,
     sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
     return_lse: bool = False, *, backend: str = "auto", sinks: Optional[Tensor] = None,
-    out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+    out: Optional[Tensor] = None, lse: Optional[Tensor] = None, o_dtype: Optional[torch.dtype] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Decode one query token against one request's K/V.
+
+    ``o_dtype`` (attncore, keyword-only): the output dtype, default q's (FlashInfer 0.2.14's
+    ``empty_like(q)``); an fp8 q (e4m3/e5m2) is upcast exactly to it when it is fp16/bf16/fp32, else to
+    fp16 (``attncore.core.fp8_query``), so pass ``o_dtype`` with an fp8 q.
 
     q: ``[num_qo_heads, head_dim]``; k, v: ``[kv_len, Hkv, D]`` (NHD) or ``[Hkv, kv_len, D]`` (HND).
     Returns out ``[num_qo_heads, head_dim]`` (and LSE ``[num_qo_heads]`` float32 base 2).
@@ -63,7 +68,8 @@ def single_decode_with_kv_cache(
     """
     _api.check_tensor("q", q, ndim=2, what="([num_qo_heads, head_dim])")
     if out is not None:
-        _api.check_tensor("out", out, shape=list(q.shape), dtype=q.dtype, device=q.device)
+        _api.check_tensor("out", out, shape=list(q.shape), device=q.device,
+                          dtype=q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype"))
         out = out.unsqueeze(0)
     if lse is not None:
         _api.check_tensor("lse", lse, shape=[q.shape[0]], dtype=torch.float32, device=q.device)
@@ -72,7 +78,7 @@ def single_decode_with_kv_cache(
         q.unsqueeze(0), k, v, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
         window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
         return_lse=return_lse, backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-        out=out, lse=lse)
+        out=out, lse=lse, o_dtype=o_dtype)
     if return_lse:
         return res[0].squeeze(0), res[1].squeeze(0)
     return res.squeeze(0)
@@ -242,7 +248,7 @@ def xqa_batch_decode_with_kv_cache(
         raise ValueError("kv_cache_sf: NVFP4 KV caches are not supported by attncore yet (no backend "
                          "implements them); pass an fp16/bf16/fp8 cache")
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("query", query, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES,
+    _api.check_tensor("query", query, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES,
                       what="([batch_size * q_len_per_req, num_heads, head_dim])")
     device = _api.norm_device(query.device)
     q_len = 1 if q_len_per_req is None else q_len_per_req
@@ -282,8 +288,9 @@ def xqa_batch_decode_with_kv_cache(
                               pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
     out_dtype = query.dtype
     if out is not None:
-        _api.check_tensor("out", out, shape=list(query.shape), device=device,
-                          dtype=(query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
+        _api.check_tensor("out", out, shape=list(query.shape), device=device,  # an fp8 query: any (fp8_query)
+                          dtype=_api.ACCEPTED_Q_DTYPES if _fp8_query.is_fp8(query.dtype)
+                          else (query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
     # checked by the constructor: a mismatch is an error naming the request, never "attend over what
@@ -295,12 +302,14 @@ def xqa_batch_decode_with_kv_cache(
     sinks = _api.check_sinks(sinks, hq, device)
     v_scale, o_scale = _params.scale("bmm2_scale", bmm2_scale), _params.scale("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
-    problem = _api.build_problem("xqa_decode", device, q_dtype=query.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
+    compute = _fp8_query.compute_dtype(query.dtype, out_dtype)  # an fp8 query is upcast to it (fp8_query)
+    problem = _api.build_problem("xqa_decode", device, q_dtype=compute, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
                                  kv_layout=kv_layout, mask=meta.mask, params=params, q_len_per_req=q_len,
                                  spec_mask=mask is not None, sinks=sinks is not None,
                                  fp8_scales=v_scale != 1.0 or o_scale != 1.0)
-    planned = _api.Planned(problem, meta, backend)
+    planned = (_api.Planned(problem, meta, backend) if compute is query.dtype
+               else _fp8_query.plan(problem, meta, backend, query.dtype, out_name="out"))
     if out is None:
         out = torch.empty_like(query)
     planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,

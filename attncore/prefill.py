@@ -15,6 +15,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attncore.core import _api
+from attncore.core import fp8_query as _fp8_query
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
@@ -56,7 +57,7 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
                                     sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
                                     k_scale=scales[1], v_scale=scales[2])
     _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
     _api.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
     device = _api.norm_device(q.device)
@@ -92,13 +93,14 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
     scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
     out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
-    problem = _api.build_problem("single_prefill", device, q_dtype=q.dtype, kv_dtype=k.dtype, out_dtype=out_dtype,
+    compute = _fp8_query.compute_dtype(q.dtype, out_dtype)  # an fp8 q is upcast to it (attncore.core.fp8_query)
+    problem = _api.build_problem("single_prefill", device, q_dtype=compute, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq,
                                  num_kv_heads=hkv, head_dim=d, head_dim_vo=dv, kv_layout=kv_layout, mask=meta.mask,
                                  params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
-    planned = _api.plan_one_call(problem, meta, meta_of, backend)
+    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype)
     if key is not None:
         _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
@@ -179,7 +181,9 @@ def single_prefill_with_kv_cache(
     Parameters
     ----------
     q : torch.Tensor
-        ``[qo_len, num_qo_heads, head_dim]``, fp16/bf16/fp32.
+        ``[qo_len, num_qo_heads, head_dim]``, fp16/bf16/fp32, or fp8 (e4m3/e5m2): upcast exactly to
+        ``o_dtype`` when that is fp16/bf16/fp32, else fp16, before a backend is selected
+        (``attncore.core.fp8_query``).
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND);
         q's dtype or fp8 (then pass ``k_scale``/``v_scale``).  v's last dim is ``head_dim_vo`` and may
@@ -188,7 +192,9 @@ def single_prefill_with_kv_cache(
         FlashInfer 0.2.14's names of ``q_scale``/``k_scale``/``v_scale`` (keyword aliases; giving both
         spellings is a ``TypeError``).  A per-head tensor is accepted when all its entries are equal.
     o_dtype : torch.dtype, optional
-        Output dtype (default q's); a backend that cannot write it is refused with the reason.
+        Output dtype (default q's, as in FlashInfer 0.2.14: with an fp8 q an fp8 output, which the prefill
+        backends do not write, so pass ``o_dtype`` then); a backend that cannot write it is refused with the
+        reason.
     custom_mask : torch.Tensor, optional
         bool ``[qo_len, kv_len]`` (or flattened, as FlashInfer takes it too), True = keep (replaces
         ``causal``, ANDed with the window).
@@ -217,6 +223,9 @@ def single_prefill_with_kv_cache(
         q_scale, k_scale, v_scale = _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
                                                    backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.core.ops
+        if _fp8_query.is_fp8(q.dtype):
+            raise NotImplementedError("q: an fp8 q is not supported under torch.compile (attncore::single_prefill "
+                                      "takes q's dtype as the compute dtype); call it eagerly")
         if o_dtype is not None and _api.to_dtype(o_dtype, "o_dtype") != q.dtype:
             raise NotImplementedError("o_dtype: an output dtype other than q's is not supported under torch.compile "
                                       "(attncore::single_prefill writes q's dtype); call it eagerly")

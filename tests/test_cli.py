@@ -160,7 +160,7 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["explain", "--heads", "32/7"], "multiple of num_kv_heads"),
     (["explain", "--heads", "0/1"], "num_qo_heads: got 0"),
     (["explain", "--q-dtype", "foo"], "argument --q-dtype: expected one of float16"),
-    (["explain", "--q-dtype", "e4m3"], "argument --q-dtype"),
+    (["explain", "--out-dtype", "int8"], "argument --out-dtype"),  # an fp8 --q-dtype is accepted (fp8_query)
     (["explain", "--kv-dtype", "int8"], "argument --kv-dtype"),
     (["explain", "--head-dim", "-1"], "argument --head-dim"),
     (["explain", "--page-size", "0"], "argument --page-size"),

@@ -105,13 +105,15 @@ def _problem_from_args(a):
         check_heads(hq, hkv, a.head_dim)
     except ValueError as e:
         raise UsageError(f"--heads {hq}/{hkv}: {e}") from None
-    q_dtype = a.q_dtype
-    kv_dtype = a.kv_dtype or q_dtype
+    from attncore.core.fp8_query import compute_dtype
+
+    q_dtype = compute_dtype(a.q_dtype, a.out_dtype)  # an fp8 q is upcast before selection, as the API does
+    kv_dtype = a.kv_dtype or a.q_dtype
     paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
     mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
     problem = AttentionProblem(
         op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
-        out_dtype=a.out_dtype or q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
+        out_dtype=a.out_dtype or a.q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
         head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
@@ -129,7 +131,13 @@ def cmd_explain(a) -> int:
 
     if a.backend != "auto":
         _known_backend(a.backend)
-    ex = explain(_problem_from_args(a), a.backend)
+    problem = _problem_from_args(a)
+    ex = explain(problem, a.backend)
+    if problem.q_dtype != a.q_dtype:  # an fp8 q (attncore.core.fp8_query)
+        from attncore.core.fp8_query import note
+
+        ex.note = "; ".join(x for x in (ex.note, note(a.q_dtype, problem.q_dtype, problem.out_dtype, "--out-dtype"))
+                            if x)
     print(ex)
     return 0 if ex.chosen else 1
 
@@ -393,9 +401,9 @@ def _dtype(kind: str):
     """A converter for dtype names, accepting those the API accepts for ``kind`` (q or kv)."""
 
     def convert(text: str):
-        from attncore.core._api import _DTYPE_ALIASES, SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES
+        from attncore.core._api import _DTYPE_ALIASES, ACCEPTED_Q_DTYPES, SUPPORTED_KV_DTYPES
 
-        allowed = SUPPORTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
+        allowed = ACCEPTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
         dtype = _DTYPE_ALIASES.get(text.replace("torch.", ""))
         if dtype not in allowed:
             names = ", ".join(n for n, d in _DTYPE_ALIASES.items() if d in allowed)
@@ -440,7 +448,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "xqa_decode", "pod", "batch_pod"])
     e.add_argument("--device", choices=["cpu", "cuda"])
     e.add_argument("--cc", type=_cc, help="compute capability for cuda, e.g. 9.0")
-    e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16", help="float16, bfloat16 or float32")
+    e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16",
+                   help="float16, bfloat16 or float32; e4m3/e5m2 (upcast exactly, as the API does)")
     e.add_argument("--kv-dtype", type=_dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
     e.add_argument("--out-dtype", type=_dtype("kv"), help="default: the q dtype")
     e.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv, e.g. 32/8")

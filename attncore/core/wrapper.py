@@ -5,11 +5,13 @@ run() arguments that every wrapper shares."""
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from attncore.core import _api
+from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core.backend import BatchMeta, RunArgs
@@ -121,16 +123,19 @@ class _BatchWrapper:
         return_lse, sinks, fp8_scales = _run_features(features)
         self._run_cache = {}
         q_dtype = _api.to_dtype(q_data_type, "q_data_type")
+        out_dtype = _api.to_dtype(o_data_type, "o_data_type", q_dtype)
+        compute = _fp8_query.compute_dtype(q_dtype, out_dtype)  # an fp8 q is upcast to it (fp8_query)
         problem = _api.build_problem(
-            op, self._device, q_dtype=q_dtype, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
-            out_dtype=_api.to_dtype(o_data_type, "o_data_type", q_dtype), num_qo_heads=num_qo_heads,
+            op, self._device, q_dtype=compute, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
+            out_dtype=out_dtype, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_vo=head_dim_vo, page_size=page_size,
             kv_layout=self._kv_layout,
             mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph,
             return_lse=bool(return_lse), sinks=sinks, fp8_scales=fp8_scales)
-        self._planned = _api.Planned(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
-                                     prefer_lse=self._use_cuda_graph and return_lse is None,
-                                     who=type(self).__name__)
+        make = _api.Planned if compute is q_dtype else functools.partial(_fp8_query.plan, q_dtype=q_dtype,
+                                                                           out_name="o_data_type")
+        self._planned = make(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
+                             prefer_lse=self._use_cuda_graph and return_lse is None, who=type(self).__name__)
         if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
             self._op_handle = _ops.register(self)
         self._compile_spec = (self._op_handle, problem.num_qo_heads, problem.head_dim_vo, problem.out_dtype)
@@ -143,7 +148,7 @@ class _BatchWrapper:
     def _check_q(self, q: Tensor) -> None:
         p = self._planned.problem
         meta = self._planned.meta
-        _api.check_tensor("q", q, dtype=p.q_dtype, device=self._device,
+        _api.check_tensor("q", q, dtype=self._planned.q_dtype, device=self._device,
                           shape=[meta.qo_indptr_host[-1], p.num_qo_heads, p.head_dim_qk],
                           what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
         if q.stride(-1) != 1:
@@ -176,7 +181,7 @@ class _BatchWrapper:
         planned = self._require_plan()
         p = planned.problem
         hq, hkv, d = p.num_qo_heads, p.num_kv_heads, p.head_dim_qk
-        _api.check_tensor("q", q, ndim=3, dtype=p.q_dtype, device=self._device, shape=[None, hq, d],
+        _api.check_tensor("q", q, ndim=3, dtype=planned.q_dtype, device=self._device, shape=[None, hq, d],
                           what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
         nhd = p.kv_layout == "NHD"
         for name, t, dim in (("k", k, d), ("v", v, p.head_dim_vo)):
