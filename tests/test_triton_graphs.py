@@ -385,8 +385,8 @@ ptrs["MaskBytes"] = "*u8"
 ptrs["Out"] = "*bf16"
 floats = {"qk_scale", "cap_inv", "cap_l2", "out_scale", "rope_log2_theta", "rope_inv_scale"}
 cx = dict(G=4, HEAD_DIM=128, BLOCK_D=128, HALF=64, BLOCK_HALF=64, BLOCK_M=16, BLOCK_N=64, PAGE=16, MASK_MODE=1,
-          HAS_WINDOW=True, SOFT_CAP=True, ALIBI=True, ROPE=False, HAS_SINKS=True, STORE_LSE=True, SPLIT=True,
-          DOT_PREC="tf32", PREFETCH=False, DOT_F16=False, KV_ADDR=1, HEADS_FIRST=False, PERSISTENT=True,
+          HAS_WINDOW=True, SOFT_CAP=True, ALIBI=True, ROPE=False, HAS_SINKS=True, STORE_LSE=True,
+          DOT_PREC="tf32", PREFETCH=False, DOT_F16=False, KV_ADDR=1, PERSISTENT=True,
           HEAD_DIM_VO=128, BLOCK_DV=128)
 target = GPUTarget("cuda", 90, 32)
 triton.compile(ASTSource(fn=_attn_fwd, signature=sig_of(_attn_fwd, cx, ptrs, floats), constexprs=cx), target=target,

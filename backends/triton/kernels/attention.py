@@ -231,10 +231,14 @@ def _kv_loop(
     return acc, l_i, m_i
 
 
-# Integer arguments that vary with the batch (work count, window, draft length) are not specialized:
-# Triton would compile a variant per value of 1 and per divisibility by 16, a JIT stall of seconds
-# whenever a serving batch crosses one, for no faster code (they only index the work list).
-@triton.jit(do_not_specialize=["window_left", "spec_q_len", "spec_row_bytes", "NUM_KV", "NUM_ITEMS"])
+# Integer arguments that vary with the batch (work count, window, draft length, launch order) and the
+# LSE strides are not specialized: Triton would compile a variant per value of 1 and per divisibility
+# by 16, a JIT stall of seconds whenever a serving batch crosses one, for no faster code (they only
+# index the work list or address one float per row).  For the same reason the launch order and
+# whether an item writes a split partial are run-time values, not constexprs: each doubled the
+# variants a plan could need (a cold `attncore check --fuzz` spent most of its time compiling them).
+@triton.jit(do_not_specialize=["window_left", "spec_q_len", "spec_row_bytes", "NUM_KV", "NUM_ITEMS", "heads_first",
+                               "stride_lt", "stride_lh", "stride_ut", "stride_uh"])
 def _attn_fwd(
     Q, K, V, Out, Lse, TmpO, TmpLse, Work, Counts,
     QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
@@ -246,22 +250,22 @@ def _attn_fwd(
     stride_tt, stride_th,
     stride_ut, stride_uh,
     qk_scale, cap_inv, cap_l2, out_scale, window_left,
-    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes, NUM_KV, NUM_ITEMS,
+    rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes, NUM_KV, NUM_ITEMS, heads_first,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM_VO: tl.constexpr, BLOCK_DV: tl.constexpr,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
     ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
-    KV_ADDR: tl.constexpr, HEADS_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
+    DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
+    KV_ADDR: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if PERSISTENT:  # CUDA-graph mode: a fixed grid loops over the live items (count and order on the device)
         n_items = tl.load(Counts)
-        heads_first = tl.load(Counts + 2)
+        order = tl.load(Counts + 2)
         for w in range(pid, n_items * NUM_KV, tl.num_programs(0)):
-            if heads_first != 0:
+            if order != 0:
                 item = w // NUM_KV
                 hkv = w - item * NUM_KV
             else:
@@ -275,9 +279,9 @@ def _attn_fwd(
                 qk_scale, cap_inv, cap_l2, out_scale, window_left,
                 rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
                 G, HEAD_DIM, BLOCK_D, HEAD_DIM_VO, BLOCK_DV, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
-                HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+                HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
     else:  # one program per (item, kv head)
-        if HEADS_FIRST:  # launch heaviest first across all heads (see plan._heads_first)
+        if heads_first != 0:  # launch heaviest first across all heads (see plan._heads_first)
             item = pid // NUM_KV
             hkv = pid - item * NUM_KV
         else:  # a head's items together: those of one request share K/V tiles in L2
@@ -291,7 +295,7 @@ def _attn_fwd(
             qk_scale, cap_inv, cap_l2, out_scale, window_left,
             rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
             G, HEAD_DIM, BLOCK_D, HEAD_DIM_VO, BLOCK_DV, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, SPLIT, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
+            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
 
 
 @triton.jit
@@ -313,7 +317,7 @@ def _attn_item(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
     ALIBI: tl.constexpr, ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
+    DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
     KV_ADDR: tl.constexpr,
 ):
     """One work item (req, first packed row, kv_lo, kv_hi, partial row) for one kv head."""
@@ -458,11 +462,7 @@ def _attn_item(
         om = row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_VO)
     else:
         om = qm
-    if SPLIT:
-        is_part = part_row >= 0
-    else:
-        is_part = False
-    if is_part:
+    if part_row >= 0:  # a split item (plans without splits have none: TmpO is then a dummy)
         o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
         # partial row part_row + t of the split's rows (attncore.core.schedule)
         t_row = (part_row + q_tok).to(tl.int64) * stride_tt + head * stride_th
@@ -560,7 +560,7 @@ def attention_fwd(
         us[0], us[1],
         float(qk_scale), float(cap_inv), float(cap_l2), float(out_scale), int(window_left),
         math.log2(rope_theta), 1.0 / rope_scale, int(spec_q_len), int(spec_row_bytes), num_kv_heads,
-        max(int(num_items), 1),
+        max(int(num_items), 1), int(bool(heads_first)),
     )
     cx = dict(
         G=group_size, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), HEAD_DIM_VO=Dv,
@@ -568,11 +568,11 @@ def attention_fwd(
         BLOCK_HALF=max(16, _next_pow2(half)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE=int(page_size or 0), MASK_MODE=mask_mode, HAS_WINDOW=window_left >= 0,
         SOFT_CAP=bool(soft_cap), ALIBI=bool(alibi), ROPE=bool(rope), HAS_SINKS=sinks is not None,
-        STORE_LSE=lse is not None, SPLIT=bool(split), DOT_PREC=dot_prec,
+        STORE_LSE=lse is not None, DOT_PREC=dot_prec,
         PREFETCH=bool(prefetch) and bool(page_size),
         KV_ADDR=_kv_addr(k, v, page_size, kv_strides, v_strides),
         DOT_F16=bool(dot_f16) and not rope and k.dtype.itemsize == 1 and q.dtype == torch.bfloat16,
-        HEADS_FIRST=bool(heads_first), PERSISTENT=bool(persistent_grid),
+        PERSISTENT=bool(persistent_grid),
         num_warps=num_warps, num_stages=num_stages,
     )
     launcher = fast_launcher(_attn_fwd, grid, cx)

@@ -10,7 +10,7 @@ config.dense_candidates holds the measured configs (H100, backends/triton/bench/
 TFLOP/s with WS 128x64 tiles, the generic kernel 402-412).
 
 One program per (work item, query head); a work item is (request, first query row), planned on
-the host, heaviest first.  HEADS_FIRST (a plan decision, see backend._heads_first) orders the
+the host, heaviest first.  ``heads_first`` (a plan decision, see backend._heads_first) orders the
 program ids over the heads first, so that the launch is heaviest first across all heads;
 otherwise over the items first, so that the items of one head, which share K/V tiles, run
 together in L2.  GQA: query head h reads kv head h // G.  Scores are kept in base 2 (LSE base
@@ -67,17 +67,17 @@ def _dense_loop(acc, l_i, m_i, q, desc_k, desc_v, lo, hi, mask_from, m0, kv_len,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["HQ", "NUM_ITEMS"])  # batch-dependent: see attention._attn_fwd
+@triton.jit(do_not_specialize=["HQ", "NUM_ITEMS", "heads_first", "stride_lt", "stride_lh"])  # see attention._attn_fwd
 def _dense_fwd(
     Q, K, V, Out, Lse, Work, QoIndptr, KvStart, KvLens, Sinks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, out_scale, HQ, NUM_ITEMS,
+    stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, out_scale, HQ, NUM_ITEMS, heads_first,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr, WS: tl.constexpr,
-    ONE_LOOP: tl.constexpr, BRANCH: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    ONE_LOOP: tl.constexpr, BRANCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if HEADS_FIRST:
+    if heads_first != 0:
         item = pid // HQ
         h = pid - item * HQ
     else:
@@ -185,10 +185,11 @@ def dense_fwd(q, k, v, out, lse, sinks, work, num_items, qo_indptr, kv_start, kv
     hq = q.shape[1]
     ls = tuple(lse.stride()) if lse is not None else (0, 0)
     tail = (q.stride(0), q.stride(1), kv_strides[0], kv_strides[1], v_strides[0], v_strides[1],
-            out.stride(0), out.stride(1), ls[0], ls[1], float(qk_scale), float(out_scale), hq, num_items)
+            out.stride(0), out.stride(1), ls[0], ls[1], float(qk_scale), float(out_scale), hq, num_items,
+            int(bool(heads_first)))
     cx = dict(G=group_size, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
               HAS_SINKS=sinks is not None, STORE_LSE=lse is not None, WS=bool(warp_specialize),
-              ONE_LOOP=bool(one_loop), BRANCH=bool(branch), HEADS_FIRST=bool(heads_first),
+              ONE_LOOP=bool(one_loop), BRANCH=bool(branch),
               num_warps=num_warps, num_stages=num_stages)
     launcher = fast_launcher(_dense_fwd, (num_items * hq,), cx)
     dummy = work
