@@ -203,6 +203,42 @@ def test_xqa_entry_point_with_an_fp8_query():
         _check(out[i:i + 1], None, q[i:i + 1], k, v, torch.float16, torch.float16, sm_scale=0.1)
 
 
+def test_cuda_graph_wrapper_keeps_the_upcast_buffer_across_replans():
+    # CUDA-graph mode (here on the CPU: run() never plans): the buffer keeps its address when a re-plan has the
+    # same q rows (a frozen decode batch), so a captured copy and kernel keep reading the right memory
+    g = torch.Generator().manual_seed(31)
+    bufs = [torch.empty(n, dtype=torch.int32, device=DEV) for n in (4, 32, 3)]
+    w = attncore.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV),
+                                                             *bufs, backend="reference")
+    ptrs = []
+    for seed, kv_lens in ((1, [5, 9, 2]), (2, [30, 1, 17])):
+        cache, indptr, idx, last, ks, vs = _paged_batch(g, kv_lens, 4, 2, 32, torch.float8_e5m2)
+        q = _rand(g, 3, 4, 32, dtype=torch.float8_e5m2)
+        w.plan(indptr, idx, last, 4, 2, 32, 4, q_data_type="e5m2", o_data_type=torch.float16, return_lse=True)
+        out, lse = w.run(q, cache, return_lse=True)
+        for i in range(3):
+            _check(out[i:i + 1], lse[i:i + 1], q[i:i + 1], ks[i], vs[i], torch.float16, torch.float16)
+        ptrs.append(w._planned.q_upcast.data_ptr())
+    assert ptrs[0] == ptrs[1]
+
+
+def test_compiled_wrapper_run_with_an_fp8_q():
+    import torch._dynamo
+
+    g = torch.Generator().manual_seed(37)
+    cache, indptr, idx, last, ks, vs = _paged_batch(g, [6, 11], 4, 2, 32, torch.float8_e4m3fn)
+    q = _rand(g, 2, 4, 32, dtype=torch.float8_e4m3fn)
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV),
+                                                    backend="reference")
+    w.plan(indptr, idx, last, 4, 2, 32, 4, q_data_type="e4m3", o_data_type=torch.float16)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lambda q, c: w.run(q, c, q_scale=0.5), fullgraph=True, backend="eager")(q, cache)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, w.run(q, cache, q_scale=0.5))
+
+
 # ----------------------------------------------------------------------------- bad input
 def _decode_plan(qd, od=None, backend="triton"):
     w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEV),
@@ -231,6 +267,19 @@ def test_fp8_output_refused_with_the_upcast_rule():
         attncore.single_prefill_with_kv_cache(q, k, v, o_dtype=torch.float8_e5m2, backend="triton")
     with pytest.raises(TypeError, match=r"^o_dtype: got 'int8'"):
         attncore.single_prefill_with_kv_cache(q, k, v, o_dtype="int8")
+
+
+def test_single_prefill_under_compile_refuses_an_fp8_q():
+    import torch._dynamo
+
+    q, k, v = (torch.randn(3, 2, 32).to(torch.float8_e4m3fn).to(DEV) for _ in range(3))
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(Exception, match=r"q: an fp8 q is not supported under torch.compile"):
+            torch.compile(lambda q: attncore.single_prefill_with_kv_cache(q, k, v, o_dtype=torch.float16),
+                          fullgraph=True, backend="eager")(q)
+    finally:
+        torch._dynamo.reset()
 
 
 def test_upcast_buffer_needs_workspace_room():
