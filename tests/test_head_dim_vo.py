@@ -249,7 +249,7 @@ def test_cuda_backends_refuse_with_a_readable_reason(name):
 
 def test_auto_picks_a_backend_that_serves_it():
     w, out, lse, ref = _ragged(192, 128, [3], [5], backend="auto")
-    assert w.backend in ("triton", "reference")
+    assert w.backend not in ("cuda_fa2", "xqa")  # they refuse it; auto picks one that serves it
     _check(out, lse, *ref, False, torch.float16)
 
 
