@@ -371,7 +371,7 @@ def test_gpu_trtllm_decode_fp8_query(out_dtype, backend):
     cache = _rand(g, sum(npages), 2, hkv, page, d, dtype=qd)  # HND, as trtllm takes it
     q = _rand(g, 3, hq, d, dtype=qd)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
-    out = attncore.trtllm_batch_decode_with_kv_cache(q, cache, ws, table.to(DEV), torch.tensor(kv_lens).int().to(DEV),
+    out = attncore.decode.trtllm_batch_decode_with_kv_cache(q, cache, ws, table.to(DEV), torch.tensor(kv_lens).int().to(DEV),
                                                      max(kv_lens), 0.08, 1.0, out_dtype=out_dtype, backend=backend)
     assert out.dtype == out_dtype
     for i, n in enumerate(kv_lens):

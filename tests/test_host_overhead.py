@@ -238,21 +238,27 @@ def test_gpu_plan_syncs(backend, kind):
     else:
         w = attncore.BatchPrefillWithPagedKVCacheWrapper(ws, backend=backend)
 
-    def plan(table, on):
-        indptr, indices, last = (t.to(on) for t in table)
+    def on(table, where):  # the index tensors where the caller keeps them (copied before counting)
+        indptr, indices, last = (t.to(where) for t in table)
+        qo = (torch.arange(indptr.numel(), dtype=torch.int32) * 3).to(where)
+        return qo, indptr, indices, last
+
+    def plan(tensors):
+        qo, indptr, indices, last = tensors
         if kind == "decode":
             w.plan(indptr, indices, last, 32, 8, 128, PAGE, q_data_type=dt)
         else:
-            qo = (torch.arange(indptr.numel(), dtype=torch.int32) * 3).to(on)
             w.plan(qo, indptr, indices, last, 32, 8, 128, PAGE, causal=True, q_data_type=dt)
 
-    plan(_table(8, seed=1, max_pages=8, pool=256), "cpu")  # first plan: builds, compiles, caches
-    assert _syncs(lambda: plan(_table(8, seed=2, max_pages=8, pool=256), "cpu")) == 0
-    plan(_table(8, seed=3, max_pages=8, pool=256), dev)
-    assert _syncs(lambda: plan(_table(8, seed=4, max_pages=8, pool=256), dev)) <= 1
+    plan(on(_table(8, seed=1, max_pages=8, pool=256), "cpu"))  # first plan: builds, compiles, caches
+    host = on(_table(8, seed=2, max_pages=8, pool=256), "cpu")
+    assert _syncs(lambda: plan(host)) == 0
+    plan(on(_table(8, seed=3, max_pages=8, pool=256), dev))
+    device = on(_table(8, seed=4, max_pages=8, pool=256), dev)
+    assert _syncs(lambda: plan(device)) <= 1
     # the values planned from device tensors are the table's
     table = _table(8, seed=5, max_pages=8, pool=256)
-    plan(table, dev)
+    plan(on(table, dev))
     meta = w._planned.meta
     assert meta.kv_indptr_host == table[0].tolist() and meta.max_page_id == int(table[1].max())
     assert meta.kv_indices.cpu().tolist() == table[1].tolist()
@@ -277,16 +283,21 @@ def test_gpu_ragged_plan_syncs(backend):
     w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=dev),
                                                       backend=backend)
 
-    def plan(seed, on):
+    def indptrs(seed, on):  # where the caller keeps them (copied before counting)
         g = torch.Generator().manual_seed(seed)
         qo = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(1, 9, (4,), generator=g).cumsum(0)])
         kv = qo + torch.arange(5) * torch.randint(0, 9, (1,), generator=g)
-        w.plan(qo.to(torch.int32).to(on), kv.to(torch.int32).to(on), 32, 8, 128, causal=True, q_data_type=dt)
-        return qo.tolist(), kv.tolist()
+        return qo.to(torch.int32).to(on), kv.to(torch.int32).to(on)
 
-    plan(1, "cpu")
-    assert _syncs(lambda: plan(2, "cpu")) == 0
-    plan(3, dev)
-    assert _syncs(lambda: plan(4, dev)) <= 1
-    qo, kv = plan(5, dev)
+    def plan(tensors):
+        w.plan(*tensors, 32, 8, 128, causal=True, q_data_type=dt)
+        return [t.tolist() for t in tensors]
+
+    plan(indptrs(1, "cpu"))
+    host = indptrs(2, "cpu")
+    assert _syncs(lambda: w.plan(*host, 32, 8, 128, causal=True, q_data_type=dt)) == 0
+    plan(indptrs(3, dev))
+    device = indptrs(4, dev)
+    assert _syncs(lambda: w.plan(*device, 32, 8, 128, causal=True, q_data_type=dt)) <= 1
+    qo, kv = plan(indptrs(5, dev))
     assert w._planned.meta.qo_indptr_host == qo and w._planned.meta.kv_indptr_host == kv
