@@ -220,12 +220,12 @@ def test_window_softcap_rope_no_lse(backend):
 
 
 def test_flashinfer_test_layout():
-    """FlashInfer 0.2.14's own test's arguments (batch of one, positions shorter than
-    token_pos_in_items_len, which is a uint32 tensor; uint16 positions and max item length)."""
+    """FlashInfer 0.2.14's own test's arguments (batch of one, a 0-D prefix length, positions shorter
+    than token_pos_in_items_len, which is a uint32 tensor; uint16 positions and max item length)."""
     prefix, tp = 17, list(range(17)) + list(range(19)) + [0]
     qo_len, kv_len = 37, 54
     q, k, v = build_inputs([qo_len], [kv_len], torch.float16, "cpu", seed=2)
-    mi = dict(prefix_len_ptr=torch.tensor([prefix]).to(torch.uint32),
+    mi = dict(prefix_len_ptr=torch.tensor(prefix).to(torch.uint32),  # 0-D, as FlashInfer's test passes it
               token_pos_in_items_ptr=torch.tensor(tp).to(torch.uint16),
               token_pos_in_items_len=torch.tensor(100).to(torch.uint32),
               max_item_len_ptr=torch.tensor([18]).to(torch.uint16))
@@ -355,6 +355,8 @@ BAD = [
      r"custom_mask: cannot be combined with multi-item scoring"),
     (dict(prefix_len_ptr=_t([2.0, 1.0], torch.float32)), TypeError, r"prefix_len_ptr: got dtype fp32, expected u8"),
     (dict(prefix_len_ptr=_t([2])), ValueError, r"prefix_len_ptr: got 1 entries, expected batch_size = 2"),
+    (dict(prefix_len_ptr=torch.tensor(2, dtype=torch.int32)), ValueError,
+     r"prefix_len_ptr: got 1 entries, expected batch_size = 2"),  # 0-D: one request's only
     (dict(prefix_len_ptr=_t([2, -1])), ValueError, r"prefix_len_ptr: got a negative entry -1"),
     (dict(prefix_len_ptr=_t([8, 1])), ValueError, r"prefix_len_ptr\[0\]: got 8, more than request 0's kv_len 7"),
     (dict(token_pos_in_items_ptr=_t([[0, 1]])), ValueError, r"token_pos_in_items_ptr: got a 2-D tensor"),

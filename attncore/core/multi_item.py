@@ -41,7 +41,10 @@ class MultiItem:
 
 
 def _host_ints(where: str, name: str, t, *, batch_size: Optional[int] = None) -> torch.Tensor:
-    """A 1-D integer tensor (any device) as int64 on the host, checked non-negative."""
+    """A 1-D integer tensor (any device) as int64 on the host, checked non-negative.  A per-request
+    one may be 0-D for a batch of one (FlashInfer's own test passes ``torch.tensor(prefix_len)``)."""
+    if batch_size is not None and isinstance(t, torch.Tensor) and t.dim() == 0:
+        t = t.reshape(1)
     _api.check_tensor(f"{where}: {name}", t, ndim=1, dtype=_INT_DTYPES)
     if batch_size is not None and t.numel() != batch_size:
         raise ValueError(f"{where}: {name}: got {t.numel()} entries, expected batch_size = {batch_size} "
