@@ -16,6 +16,7 @@ import torch
 
 from attncore.core import _api
 from attncore.core import fp8_query as _fp8_query
+from attncore.core import head_scales as _head_scales
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
@@ -29,17 +30,18 @@ Tensor = torch.Tensor
 def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                  causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                  rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
-                 v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None) -> Tuple[_api.Planned, RunArgs]:
+                 v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None,
+                 heads=None) -> Tuple[_api.Planned, RunArgs]:
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
     passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
 
     A repeated signature reuses its plan (``_api.ONE_CALL_PLANS``): the key holds every tensor's shape,
     strides, dtype and device and every scalar the checks below read, the backend asked for and
     ``_api.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
-    call) is planned every time."""
+    call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
     key = None
-    if (custom_mask is None and packed_custom_mask is None and _plain(sm_scale, window_left, logits_soft_cap,
-                                                                    rope_scale, rope_theta, q_scale, k_scale, v_scale)
+    if (heads is None and custom_mask is None and packed_custom_mask is None
+            and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
             and backend.__class__ is str):
         tk = _api.tkey
         key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
@@ -100,7 +102,7 @@ def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tenso
                                  params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
-    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype)
+    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
     if key is not None:
         _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
@@ -123,19 +125,12 @@ _SINGLE_ORDER = ("q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, pack
 _SINGLE = "single_prefill_with_kv_cache"
 
 
-def _per_tensor_scale(name: str, value):
-    """``scale_q/k/v`` as FlashInfer 0.2.14 passes them: a float, a 1-element tensor, or a per-head tensor;
-    a per-head one is taken only when all heads share one value (attncore's scales are per tensor)."""
+def _scale_slot(name: str, value):
+    """``scale_q/k/v`` as FlashInfer 0.2.14 passes them: a float, a 1-element tensor, or a per-head tensor
+    (checked and applied by ``_head_scales.split``); a bool or a mask-like tensor is the older order's."""
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8)):
         raise _api.ambiguous(_SINGLE, name, value, "None, a float or a float tensor", _SINGLE_ORDER,
                              "custom_mask, packed_custom_mask, causal (releases before 0.2.14, right after v)")
-    if isinstance(value, torch.Tensor) and value.numel() > 1:
-        flat = value.reshape(-1)
-        if value.dim() != 1 or not bool((flat == flat[0]).all()):
-            raise NotImplementedError(f"{name}: got a tensor of shape {list(value.shape)} with differing per-head "
-                                      f"values; attncore applies one scale per tensor (a float, a 1-element tensor, "
-                                      f"or a per-head tensor whose entries are all equal)")
-        return flat[:1]
     return value
 
 
@@ -156,7 +151,7 @@ def _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale
     for n, canon, alias_n, al in (("scale_q", scale_q, "q_scale", q_scale), ("scale_k", scale_k, "k_scale", k_scale),
                                   ("scale_v", scale_v, "v_scale", v_scale)):
         if canon is not None:
-            canon = _per_tensor_scale(n, canon)
+            canon = _scale_slot(n, canon)
         out.append(_api.alias(_SINGLE, n, canon, alias_n, al))
     return out
 
@@ -190,7 +185,9 @@ def single_prefill_with_kv_cache(
         differ from q's and k's (DeepSeek-style 192/128); the output has it.
     scale_q, scale_k, scale_v : float or torch.Tensor, optional
         FlashInfer 0.2.14's names of ``q_scale``/``k_scale``/``v_scale`` (keyword aliases; giving both
-        spellings is a ``TypeError``).  A per-head tensor is accepted when all its entries are equal.
+        spellings is a ``TypeError``).  Each may also be a per-head float tensor (``[num_qo_heads]`` for q,
+        ``[num_kv_heads]`` for k and v), as FlashInfer's per-head fp8 quantization gives: folded into q and
+        applied to the output (``attncore.core.head_scales``; semantics.md, "FP8 and scales").
     o_dtype : torch.dtype, optional
         Output dtype (default q's, as in FlashInfer 0.2.14: with an fp8 q an fp8 output, which the prefill
         backends do not write, so pass ``o_dtype`` then); a backend that cannot write it is refused with the
@@ -218,11 +215,22 @@ def single_prefill_with_kv_cache(
     -------
     out (``[qo_len, num_qo_heads, head_dim_vo]``, ``o_dtype``), and the LSE when ``return_lse``.
     """
+    heads = None
     if (scale_q is not None or scale_k is not None or scale_v is not None or o_dtype is not None
             or backend.__class__ is not str or use_fp16_qk_reduction is not None or allow_fp16_qk_reduction is not None):
+        names = tuple(a if x is not None else b for a, b, x in (("scale_q", "q_scale", scale_q),
+                                                                ("scale_k", "k_scale", scale_k),
+                                                                ("scale_v", "v_scale", scale_v)))
         q_scale, k_scale, v_scale = _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
                                                    backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
+        # per-head tensors on FlashInfer's spellings only (attncore's q_scale/k_scale/v_scale are per tensor)
+        if any(isinstance(x, Tensor) and x.numel() > 1 for x in (scale_q, scale_k, scale_v)):
+            heads, q_scale, k_scale, v_scale = _split_head_scales(q, k, kv_layout, o_dtype, names,
+                                                                  (q_scale, k_scale, v_scale))
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.core.ops
+        if heads is not None:
+            raise NotImplementedError(f"{', '.join(names)}: per-head scales with differing values are not "
+                                      f"supported under torch.compile; call it eagerly")
         if _fp8_query.is_fp8(q.dtype):
             raise NotImplementedError("q: an fp8 q is not supported under torch.compile (attncore::single_prefill "
                                       "takes q's dtype as the compute dtype); call it eagerly")
@@ -243,8 +251,20 @@ def single_prefill_with_kv_cache(
         kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
         logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
         backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
-        o_dtype=o_dtype)
+        o_dtype=o_dtype, heads=heads)
     return _run_single(planned, args)[0]
+
+
+def _split_head_scales(q, k, kv_layout, o_dtype, names, scales):
+    """Per-head scale tensors checked against q's and k's heads (``_head_scales.split``)."""
+    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
+    _api.check_heads(q.shape[1], hkv, q.shape[2])
+    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    return _head_scales.split(names, scales, num_qo_heads=q.shape[1], num_kv_heads=hkv,
+                              device=_api.norm_device(q.device), out_dtype=out_dtype)
 
 
 def single_prefill_with_kv_cache_return_lse(

@@ -75,8 +75,8 @@ def test_single_prefill_aliases_and_conflicts():
     assert torch.equal(a, b)
     per_head = flashinfer.single_prefill_with_kv_cache(q, k, v, scale_k=torch.full((HKV,), 0.5), backend=REF)
     assert torch.equal(per_head, flashinfer.single_prefill_with_kv_cache(q, k, v, k_scale=0.5, backend=REF))
-    with pytest.raises(NotImplementedError, match="per-head"):
-        flashinfer.single_prefill_with_kv_cache(q, k, v, scale_k=torch.tensor([0.5, 0.25]), backend=REF)
+    with pytest.raises(ValueError, match=r"scale_k: .*shape \[3\].*num_kv_heads"):  # differing values: served
+        flashinfer.single_prefill_with_kv_cache(q, k, v, scale_k=torch.tensor([0.5, 0.25, 1.0]), backend=REF)
     flashinfer.single_prefill_with_kv_cache(q, k, v, allow_fp16_qk_reduction=True, backend=REF)
     for kw in (dict(scale_q=1.0, q_scale=1.0), dict(scale_k=1.0, k_scale=2.0), dict(scale_v=1.0, v_scale=1.0),
                dict(use_fp16_qk_reduction=True, allow_fp16_qk_reduction=True)):

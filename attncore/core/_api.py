@@ -24,10 +24,17 @@ from attncore.core.problem import FP8_DTYPES, LAYOUTS, POS_ENCODINGS, AttentionP
 log = logging.getLogger("attncore")
 
 
-def _fp8_upcast(buf, args):
-    from attncore.core.fp8_query import upcast  # only plans of an fp8 q come here
+def _fp8_upcast(buf, args, fold):
+    from attncore.core.fp8_query import upcast  # only plans of an fp8 q (or per-head q/k scales) come here
 
-    return upcast(buf, args)
+    return upcast(buf, args, fold)
+
+
+def _scale_out(out, o_heads):
+    from attncore.core.head_scales import scale_out  # only plans with per-head v scales come here
+
+    scale_out(out, o_heads)
+
 
 _DTYPE_ALIASES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -315,13 +322,17 @@ class Planned:
         return v
 
     q_upcast: Optional[torch.Tensor] = None  # an fp8 q's upcast buffer (attncore.core.fp8_query)
+    q_fold: Optional[torch.Tensor] = None  # per-head q/k scales folded into q (attncore.core.head_scales)
+    o_heads: Optional[torch.Tensor] = None  # per-head v scales applied to the output (attncore.core.head_scales)
 
     def run(self, args: RunArgs) -> None:
         if self.q_upcast is not None:
-            args = _fp8_upcast(self.q_upcast, args)
+            args = _fp8_upcast(self.q_upcast, args, self.q_fold)
         fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
         b.run(plan, args)
+        if self.o_heads is not None:
+            _scale_out(args.out, self.o_heads)
 
 
 # ----------------------------------------------------------------------------- host-time caches
@@ -400,17 +411,18 @@ def grow_one_call_workspace(device: torch.device, limit: int = 8 << 30) -> bool:
 
 
 def plan_one_call(problem: AttentionProblem, meta: BatchMeta, meta_of, backend: str,
-                  q_dtype: Optional[torch.dtype] = None) -> "Planned":
+                  q_dtype: Optional[torch.dtype] = None, heads=None) -> "Planned":
     """Plan a one-call function's batch ``meta`` (built with the device's one-call workspace), growing that
     workspace when a backend finds it too small (the caller cannot pass one: this is attncore's buffer, as
     FlashInfer's is); ``meta_of()`` builds the batch again with the grown one.  ``q_dtype``: the caller's,
-    when it is fp8 (``problem.q_dtype`` is then the compute dtype, attncore.core.fp8_query)."""
+    when it is fp8 (``problem.q_dtype`` is then the compute dtype, attncore.core.fp8_query).  ``heads``:
+    per-head scales applied around the backend (attncore.core.head_scales)."""
     while True:
         try:
-            if q_dtype is not None and q_dtype in FP8_DTYPES:
+            if heads is not None or (q_dtype is not None and q_dtype in FP8_DTYPES):
                 from attncore.core import fp8_query
 
-                return fp8_query.plan(problem, meta, backend, q_dtype)
+                return fp8_query.plan(problem, meta, backend, q_dtype or problem.q_dtype, heads=heads)
             return Planned(problem, meta, backend)
         except WorkspaceTooSmall as e:  # backends name the buffer by FlashInfer's argument name
             if (meta.workspace is None or not str(e).startswith("float_workspace_buffer")

@@ -17,7 +17,8 @@ needs an fp8-q kernel.  The rule, in one place:
   kernel.
 
 ``Planned.q_dtype`` is the caller's q dtype that ``run()`` checks q against; ``Planned.problem.q_dtype`` the
-compute dtype.  Nothing here runs for a q that is not fp8 (the hot path reads ``Planned.q_upcast``, None).
+compute dtype.  Nothing here runs for a q that is not fp8 (the hot path reads ``Planned.q_upcast``, None),
+except where per-head q/k scales are folded into q (``attncore.core.head_scales``): that q uses the buffer too.
 """
 
 from __future__ import annotations
@@ -81,29 +82,44 @@ def reserve(meta, rows: int, heads: int, head_dim: int, dtype: torch.dtype, devi
     return dataclasses.replace(meta, workspace=ws[:off]), buf
 
 
-def plan(problem, meta, backend, q_dtype: torch.dtype, out_name: str = "o_dtype", **kwargs):
+def plan(problem, meta, backend, q_dtype: torch.dtype, out_name: str = "o_dtype", heads=None, **kwargs):
     """``Planned(problem, meta, backend, **kwargs)`` for a caller's fp8 ``q_dtype`` (``problem.q_dtype`` is
     already the compute dtype): the upcast buffer reserved first (so the backend plans around it), the
-    caller's dtype recorded for run()'s checks, a selection error completed with the upcast rule."""
+    caller's dtype recorded for run()'s checks, a selection error completed with the upcast rule.
+    ``heads``: per-head scales (``attncore.core.head_scales.HeadScales``) the plan applies around the
+    backend; a q folded with them (any dtype) is written into the upcast buffer too."""
     from attncore.core import _api
     from attncore.core.selector import BackendSelectionError
 
-    rows = meta.qo_indptr_host[-1]
-    meta, buf = reserve(meta, rows, problem.num_qo_heads, problem.head_dim_qk, problem.q_dtype, meta.device)
+    fp8 = q_dtype in FP8_DTYPES
+    buf = None
+    if fp8 or (heads is not None and heads.q_fold is not None):
+        rows = meta.qo_indptr_host[-1]
+        meta, buf = reserve(meta, rows, problem.num_qo_heads, problem.head_dim_qk, problem.q_dtype, meta.device)
     try:
         planned = _api.Planned(problem, meta, backend, **kwargs)
     except BackendSelectionError as e:
+        if not fp8:
+            raise
         raise BackendSelectionError(f"{e} ({note(q_dtype, problem.q_dtype, problem.out_dtype, out_name)})",
                                     e.reasons) from None
     planned.q_dtype = q_dtype
     planned.q_upcast = buf
+    if heads is not None:
+        planned.q_fold, planned.o_heads = heads.q_fold, heads.o_heads
     return planned
 
 
-def upcast(buf: torch.Tensor, args):
-    """``args`` with q copied (converted) into the plan's buffer ``buf``; q has the planned shape (checked
+def upcast(buf: torch.Tensor, args, fold: Optional[torch.Tensor] = None):
+    """``args`` with q copied (converted) into the plan's buffer ``buf``, multiplied by ``fold`` (per head)
+    where the plan folds per-head scales (``attncore.core.head_scales``); q has the planned shape (checked
     by the entry point)."""
     q = args.q
+    if fold is not None:
+        from attncore.core.head_scales import fold_q
+
+        fold_q(buf, q, fold)
+        return dataclasses.replace(args, q=buf)
     if q.dtype not in FP8_DTYPES:  # the backend reads buf: a q of another dtype would be ignored
         raise TypeError(f"q: got dtype {dtype_name(q.dtype)}, but this plan was made for an fp8 q "
                         f"(upcast to {dtype_name(buf.dtype)}); plan again for this dtype")
