@@ -99,6 +99,19 @@ def test_fp16_q_per_head_and_out_in_place(backend):
            out_dtype=torch.float16, causal=True)
 
 
+def test_row_chunks(monkeypatch):
+    """The fp64 temporaries are bounded: with a chunk of 2 rows' worth, the result is the same bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    q8, sq = quantize_per_head(_data(g, 7, 4, 32), torch.float8_e5m2)
+    k8, sk = quantize_per_head(_data(g, 9, 2, 32), torch.float8_e5m2)
+    v8, sv = quantize_per_head(_data(g, 9, 2, 32), torch.float8_e5m2)
+    kw = dict(backend="reference", o_dtype=torch.float16, causal=True)
+    a = attncore.single_prefill_with_kv_cache(q8, k8, v8, sq, sk, sv, **kw)
+    monkeypatch.setattr(head_scales, "CHUNK", 2 * 4 * 32 + 1)
+    assert [r for r in head_scales._rows(q8)] == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert torch.equal(a, attncore.single_prefill_with_kv_cache(q8, k8, v8, sq, sk, sv, **kw))
+
+
 def test_per_head_values_are_read_per_call():
     """Per-head scales are planned every call: the same shapes with other values give the other result."""
     g = torch.Generator().manual_seed(5)

@@ -101,11 +101,25 @@ def split(names: Tuple[str, str, str], scales: tuple, *, num_qo_heads: int, num_
     return HeadScales(q_fold, o_heads), q_scale, k_scale, v_scale
 
 
+#: elements per fp64 temporary (32 MiB): long prompts are processed in row chunks, not one 8-byte copy
+CHUNK = 1 << 22
+
+
+def _rows(x: torch.Tensor):
+    """Row ranges of ``x`` ``[rows, heads, dim]`` of at most CHUNK elements (at least one row)."""
+    step = max(1, CHUNK // max(1, x[0].numel())) if x.shape[0] else 1
+    return ((i, min(i + step, x.shape[0])) for i in range(0, x.shape[0], step))
+
+
 def fold_q(buf: torch.Tensor, q: torch.Tensor, fold: torch.Tensor) -> None:
     """``buf = q * fold[h]``: exact in fp64 for an fp8 q, rounded once to ``buf``'s dtype."""
-    buf.copy_(q.to(torch.float64).mul_(fold[:, None]))
+    f = fold[:, None]
+    for a, b in _rows(q):
+        buf[a:b].copy_(q[a:b].to(torch.float64).mul_(f))
 
 
 def scale_out(out: torch.Tensor, o_heads: torch.Tensor) -> None:
     """``out[:, h] *= o_heads[h]`` in place: exact in fp64, rounded once to ``out``'s dtype."""
-    out.copy_(out.to(torch.float64).mul_(o_heads[:, None]))
+    f = o_heads[:, None]
+    for a, b in _rows(out):
+        out[a:b].copy_(out[a:b].to(torch.float64).mul_(f))
