@@ -333,7 +333,7 @@ def test_batch_pod_fused_draft_rows_fp32(triton_pod):
     dtype = torch.float32
     torch.manual_seed(5)
     hq, hkv, d, page = 4, 1, 16, 1
-    kvp, qop, kvd = [7], [7], [5, 9]
+    kvp, kvd = [7], [5, 9]
     ip, xp, lp_, cp = _paged(kvp, page, hkv, d, dtype)
     idd, xd, ld_, cd = _paged(kvd, page, hkv, d, dtype)
     w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend="triton")

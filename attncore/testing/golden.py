@@ -102,7 +102,7 @@ def golden_attention(
     k = k.detach().to(device, torch.float64)
     v = v.detach().to(device, torch.float64)
     qo, hq, d = q.shape
-    kv, hkv, dv = v.shape[0], v.shape[1], v.shape[2]
+    kv, hkv = v.shape[0], v.shape[1]
     group = hq // hkv
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(d)

@@ -170,7 +170,6 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
     device = md.device
     G, D = problem.group_size, problem.head_dim_qk
     hkv = problem.num_kv_heads
-    cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     parts = []
     for which, meta, pp in zip(("prefill", "decode"), (mp, md), pod_parts(problem)):
         rows = max([q * G for q in meta.qo_lens_host] + [1])
