@@ -2,9 +2,10 @@
 
 import random
 
+import numpy as np
 import pytest
 
-from attncore.core.schedule import build, choose_chunk, row_tiles
+from attncore.core.schedule import NO_PART, build, choose_chunk, row_tiles
 
 
 def _visible(t, qo, kv, causal, wl):
@@ -68,3 +69,19 @@ def test_long_single_request_splits_to_fill_the_slots():
     assert n <= 132 and -(-32768 // (chunk - 64)) * 8 > 132  # the smallest chunk that fits
     s = build(row_tiles([1], [32768], 4, 16, causal=True), [1], chunk=chunk)
     assert s.num_splits == [-(-32768 // chunk)] and s.part_rows == s.num_splits[0]
+
+
+def test_write_work_fills_the_items_or_one_inert_item():
+    """The work table both kernels read: the items in order; with none, row 0 is an empty item that
+    writes no split partial (the kernels test part_row >= 0), and the rest of the table is untouched."""
+    qo, kv = [3, 0], [200, 5]
+    s = build(row_tiles(qo, kv, 1, 16, causal=True), qo, chunk=64)
+    table = np.full((s.num_items + 2, 5), 7, dtype=np.int32)
+    s.write_work(table)
+    assert table[:s.num_items].tolist() == [list(i) for i in s.items] and (table[s.num_items:] == 7).all()
+    assert any(i[4] >= 0 for i in s.items) and all(i[4] == NO_PART for i in build(row_tiles(qo, kv, 1, 16, causal=True),
+                                                                                   qo, chunk=None).items)
+    empty = build([], [], chunk=None)
+    table = np.full((2, 5), 7, dtype=np.int32)
+    empty.write_work(table)
+    assert table.tolist() == [[0, 0, 0, 0, NO_PART], [7] * 5]

@@ -81,9 +81,12 @@ def choose_chunk(extents: Sequence[int], heads: int, *, slots: int, kv_tile: int
     return chunk if any(e > chunk for e in extents) else None
 
 
+NO_PART = -1  # an item's part_row when it writes out/lse itself (no split partial): the kernels test >= 0
+
+
 @dataclass
 class Schedule:
-    """``items``: (req, row0, kv_lo, kv_hi, part_row) longest first; ``part_row`` -1 writes out/lse, else
+    """``items``: (req, row0, kv_lo, kv_hi, part_row) longest first; ``part_row`` ``NO_PART`` writes out/lse, else
     the first partial row of the item's split.  ``num_splits``, ``part_off``: per request.  ``part_rows``:
     partial rows in all (each ``[heads, head_dim]`` of output and ``[heads]`` of LSE).  ``costs``: each
     item's KV extent (the sort key)."""
@@ -102,6 +105,14 @@ class Schedule:
     @property
     def max_splits(self) -> int:
         return max(self.num_splits, default=1)
+
+    def write_work(self, table) -> None:
+        """The items into the rows of ``table`` (a host ``[capacity >= max(num_items, 1), 5]`` view); with
+        none, row 0 gets an inert item (request 0, an empty KV range, no partial): the table is never empty."""
+        if self.items:
+            table[:len(self.items)] = self.items
+        else:
+            table[0] = (0, 0, 0, 0, NO_PART)
 
     def merge_table(self, qo_indptr_host: Sequence[int]) -> List[Tuple[int, int, int, int]]:
         """(out_row, first partial row, partial row stride, splits) of every query token whose request
@@ -133,7 +144,7 @@ def build(tiles: Sequence[RowTile], qo_lens: Sequence[int], *, chunk: Optional[i
     for t in tiles:
         ns = num_splits[t.req]
         if ns == 1:
-            work.append((t.kv_hi - t.kv_lo, (t.req, t.row0, t.kv_lo, t.kv_hi, -1)))
+            work.append((t.kv_hi - t.kv_lo, (t.req, t.row0, t.kv_lo, t.kv_hi, NO_PART)))
             continue
         for s in range(ns):
             b = min(t.kv_lo + s * chunk, t.kv_hi)

@@ -197,10 +197,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
 
     def fill(h):  # numpy views of the host image: one conversion per table
         h["counts"][:] = (n_items, n_merge)
-        if n_items:
-            h["work"][:n_items] = s.items
-        else:
-            h["work"][0] = (0, 0, 0, 0, -1)
+        s.write_work(h["work"])
         if n_merge:
             h["merge"][:n_merge] = merge
         if "alibi" in h:

@@ -356,10 +356,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     # the tables on the host (numpy views of one image: one conversion per table), then one copy
     image, h = graphs.host_views(ilay)
     h["counts"][:3] = (n_items, n_merge, int(heads_first))
-    if n_items:
-        h["work"][:n_items] = s.items
-    else:
-        h["work"][0] = (0, 0, 0, 0, -1)
+    s.write_work(h["work"])
     if n_merge:
         h["merge"][:n_merge] = merge
     if "slopes" in h:
