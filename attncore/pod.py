@@ -29,7 +29,8 @@ from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
-from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper, _plan_single, _run_single
+from attncore.core.single_prefill import plan_single, run_single
+from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
 Tensor = torch.Tensor
 
@@ -211,14 +212,14 @@ class PODWithPagedKVCacheWrapper:
             res_p = _ops.single_prefill_traced(**prefill)
             return res_p, self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale,
                                            v_scale=v_scale, return_lse=return_lse_d)
-        planned_p, args_p = _plan_single(**prefill)
+        planned_p, args_p = plan_single(**prefill)
         args_d = _paged_args(self._decode, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse_d)
         fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p), planned_p.meta,
                                  _variant(planned.problem, args_d), planned.meta)
         if fused is not None:
             fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
         else:
-            _, self._prefill_backend = _run_single(planned_p, args_p)
+            _, self._prefill_backend = run_single(planned_p, args_p)
             planned.run(args_d)
         return _result(args_p), _result(args_d)
 

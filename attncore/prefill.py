@@ -10,150 +10,22 @@ point takes ``backend=`` ("auto" or a backend name) and keyword-only ``sinks``, 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple, Union
 
 import torch
 
 from attncore.core import _api
 from attncore.core import fp8_query as _fp8_query
-from attncore.core import head_scales as _head_scales
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
-from attncore.core.backend import BatchMeta, RunArgs, prefetch_paged
-from attncore.core.wrapper import _BatchWrapper, _check_split, _plain, _run_positional
+from attncore.core.backend import BatchMeta, prefetch_paged
+from attncore.core.single_prefill import plan_single, run_single, single_compat, split_head_scales
+from attncore.core.wrapper import _BatchWrapper, _check_split, _run_positional
 from attncore.page import unpack_paged_kv_cache
 
 Tensor = torch.Tensor
-
-
-def _plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
-                 causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
-                 rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
-                 v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None,
-                 heads=None) -> Tuple[_api.Planned, RunArgs]:
-    """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
-    passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
-
-    A repeated signature reuses its plan (``_api.ONE_CALL_PLANS``): the key holds every tensor's shape,
-    strides, dtype and device and every scalar the checks below read, the backend asked for and
-    ``_api.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
-    call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
-    key = None
-    if (heads is None and custom_mask is None and packed_custom_mask is None
-            and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
-            and backend.__class__ is str):
-        tk = _api.tkey
-        key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-               rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
-               tk(lse), o_dtype, _api.env_key())
-        hit = _api.ONE_CALL_PLANS.get(key)
-        if hit is not None:
-            planned, scales, out_dtype = hit
-            qo_len, hq, _ = q.shape
-            if out is None:
-                out = torch.empty((qo_len, hq, v.shape[-1]), dtype=out_dtype, device=q.device)
-            if return_lse and lse is None:
-                lse = torch.empty((qo_len, hq), dtype=torch.float32, device=q.device)
-            return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
-                                    sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
-                                    k_scale=scales[1], v_scale=scales[2])
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
-    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
-    _api.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
-    device = _api.norm_device(q.device)
-    qo_len, hq, d = q.shape
-    dv = v.shape[-1]
-    kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
-    hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
-    _api.check_heads(hq, hkv, d)
-    if q.stride(-1) != 1:
-        raise ValueError(f"q: the last dimension must be contiguous (stride 1), got stride {q.stride(-1)}")
-    _api.check_ragged_kv("k", k, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
-                         device=device)
-    _api.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=dv, kv_dtype=k.dtype,
-                         device=device)
-    has_mask = custom_mask is not None or packed_custom_mask is not None
-    if causal and not has_mask and kv_len < qo_len:
-        raise ValueError(f"causal: single prefill with causal=True needs kv_len >= qo_len, got kv_len {kv_len} "
-                         f"< qo_len {qo_len}")
-    params = _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
-                              pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
-    if custom_mask is not None and packed_custom_mask is None:
-        flat = isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1  # FlashInfer reads view(-1) too
-        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len * kv_len] if flat else [qo_len, kv_len],
-                          what="([qo_len, kv_len] bool, or flattened)")
-        custom_mask = custom_mask.reshape(-1)
-    def meta_of():  # the one-call workspace (float, run-scoped); no int workspace: each cached plan owns its tables
-        return BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device,
-                                params=params, causal=causal, custom_mask=custom_mask,
-                                packed_custom_mask=packed_custom_mask, workspace=_api.one_call_workspace(device))
-
-    meta = meta_of()
-    sinks = _api.check_sinks(sinks, hq, device)
-    scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
-    # plan and run are one call here: the run-time features are known, so select with them
-    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
-    compute = _fp8_query.compute_dtype(q.dtype, out_dtype)  # an fp8 q is upcast to it (attncore.core.fp8_query)
-    problem = _api.build_problem("single_prefill", device, q_dtype=compute, kv_dtype=k.dtype, out_dtype=out_dtype,
-                                 num_qo_heads=hq,
-                                 num_kv_heads=hkv, head_dim=d, head_dim_vo=dv, kv_layout=kv_layout, mask=meta.mask,
-                                 params=params,
-                                 return_lse=bool(return_lse), sinks=sinks is not None,
-                                 fp8_scales=any(x != 1.0 for x in scales))
-    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
-    if key is not None:
-        _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
-    out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
-    lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
-    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
-                   v_scale=scales[2])
-    return planned, args
-
-
-def _run_single(planned: _api.Planned, args: RunArgs):
-    """Run a planned single prefill; returns (out or (out, lse), name of the backend that ran it)."""
-    planned.run(args)
-    return ((args.out, args.lse) if args.lse is not None else args.out), planned.backend_name
-
-
-# FlashInfer 0.2.14's positional order of single_prefill_with_kv_cache (for the messages)
-_SINGLE_ORDER = ("q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, "
-                 "pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, "
-                 "rope_theta, backend, return_lse")
-_SINGLE = "single_prefill_with_kv_cache"
-
-
-def _scale_slot(name: str, value):
-    """``scale_q/k/v`` as FlashInfer 0.2.14 passes them: a float, a 1-element tensor, or a per-head tensor
-    (checked and applied by ``_head_scales.split``); a bool or a mask-like tensor is the older order's."""
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8)):
-        raise _api.ambiguous(_SINGLE, name, value, "None, a float or a float tensor", _SINGLE_ORDER,
-                             "custom_mask, packed_custom_mask, causal (releases before 0.2.14, right after v)")
-    return value
-
-
-def _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale, backend,
-                   use_fp16_qk_reduction, allow_fp16_qk_reduction):
-    """0.2.14's positional slots checked against the other releases' order, and the aliases merged:
-    returns (q_scale, k_scale, v_scale)."""
-    if o_dtype is not None and not isinstance(o_dtype, torch.dtype) and (
-            isinstance(o_dtype, bool) or o_dtype in ("NHD", "HND") or isinstance(o_dtype, torch.Tensor)):
-        raise _api.ambiguous(_SINGLE, "o_dtype", o_dtype, "None or a torch dtype", _SINGLE_ORDER,
-                             "kv_layout / causal / packed_custom_mask (releases before 0.2.14)")
-    if not isinstance(backend, str):
-        raise _api.ambiguous(_SINGLE, "backend", backend, "'auto' or a backend name", _SINGLE_ORDER,
-                             "return_lse (releases before 0.2.14, right after rope_theta)")
-    _api.alias(_SINGLE, "use_fp16_qk_reduction", use_fp16_qk_reduction, "allow_fp16_qk_reduction",
-               allow_fp16_qk_reduction)
-    out = []
-    for n, canon, alias_n, al in (("scale_q", scale_q, "q_scale", q_scale), ("scale_k", scale_k, "k_scale", k_scale),
-                                  ("scale_v", scale_v, "v_scale", v_scale)):
-        if canon is not None:
-            canon = _scale_slot(n, canon)
-        out.append(_api.alias(_SINGLE, n, canon, alias_n, al))
-    return out
 
 
 def single_prefill_with_kv_cache(
@@ -221,12 +93,12 @@ def single_prefill_with_kv_cache(
         names = tuple(a if x is not None else b for a, b, x in (("scale_q", "q_scale", scale_q),
                                                                 ("scale_k", "k_scale", scale_k),
                                                                 ("scale_v", "v_scale", scale_v)))
-        q_scale, k_scale, v_scale = _single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
-                                                   backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
+        q_scale, k_scale, v_scale = single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
+                                                  backend, use_fp16_qk_reduction, allow_fp16_qk_reduction)
         # per-head tensors on FlashInfer's spellings only (attncore's q_scale/k_scale/v_scale are per tensor)
         if any(isinstance(x, Tensor) and x.numel() > 1 for x in (scale_q, scale_k, scale_v)):
-            heads, q_scale, k_scale, v_scale = _split_head_scales(q, k, kv_layout, o_dtype, names,
-                                                                  (q_scale, k_scale, v_scale))
+            heads, q_scale, k_scale, v_scale = split_head_scales(q, k, kv_layout, o_dtype, names,
+                                                                 (q_scale, k_scale, v_scale))
     if _ops.compiling():  # inside torch.compile: one custom op (attncore::single_prefill), see attncore.core.ops
         if heads is not None:
             raise NotImplementedError(f"{', '.join(names)}: per-head scales with differing values are not "
@@ -246,45 +118,21 @@ def single_prefill_with_kv_cache(
             kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
             logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
             backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
-    planned, args = _plan_single(  # the same keywords (host time: no dict built and unpacked per call)
+    planned, args = plan_single(  # the same keywords (host time: no dict built and unpacked per call)
         q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
         kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
         logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
         backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
         o_dtype=o_dtype, heads=heads)
-    return _run_single(planned, args)[0]
+    return run_single(planned, args)[0]
 
 
-def _split_head_scales(q, k, kv_layout, o_dtype, names, scales):
-    """Per-head scale tensors checked against q's and k's heads (``_head_scales.split``)."""
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
-    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
-    hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
-    _api.check_heads(q.shape[1], hkv, q.shape[2])
-    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
-    return _head_scales.split(names, scales, num_qo_heads=q.shape[1], num_kv_heads=hkv,
-                              device=_api.norm_device(q.device), out_dtype=out_dtype)
-
-
-def single_prefill_with_kv_cache_return_lse(
-    q: Tensor, k: Tensor, v: Tensor, scale_q: Optional[Tensor] = None, scale_k: Optional[Tensor] = None,
-    scale_v: Optional[Tensor] = None, o_dtype: Optional[torch.dtype] = None, custom_mask: Optional[Tensor] = None,
-    packed_custom_mask: Optional[Tensor] = None, causal: bool = False, kv_layout: str = "NHD",
-    pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: Optional[bool] = None, sm_scale: Optional[float] = None,
-    window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
-    rope_theta: Optional[float] = None, backend: str = "auto", return_lse: bool = True, *,
-    sinks: Optional[Tensor] = None, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
-    v_scale: Optional[float] = None, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
-    allow_fp16_qk_reduction: Optional[bool] = None,
-):
-    """``single_prefill_with_kv_cache`` returning ``(out, lse)`` by default (FlashInfer 0.2.14's
-    ``functools.partial(single_prefill_with_kv_cache, return_lse=True)``: the same positional order)."""
-    return single_prefill_with_kv_cache(
-        q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout,
-        pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
-        backend, return_lse, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
-        allow_fp16_qk_reduction=allow_fp16_qk_reduction)
+# FlashInfer 0.2.14's own definition: the same positional order, returning (out, lse) by default (so a
+# return_lse given by position too is a TypeError, as there)
+single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
+single_prefill_with_kv_cache_return_lse.__doc__ = (
+    "``single_prefill_with_kv_cache`` returning ``(out, lse)`` by default (FlashInfer 0.2.14's "
+    "``functools.partial(single_prefill_with_kv_cache, return_lse=True)``).")
 
 
 _PAGED_ORDER = ("..., num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal, "
@@ -322,6 +170,17 @@ def _prefill_plan_compat(where: str, order: str, head_dim_qk, head_dim, head_dim
     if head_dim_vo is not None and head_dim_vo <= 0:
         raise ValueError(f"{where}: head_dim_vo: got {head_dim_vo}, expected a positive int (None: head_dim_qk)")
     return head_dim, bool(fp16)
+
+
+# the plan-time options FlashInfer 0.2.14's prefill wrappers keep as ``_name`` and forward() compares
+_PLAN_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left", "logits_soft_cap", "sm_scale",
+                 "rope_scale", "rope_theta")
+
+
+def _record_prefill_plan(w: _BatchWrapper, args: tuple, kwargs: dict) -> None:
+    """``_record_plan`` of a prefill plan() called with ``args``/``kwargs`` (kwargs hold every plan option)."""
+    options = {n: kwargs[n] for n in _PLAN_OPTIONS}
+    w._record_plan({"__args__": (args, kwargs), **options}, **{"_" + n: x for n, x in options.items()})
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
@@ -402,23 +261,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         self._plan_with("batch_prefill_paged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
                         features=(return_lse, sinks, fp8_scales), head_dim_vo=head_dim_vo)
-        self._record_plan(
-            {"__args__": ((qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                           num_kv_heads, head_dim, page_size, head_dim_vo),
-                          dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
-                               pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16, sm_scale=sm_scale,
-                               window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-                               rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
-                               non_blocking=non_blocking, o_data_type=o_data_type, fixed_split_size=fixed_split_size,
-                               disable_split_kv=disable_split_kv, prefix_len_ptr=prefix_len_ptr,
-                               token_pos_in_items_ptr=token_pos_in_items_ptr,
-                               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr)),
-             "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
-             "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
-             "rope_scale": rope_scale, "rope_theta": rope_theta},
-            _causal=causal, _pos_encoding_mode=pos_encoding_mode, _use_fp16_qk_reduction=fp16,
-            _window_left=window_left, _logits_soft_cap=logits_soft_cap, _sm_scale=sm_scale, _rope_scale=rope_scale,
-            _rope_theta=rope_theta)
+        _record_prefill_plan(self, (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+                                   num_kv_heads, head_dim, page_size, head_dim_vo),
+                             dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                                  pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16, sm_scale=sm_scale,
+                                  window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                                  rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
+                                  non_blocking=non_blocking, o_data_type=o_data_type, fixed_split_size=fixed_split_size,
+                                  disable_split_kv=disable_split_kv, prefix_len_ptr=prefix_len_ptr,
+                                  token_pos_in_items_ptr=token_pos_in_items_ptr,
+                                  token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr))
 
     def run(self, q: Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Optional[Tensor] = None,
@@ -524,22 +376,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         self._plan_with("batch_prefill_ragged", meta, q_data_type, kv_data_type, o_data_type,
                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                         features=(return_lse, sinks, fp8_scales), head_dim_vo=head_dim_vo)
-        self._record_plan(
-            {"__args__": ((qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, head_dim_vo),
-                          dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
-                               pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16,
-                               window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                               rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
-                               kv_data_type=kv_data_type, non_blocking=non_blocking, o_data_type=o_data_type,
-                               fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
-                               prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
-                               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr)),
-             "causal": causal, "pos_encoding_mode": pos_encoding_mode, "use_fp16_qk_reduction": fp16,
-             "window_left": window_left, "logits_soft_cap": logits_soft_cap, "sm_scale": sm_scale,
-             "rope_scale": rope_scale, "rope_theta": rope_theta},
-            _causal=causal, _pos_encoding_mode=pos_encoding_mode, _use_fp16_qk_reduction=fp16,
-            _window_left=window_left, _logits_soft_cap=logits_soft_cap, _sm_scale=sm_scale, _rope_scale=rope_scale,
-            _rope_theta=rope_theta)
+        _record_prefill_plan(self, (qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, head_dim_vo),
+                             dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                                  pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=fp16,
+                                  window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                                  rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
+                                  kv_data_type=kv_data_type, non_blocking=non_blocking, o_data_type=o_data_type,
+                                  fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+                                  prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
+                                  token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr))
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, *args, out: Optional[Tensor] = None,
             lse: Optional[Tensor] = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,

@@ -165,18 +165,18 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
             runs.append(lambda q=q, k=k, v=v: ac.single_prefill_with_kv_cache(q, k, v, causal=w.causal))
         return runs, None
     if w.op == "prefill":
-        from attncore.prefill import _plan_single
+        from attncore.core.single_prefill import plan_single
 
         runs, chosen = [], None
         for _ in range(copies):
             q = torch.randn(w.qo, w.hq, w.d, device=device, dtype=dtype)
             k = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
             v = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
-            planned, args = _plan_single(q=q, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=w.causal,
-                                         kv_layout="NHD", pos_encoding_mode="NONE", sm_scale=None, window_left=-1,
-                                         logits_soft_cap=None, rope_scale=None, rope_theta=None, return_lse=False,
-                                         backend=backend, sinks=None, q_scale=None, k_scale=None, v_scale=None,
-                                         out=None, lse=None)
+            planned, args = plan_single(q=q, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=w.causal,
+                                        kv_layout="NHD", pos_encoding_mode="NONE", sm_scale=None, window_left=-1,
+                                        logits_soft_cap=None, rope_scale=None, rope_theta=None, return_lse=False,
+                                        backend=backend, sinks=None, q_scale=None, k_scale=None, v_scale=None,
+                                        out=None, lse=None)
             planned.run(args)  # warm-up (JIT compiles)
             runs.append(lambda p=planned, a=args: p.run(a))
             chosen = planned.backend_name

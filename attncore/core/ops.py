@@ -143,9 +143,9 @@ def single_prefill(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[T
                    v_scale_t: Optional[Tensor]) -> None:
     """Plan and run one single prefill (the eager path of ``single_prefill_with_kv_cache``) into
     ``out`` (and ``lse`` when given)."""
-    from attncore.prefill import _plan_single
+    from attncore.core.single_prefill import plan_single
 
-    planned, args = _plan_single(
+    planned, args = plan_single(
         q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
         kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
         logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=lse is not None,
@@ -186,7 +186,7 @@ def single_prefill_traced(*, q, k, v, custom_mask, packed_custom_mask, causal, k
                           window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend, sinks, q_scale,
                           k_scale, v_scale, out, lse):
     """``single_prefill_with_kv_cache`` while tracing: allocate out/lse and call ``single_prefill`` (every
-    argument by keyword, as ``prefill._plan_single`` takes them)."""
+    argument by keyword, as ``single_prefill.plan_single`` takes them)."""
     _api.check_tensor("q", q, ndim=3, what="([qo_len, num_qo_heads, head_dim])")
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

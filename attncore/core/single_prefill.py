@@ -1,0 +1,161 @@
+"""Single prefill below the public function (``attncore.prefill.single_prefill_with_kv_cache``): its checks,
+plan and run (``plan_single``, also used by ``attncore.core.ops``, POD and ``attncore bench``), and the checks
+of FlashInfer 0.2.14's positional slots and scale spellings (``single_compat``, ``split_head_scales``)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from attncore.core import _api
+from attncore.core import fp8_query as _fp8_query
+from attncore.core import head_scales as _head_scales
+from attncore.core import params as _params
+from attncore.core.backend import BatchMeta, RunArgs
+from attncore.core.wrapper import _plain
+
+Tensor = torch.Tensor
+
+
+def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
+                causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
+                rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
+                v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None,
+                heads=None) -> Tuple[_api.Planned, RunArgs]:
+    """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
+    passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
+
+    A repeated signature reuses its plan (``_api.ONE_CALL_PLANS``): the key holds every tensor's shape,
+    strides, dtype and device and every scalar the checks below read, the backend asked for and
+    ``_api.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
+    call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
+    key = None
+    if (heads is None and custom_mask is None and packed_custom_mask is None
+            and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
+            and backend.__class__ is str):
+        tk = _api.tkey
+        key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+               rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
+               tk(lse), o_dtype, _api.env_key())
+        hit = _api.ONE_CALL_PLANS.get(key)
+        if hit is not None:
+            planned, scales, out_dtype = hit
+            qo_len, hq, _ = q.shape
+            if out is None:
+                out = torch.empty((qo_len, hq, v.shape[-1]), dtype=out_dtype, device=q.device)
+            if return_lse and lse is None:
+                lse = torch.empty((qo_len, hq), dtype=torch.float32, device=q.device)
+            return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
+                                    sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
+                                    k_scale=scales[1], v_scale=scales[2])
+    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    _api.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
+    device = _api.norm_device(q.device)
+    qo_len, hq, d = q.shape
+    dv = v.shape[-1]
+    kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
+    hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
+    _api.check_heads(hq, hkv, d)
+    if q.stride(-1) != 1:
+        raise ValueError(f"q: the last dimension must be contiguous (stride 1), got stride {q.stride(-1)}")
+    _api.check_ragged_kv("k", k, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
+                         device=device)
+    _api.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=dv, kv_dtype=k.dtype,
+                         device=device)
+    has_mask = custom_mask is not None or packed_custom_mask is not None
+    if causal and not has_mask and kv_len < qo_len:
+        raise ValueError(f"causal: single prefill with causal=True needs kv_len >= qo_len, got kv_len {kv_len} "
+                         f"< qo_len {qo_len}")
+    params = _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                              pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
+    if custom_mask is not None and packed_custom_mask is None:
+        flat = isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1  # FlashInfer reads view(-1) too
+        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len * kv_len] if flat else [qo_len, kv_len],
+                          what="([qo_len, kv_len] bool, or flattened)")
+        custom_mask = custom_mask.reshape(-1)
+    def meta_of():  # the one-call workspace (float, run-scoped); no int workspace: each cached plan owns its tables
+        return BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device,
+                                params=params, causal=causal, custom_mask=custom_mask,
+                                packed_custom_mask=packed_custom_mask, workspace=_api.one_call_workspace(device))
+
+    meta = meta_of()
+    sinks = _api.check_sinks(sinks, hq, device)
+    scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
+    # plan and run are one call here: the run-time features are known, so select with them
+    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    compute = _fp8_query.compute_dtype(q.dtype, out_dtype)  # an fp8 q is upcast to it (attncore.core.fp8_query)
+    problem = _api.build_problem("single_prefill", device, q_dtype=compute, kv_dtype=k.dtype, out_dtype=out_dtype,
+                                 num_qo_heads=hq,
+                                 num_kv_heads=hkv, head_dim=d, head_dim_vo=dv, kv_layout=kv_layout, mask=meta.mask,
+                                 params=params,
+                                 return_lse=bool(return_lse), sinks=sinks is not None,
+                                 fp8_scales=any(x != 1.0 for x in scales))
+    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
+    if key is not None:
+        _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
+    out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
+    lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
+    args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
+                   v_scale=scales[2])
+    return planned, args
+
+
+def run_single(planned: _api.Planned, args: RunArgs):
+    """Run a planned single prefill; returns (out or (out, lse), name of the backend that ran it)."""
+    planned.run(args)
+    return ((args.out, args.lse) if args.lse is not None else args.out), planned.backend_name
+
+
+# FlashInfer 0.2.14's positional order of single_prefill_with_kv_cache (for the messages)
+_SINGLE_ORDER = ("q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, "
+                 "pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, "
+                 "rope_theta, backend, return_lse")
+_SINGLE = "single_prefill_with_kv_cache"
+
+
+def _scale_slot(name: str, value):
+    """``scale_q/k/v`` as FlashInfer 0.2.14 passes them: a float, a 1-element tensor, or a per-head tensor
+    (checked and applied by ``_head_scales.split``); a bool or a mask-like tensor is the older order's."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8)):
+        raise _api.ambiguous(_SINGLE, name, value, "None, a float or a float tensor", _SINGLE_ORDER,
+                             "custom_mask, packed_custom_mask, causal (releases before 0.2.14, right after v)")
+    return value
+
+
+def single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale, backend,
+                  use_fp16_qk_reduction, allow_fp16_qk_reduction):
+    """0.2.14's positional slots checked against the other releases' order, and the aliases merged:
+    returns (q_scale, k_scale, v_scale)."""
+    if o_dtype is not None and not isinstance(o_dtype, torch.dtype) and (
+            isinstance(o_dtype, bool) or o_dtype in ("NHD", "HND") or isinstance(o_dtype, torch.Tensor)):
+        raise _api.ambiguous(_SINGLE, "o_dtype", o_dtype, "None or a torch dtype", _SINGLE_ORDER,
+                             "kv_layout / causal / packed_custom_mask (releases before 0.2.14)")
+    if not isinstance(backend, str):
+        raise _api.ambiguous(_SINGLE, "backend", backend, "'auto' or a backend name", _SINGLE_ORDER,
+                             "return_lse (releases before 0.2.14, right after rope_theta)")
+    _api.alias(_SINGLE, "use_fp16_qk_reduction", use_fp16_qk_reduction, "allow_fp16_qk_reduction",
+               allow_fp16_qk_reduction)
+    out = []
+    for n, canon, alias_n, al in (("scale_q", scale_q, "q_scale", q_scale), ("scale_k", scale_k, "k_scale", k_scale),
+                                  ("scale_v", scale_v, "v_scale", v_scale)):
+        if canon is not None:
+            canon = _scale_slot(n, canon)
+        out.append(_api.alias(_SINGLE, n, canon, alias_n, al))
+    return out
+
+
+
+def split_head_scales(q, k, kv_layout, o_dtype, names, scales):
+    """Per-head scale tensors checked against q's and k's heads (``_head_scales.split``)."""
+    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
+    _api.check_heads(q.shape[1], hkv, q.shape[2])
+    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    return _head_scales.split(names, scales, num_qo_heads=q.shape[1], num_kv_heads=hkv,
+                              device=_api.norm_device(q.device), out_dtype=out_dtype)
+
