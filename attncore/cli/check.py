@@ -9,7 +9,9 @@ golden under its tolerance rule (``attncore.testing.golden.golden_and_baseline``
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -302,3 +304,36 @@ def format_table(results: List[CheckResult]) -> str:
     for r in fails:
         lines.append(f"  {r.backend} {r.case}: {r.status} err {r.max_err:.3g} tol {r.tol:.3g} {r.detail}")
     return "\n".join(lines)
+
+
+def fuzz_command(a, names: List[str]) -> int:
+    """``check --fuzz N`` / ``check --replay SEED`` (``a``: the parsed options): randomized problems against the
+    fp64 golden; prints the table (and writes ``--json``), returns the exit status."""
+    from attncore.testing import fuzz
+
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if a.replay is not None:
+        failed = False
+        for n in names:
+            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device, stream=a.stream)
+            print(f"{n} --replay {a.replay}: {desc} {shapes}: " + ("ok" if not errs else "MISMATCH"))
+            for e in errs:
+                print("  " + e)
+            failed |= bool(errs)
+        return 1 if failed else 0
+    reports = []
+    for n in names:
+        reports.append(fuzz.fuzz_parallel(n, a.fuzz, seed=a.seed, device=a.device, configs=a.configs,
+                                          jobs=a.jobs or 1, progress=say, stream=a.stream))
+    print(f"{'backend':12s}{'device':8s}{'problems':>10s}{'configs':>9s}{'mismatches':>12s}{'seconds':>9s}"
+          f"{'per s':>8s}   seed {a.seed}")
+    for r in reports:
+        print(f"{r.backend:12s}{r.device:8s}{r.run:10d}{r.configs:9d}{len(r.mismatches):12d}{r.seconds:9.1f}"
+              f"{r.run / max(r.seconds, 1e-9):8.1f}")
+        for m in r.mismatches[:20]:
+            print(f"  attncore check --backend {r.backend} --replay {m.seed}   # {m.problem} {m.shapes}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([dict(r.__dict__, mismatches=[m.__dict__ for m in r.mismatches]) for r in reports], f,
+                      indent=1, default=str)
+    return 1 if any(r.mismatches for r in reports) or not any(r.run for r in reports) else 0

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from attncore.cli import arg_types
+
 
 class UsageError(Exception):
     """A bad argument found after parsing: main() reports it as argparse does (usage, exit 2)."""
@@ -142,41 +144,9 @@ def cmd_explain(a) -> int:
     return 0 if ex.chosen else 1
 
 
-def cmd_fuzz(a, names: List[str]) -> int:
-    """``check --fuzz N`` / ``check --replay SEED``: randomized problems against the fp64 golden."""
-    from attncore.testing import fuzz
-
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    if a.replay is not None:
-        failed = False
-        for n in names:
-            desc, shapes, errs = fuzz.replay(n, a.replay, device=a.device, stream=a.stream)
-            print(f"{n} --replay {a.replay}: {desc} {shapes}: " + ("ok" if not errs else "MISMATCH"))
-            for e in errs:
-                print("  " + e)
-            failed |= bool(errs)
-        return 1 if failed else 0
-    reports = []
-    for n in names:
-        reports.append(fuzz.fuzz_parallel(n, a.fuzz, seed=a.seed, device=a.device, configs=a.configs,
-                                          jobs=a.jobs or 1, progress=say, stream=a.stream))
-    print(f"{'backend':12s}{'device':8s}{'problems':>10s}{'configs':>9s}{'mismatches':>12s}{'seconds':>9s}"
-          f"{'per s':>8s}   seed {a.seed}")
-    for r in reports:
-        print(f"{r.backend:12s}{r.device:8s}{r.run:10d}{r.configs:9d}{len(r.mismatches):12d}{r.seconds:9.1f}"
-              f"{r.run / max(r.seconds, 1e-9):8.1f}")
-        for m in r.mismatches[:20]:
-            print(f"  attncore check --backend {r.backend} --replay {m.seed}   # {m.problem} {m.shapes}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([dict(r.__dict__, mismatches=[m.__dict__ for m in r.mismatches]) for r in reports], f,
-                      indent=1, default=str)
-    return 1 if any(r.mismatches for r in reports) or not any(r.run for r in reports) else 0
-
-
 def cmd_check(a) -> int:
     from attncore.core import registry
-    from attncore.cli.check import format_table, run_check
+    from attncore.cli.check import format_table, fuzz_command, run_check
 
     _runnable_device(a.device)
     if a.fuzz is not None or a.replay is not None:
@@ -190,7 +160,7 @@ def cmd_check(a) -> int:
                 raise UsageError(f"--backend {n}: {e}") from None
             if unavailable:
                 raise UsageError(f"backend {n!r} is unavailable here: " + "; ".join(map(str, unavailable)))
-        return cmd_fuzz(a, names)
+        return fuzz_command(a, names)
     names = a.backend or None
     if names:
         for n in names:
@@ -352,90 +322,6 @@ def cmd_conformance(a, extra: List[str]) -> int:
     return run_conformance(a.name, extra)
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
-
-
-def _heads(text: str) -> tuple:
-    try:
-        hq, hkv = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (query heads / KV heads, e.g. 32/8; 32/32 "
-                                         f"without GQA), got {text!r}") from None
-    return hq, hkv
-
-
-def _device_name(text: str) -> str:
-    from attncore.testing.placement import parse_device
-
-    try:
-        return parse_device(text, present=False)  # presence: _runnable_device, a usage error naming the GPUs
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _cc(text: str) -> tuple:
-    try:
-        major, minor = (int(x) for x in text.split("."))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MAJOR.MINOR, e.g. 9.0, got {text!r}") from None
-    return major, minor
-
-
-def _window(text: str) -> int:
-    from attncore.core.params import window_left
-
-    try:
-        return window_left(int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected -1 (off) or an int >= 0, got {text!r}") from None
-
-
-def _dtype(kind: str):
-    """A converter for dtype names, accepting those the API accepts for ``kind`` (q or kv)."""
-
-    def convert(text: str):
-        from attncore.core._api import _DTYPE_ALIASES, ACCEPTED_Q_DTYPES, SUPPORTED_KV_DTYPES
-
-        allowed = ACCEPTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
-        dtype = _DTYPE_ALIASES.get(text.replace("torch.", ""))
-        if dtype not in allowed:
-            names = ", ".join(n for n, d in _DTYPE_ALIASES.items() if d in allowed)
-            raise argparse.ArgumentTypeError(f"expected one of {names}; got {text!r}")
-        return dtype
-
-    convert.__name__ = f"{kind} dtype"
-    return convert
-
-
-def _workload(text: str) -> str:
-    from attncore.cli.bench import select_workloads
-    from attncore.cli.bench_pod import POD_WORKLOADS
-
-    if text in {w.id for w in POD_WORKLOADS}:  # PD1, PD2: attncore/cli/bench_pod.py
-        return text
-    try:
-        select_workloads([text])
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def _arch(text: str) -> str:
-    from attncore.build.jit import default_arch
-
-    arch = default_arch(text)
-    if not arch.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an SM arch such as 90, sm90 or sm_90, got {text!r}")
-    return arch
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="attncore", description="attncore: attention backends, checked")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -447,23 +333,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                    choices=["single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode",
                             "xqa_decode", "pod", "batch_pod"])
     e.add_argument("--device", choices=["cpu", "cuda"])
-    e.add_argument("--cc", type=_cc, help="compute capability for cuda, e.g. 9.0")
-    e.add_argument("--q-dtype", type=_dtype("q"), default="bfloat16",
+    e.add_argument("--cc", type=arg_types.cc, help="compute capability for cuda, e.g. 9.0")
+    e.add_argument("--q-dtype", type=arg_types.dtype("q"), default="bfloat16",
                    help="float16, bfloat16 or float32; e4m3/e5m2 (upcast exactly, as the API does)")
-    e.add_argument("--kv-dtype", type=_dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
-    e.add_argument("--out-dtype", type=_dtype("kv"), help="default: the q dtype")
-    e.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv, e.g. 32/8")
-    e.add_argument("--head-dim", type=_positive, default=128)
-    e.add_argument("--page-size", type=_positive, default=16)
+    e.add_argument("--kv-dtype", type=arg_types.dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
+    e.add_argument("--out-dtype", type=arg_types.dtype("kv"), help="default: the q dtype")
+    e.add_argument("--heads", type=arg_types.heads, default="32/8", help="Hq/Hkv, e.g. 32/8")
+    e.add_argument("--head-dim", type=arg_types.positive, default=128)
+    e.add_argument("--page-size", type=arg_types.positive, default=16)
     e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
     e.add_argument("--mask", choices=["none", "causal", "custom"])
-    e.add_argument("--window", type=_window, default=-1, help="sliding window (keys left of the diagonal); -1: off")
+    e.add_argument("--window", type=arg_types.window, default=-1,
+                   help="sliding window (keys left of the diagonal); -1: off")
     e.add_argument("--soft-cap", action="store_true")
     e.add_argument("--pos", default="NONE", choices=["NONE", "ROPE_LLAMA", "ALIBI"])
     e.add_argument("--sinks", action="store_true")
     e.add_argument("--fp8-scales", action="store_true")
     e.add_argument("--lse", action="store_true")
-    e.add_argument("--q-len", type=_positive, default=1)
+    e.add_argument("--q-len", type=arg_types.positive, default=1)
     e.add_argument("--spec-mask", action="store_true")
     e.add_argument("--cuda-graph", action="store_true")
     e.add_argument("--backend", default="auto")
@@ -471,24 +358,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
     c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")
     c.add_argument("--quick", action="store_true", help="a smaller suite")
-    c.add_argument("--device", type=_device_name, help="cpu, cuda or cuda:N (default: cuda when present)")
+    c.add_argument("--device", type=arg_types.device_name, help="cpu, cuda or cuda:N (default: cuda when present)")
     c.add_argument("--stream", choices=["default", "side"], default="default",
                    help="side: run every case on a fresh stream of the device (the current device left alone)")
     c.add_argument("--json", metavar="FILE")
-    c.add_argument("--fuzz", type=_positive, metavar="N",
+    c.add_argument("--fuzz", type=arg_types.positive, metavar="N",
                    help="N random problems per backend over every claimed axis instead of the fixed cases")
     c.add_argument("--seed", type=int, default=0, help="seed of the --fuzz run (default 0)")
     c.add_argument("--replay", type=int, metavar="SEED", help="replay one problem that --fuzz printed")
-    c.add_argument("--configs", type=_positive, metavar="C",
+    c.add_argument("--configs", type=arg_types.positive, metavar="C",
                    help="kernel configurations the N problems share (default: N/150 within 4..128 on a "
                         "GPU, N on the CPU)")
-    c.add_argument("--jobs", type=_positive, metavar="J", help="--fuzz worker processes (default 1)")
+    c.add_argument("--jobs", type=arg_types.positive, metavar="J", help="--fuzz worker processes (default 1)")
 
     from attncore.cli.bench import WORKLOADS
 
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
     b.add_argument("--backend", action="append", help="backend (repeatable; auto: the selector's pick); default: auto")
-    b.add_argument("--workload", action="append", type=_workload,
+    b.add_argument("--workload", action="append", type=arg_types.workload,
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
                         + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
     b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
@@ -499,7 +386,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--json", metavar="FILE")
     b.add_argument("--latency", action="store_true",
                    help="host time per call of tiny problems (one-call functions, plan, run), per backend")
-    b.add_argument("--calls", type=_positive, metavar="N", help="--latency: calls per cell (default 300, CPU 5)")
+    b.add_argument("--calls", type=arg_types.positive, metavar="N",
+                   help="--latency: calls per cell (default 300, CPU 5)")
     b.add_argument("--pod-sweep", action="store_true",
                    help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
     b.add_argument("--pod-backend", default="triton", help="the backend whose fused POD op is timed (default triton)")
@@ -524,7 +412,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bl.add_argument("backend", nargs="?", default="cuda_fa2")
     bl.add_argument("spec", nargs="*", help="specialization URIs (default: the common set)")
     bl.add_argument("--list", action="store_true", help="list the specializations instead")
-    bl.add_argument("--arch", type=_arch, help="target arch, e.g. 90 (default: the current GPU, else 90)")
+    bl.add_argument("--arch", type=arg_types.arch, help="target arch, e.g. 90 (default: the current GPU, else 90)")
     bl.add_argument("--force", action="store_true", help="rebuild even if cached")
 
     cf = sub.add_parser("conformance", help="run the conformance suite on one backend (extra args go to pytest)")
