@@ -36,9 +36,9 @@ def count_selection(monkeypatch):
     calls = []
     real = selector._select
 
-    def counted(problem, backend):
+    def counted(problem, backend, bucket=None):  # bucket: the planned sizes' (attncore.core.tables)
         calls.append((problem.op, backend))
-        return real(problem, backend)
+        return real(problem, backend, bucket)
 
     monkeypatch.setattr(selector, "_select", counted)
     return calls

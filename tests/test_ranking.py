@@ -12,6 +12,7 @@ import attncore
 from attncore.core import ranking
 from attncore.core import registry
 from attncore.core import selector
+from attncore.core import tables
 from attncore.core.backend import Backend
 from attncore.core.capabilities import Capabilities
 from attncore.core.problem import OPS, PAGED_OPS, AttentionProblem
@@ -203,9 +204,9 @@ def test_table_governs_only_the_code_attncore_ships():
 @pytest.fixture
 def no_tables(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNCORE_CACHE_DIR", str(tmp_path / "cache"))
-    ranking.reload()
+    tables.reload()
     yield
-    ranking.reload()
+    tables.reload()
 
 
 def test_selector_ranks_shipped_backends_by_the_table_not_priority(clean_registry, no_tables, monkeypatch):
@@ -242,9 +243,9 @@ def test_explain_prints_each_rule_with_its_evidence(clean_registry, no_tables):
 def test_select_cache_follows_ranking_reload(clean_registry, no_tables):
     b1 = selector.select(P_CPU)
     assert selector.select(P_CPU) is b1
-    g = ranking.generation()
-    ranking.reload()
-    assert ranking.generation() == g + 1
+    g = tables.generation()
+    tables.reload()
+    assert tables.generation() == g + 1
 
 
 # The ranking of every grid point, as the backends' priority() methods gave it on 2026-11-24 (before

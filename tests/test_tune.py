@@ -14,6 +14,7 @@ from attncore.cli import bench
 from attncore.core import ranking
 from attncore.core import registry
 from attncore.core import selector
+from attncore.core import tables
 from attncore.cli import tune
 from attncore.core.problem import AttentionProblem
 
@@ -36,9 +37,9 @@ def cache(monkeypatch, tmp_path, clean_registry):
         from attncore_sdpa import SdpaBackend
 
         registry.register_backend(SdpaBackend(), origin="test")
-    ranking.reload()
+    tables.reload()
     yield d
-    ranking.reload()
+    tables.reload()
 
 
 def problem_of(e, device="cpu", cc=None, hkv=2):
@@ -62,12 +63,12 @@ def write_table(path, entries, **meta):
          "compute_capability": None, "date": "2026-11-24", "quick": True, "entries": entries, **meta}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(t))
-    ranking.reload()
+    tables.reload()
     return path
 
 
 def cpu_table(entries, **meta):
-    return write_table(ranking.cache_path(ranking.cpu_name()), entries, **meta)
+    return write_table(tables.cache_path(tables.cpu_name()), entries, **meta)
 
 
 P = problem_of(entry())
@@ -82,14 +83,14 @@ def test_tune_quick_on_cpu_end_to_end(tmp_path, monkeypatch, cache):
     r = subprocess.run([sys.executable, "-m", "attncore.cli", "tune", "--quick", "--json", str(j)],
                        capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    path = ranking.cache_path(ranking.cpu_name())
+    path = tables.cache_path(tables.cpu_name())
     assert path.exists() and f"table: {path}" in r.stdout
     table = json.loads(path.read_text())
     assert table == json.loads(j.read_text())
-    assert table["device"] == ranking.cpu_name() and table["quick"] and table["attncore"] == attncore.__version__
+    assert table["device"] == tables.cpu_name() and table["quick"] and table["attncore"] == attncore.__version__
     assert {e["op"] for e in table["entries"]} == set(tune.TUNE_OPS)
     assert all(e["times_ms"].get("reference", 0) > 0 for e in table["entries"])  # the reference runs everywhere
-    ranking.reload()
+    tables.reload()
     for e in table["entries"]:
         p = problem_of(e)
         ex = attncore.explain(p)
@@ -103,7 +104,7 @@ def test_tune_quick_on_cpu_end_to_end(tmp_path, monkeypatch, cache):
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "ranking: measured times, fastest first; from the cache table " + str(path) in r.stdout
-    assert "(fastest)" in r.stdout and "kv1-256 B2-4: " in r.stdout
+    assert "(fastest)" in r.stdout and "kv1-256 B2-4 decode (B2 qo1 kv128): " in r.stdout
 
 
 def test_a_hand_made_table_decides(cache):
@@ -137,12 +138,12 @@ def test_unmeasured_candidates_follow_the_measured_ones_by_rule(cache):
     ex = attncore.explain(P)
     names = [n for n, _ in ex.ranked]
     assert ex.chosen == "reference" and names.index("reference") < names.index("sdpa")
-    assert "measured in 1 of 2 buckets (error: boom): after the measured ones, by rule sdpa/other" in str(ex)
+    assert "measured in 1 of 2 deciding buckets (error: boom): after the measured ones, by rule sdpa/other" in str(ex)
     assert "geometric mean over the buckets" in str(ex)
 
 
 def test_geometric_mean_over_buckets():
-    m = ranking.Measured(ranking.problem_class(P), None, [
+    m = ranking.Measured(tables.problem_class(P), None, [
         entry(times={"a": 1.0, "b": 4.0}), entry(times={"a": 16.0, "b": 5.0}, len_bucket="kv257-1024")])
     assert m.score("a") == pytest.approx(4.0) and m.score("b") == pytest.approx(20 ** 0.5)
     assert m.score("c") is None
@@ -166,18 +167,18 @@ def test_problems_outside_the_measured_classes_use_the_rules(cache):
                                                                                          head_dim_vo=128)):
         ex = attncore.explain(P.replace(**change))
         assert ex.ranking == "rules", change
-    assert ranking.problem_class(P.replace(cuda_graph=True)) == ranking.problem_class(P)
+    assert tables.problem_class(P.replace(cuda_graph=True)) == tables.problem_class(P)
     for change in (dict(return_lse=True), dict(sinks=True), dict(kv_layout="HND"), dict(mask="custom"),
                    dict(q_len_per_req=2), dict(out_dtype=torch.float32), dict(head_dim_vo=32),
                    dict(window_left=8), dict(pos_encoding="ALIBI"), dict(soft_cap=True)):
-        assert ranking.problem_class(P.replace(**change)) is None, change
+        assert tables.problem_class(P.replace(**change)) is None, change
 
 
 def test_an_unreadable_table_is_ignored(cache):
-    path = ranking.cache_path(ranking.cpu_name())
+    path = tables.cache_path(tables.cpu_name())
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    ranking.reload()
+    tables.reload()
     ex = attncore.explain(P)
     assert ex.chosen == "reference" and ex.ranking == "rules" and "unreadable" in ex.source
 
@@ -185,7 +186,7 @@ def test_an_unreadable_table_is_ignored(cache):
 def test_the_shipped_sm90_default_is_valid_and_measured_or_empty():
     """The default holds no numbers until `attncore tune` measures them on an sm90 GPU (none
     invented): empty, or a table that names its device, date and timer, with positive times."""
-    t = ranking.read_table(ranking.default_path((9, 0)), "default")
+    t = tables.read_table(tables.default_path((9, 0)), "default")
     assert t is not None and not t.error and t.meta["compute_capability"] == [9, 0]
     if t.entries:
         assert t.meta["device"] and t.meta["date"] and t.meta["timer"] and t.meta["device_type"] == "cuda"
@@ -195,7 +196,7 @@ def test_the_shipped_sm90_default_is_valid_and_measured_or_empty():
 
 def test_a_default_table_ranks_a_cuda_problem(cache, monkeypatch, tmp_path):
     data = tmp_path / "data"
-    monkeypatch.setattr(ranking, "DATA_DIR", data)
+    monkeypatch.setattr(tables, "DATA_DIR", data)
     p = P.replace(device_type="cuda", compute_capability=(9, 0))
     write_table(data / "tune-sm90.json", [entry(times={"reference": 1.0, "sdpa": 2.0})], device="NVIDIA H100 80GB HBM3",
                 device_type="cuda", compute_capability=[9, 0])
@@ -210,15 +211,15 @@ def test_tune_classes_are_the_problems_the_api_builds(monkeypatch):
     seen = []
     real = selector.select
 
-    def spy(problem, backend="auto"):
+    def spy(problem, backend="auto", sizes=None):
         seen.append(problem)
-        return real(problem, backend)
+        return real(problem, backend, sizes)
 
     monkeypatch.setattr(selector, "select", spy)
     for c in tune.grid("cpu", quick=True):
         seen.clear()
         bench._setup(c.workload(), "reference", "cpu", c.q_dtype, 1)
-        assert seen and {ranking.problem_class(p) for p in seen} == {c.key()}, c.describe()
+        assert seen and {tables.problem_class(p) for p in seen} == {c.key()}, c.describe()
 
 
 def test_merge_keeps_what_this_run_did_not_measure():
@@ -234,12 +235,12 @@ def test_merge_keeps_what_this_run_did_not_measure():
 
 
 def test_grid_and_buckets():
-    assert ranking.length_bucket(4096) == "kv1025-4096" and ranking.length_bucket(1) == "kv1-256"
-    assert ranking.length_bucket(10 ** 6) == "kv>65536"
-    assert ranking.batch_bucket(1) == "B1" and ranking.batch_bucket(64) == "B17-64"
+    assert tables.length_bucket(4096) == "kv1025-4096" and tables.length_bucket(1) == "kv1-256"
+    assert tables.length_bucket(10 ** 6) == "kv>65536"
+    assert tables.batch_bucket(1) == "B1" and tables.batch_bucket(64) == "B17-64"
     full = tune.grid("cuda")
     assert {c.op for c in full} == set(tune.TUNE_OPS)
-    assert len({(c.key(), c.len_bucket, c.batch_bucket) for c in full}) == len(full)  # no point twice
+    assert len({(c.key(), c.bucket()) for c in full}) == len(full)  # no point twice
     assert all(c.head_dim in (64, 128, 256) for c in full)
     assert [c.op for c in tune.grid("cuda", ops=["batch_decode"])] == ["batch_decode"] * sum(
         c.op == "batch_decode" for c in full)
@@ -290,4 +291,187 @@ def test_each_point_is_saved_and_a_cut_off_run_resumes(cache, capsys):
     assert main(args) == 0 and "table: " in capsys.readouterr().out
     assert main(args + ["--resume"]) == 0
     assert "nothing left to measure" in capsys.readouterr().out
-    assert len(json.loads(ranking.cache_path(ranking.cpu_name()).read_text())["entries"]) == 1
+    assert len(json.loads(tables.cache_path(tables.cpu_name()).read_text())["entries"]) == 1
+
+
+# --------------------------------------------------------------- selection by planned sizes (issue 17)
+R = problem_of(entry("batch_prefill_ragged"))
+PREFILL, APPEND = tables.Sizes(8, 2048, 2048), tables.Sizes(16, 512, 4096)  # P3's and P4's sizes
+
+
+def ragged(times, len_bucket="kv1025-4096", batch_bucket="B5-16", shape=(16, 512, 4096), **kw):
+    b, qo, kv = shape
+    return entry("batch_prefill_ragged", times=times, len_bucket=len_bucket, batch_bucket=batch_bucket,
+                 shape={"batch": b, "qo": qo, "kv": kv, "hq": 4, "hkv": 2}, **kw)
+
+
+def test_sizes_pick_the_bucket_of_their_shape(cache):
+    """One length and batch bucket, two shapes: sdpa wins the append point, the reference the prefill
+    point; the geometric mean over both (no sizes) is sdpa's."""
+    cpu_table([ragged({"sdpa": 1.0, "reference": 4.0}, shape_bucket="append"),
+               ragged({"sdpa": 3.0, "reference": 2.0}, shape=(8, 2048, 2048), shape_bucket="prefill")])
+    assert attncore.explain(R).chosen == "sdpa"  # sqrt(3) < sqrt(8)
+    assert selector.select(R).name == "sdpa" and selector.choose(R, "auto")[1].name == "sdpa"
+    ex = attncore.explain(R, sizes=PREFILL)
+    assert ex.chosen == "reference" and ex.ranking == "measured"
+    text = str(ex)
+    assert "sizes: B8 qo2048 kv2048 -> bucket kv1025-4096 B5-16 prefill" in text
+    assert "decided by: the sizes' own bucket kv1025-4096 B5-16 prefill; 1 other bucket(s) of the class not used" in text
+    assert "reference (priority 0): measured 2 ms (fastest)" in text
+    assert "kv1025-4096 B5-16 prefill (B8 qo2048 kv2048): 3 ms" in text and "geometric mean" not in text
+    assert selector.select(R, sizes=PREFILL).name == "reference"
+    assert selector.choose(R, "auto", PREFILL) == ("auto", registry.get_entry("reference").backend)
+    assert selector.choose(R, None, APPEND)[1].name == "sdpa"
+    assert attncore.explain(R, sizes=APPEND.bucket(R.op)).chosen == "sdpa"  # a Bucket is a sizes hint too
+    text = str(attncore.explain(R))
+    assert "decided by: no sizes given: the geometric mean over the class's 2 bucket(s)" in text
+    assert "measured, geometric mean over the buckets, 1.732 ms (fastest)" in text
+
+
+def test_nearest_bucket_when_the_sizes_own_has_no_candidate(cache):
+    near = ragged({"reference": 1.0, "sdpa": 2.0}, "kv257-1024", "B2-4", (4, 1024, 1024))  # no shape_bucket field
+    cpu_table([near, ragged({"sdpa": 1.0, "reference": 2.0}),  # append, the sizes' length and batch buckets
+               ragged({"nosuch": 0.1}, shape=(8, 2048, 2048))])  # the sizes' own bucket, no candidate in it
+    ex = attncore.explain(R, sizes=PREFILL)
+    assert ex.chosen == "reference", str(ex)  # the same shape beats the same length and batch buckets
+    assert ("decided by: no candidate measured in kv1025-4096 B5-16 prefill: the nearest bucket kv257-1024 B2-4 "
+            "prefill (B4 qo1024 kv1024)") in str(ex)
+    assert attncore.explain(R, sizes=tables.Sizes(3, 100, 3000)).chosen == "sdpa"  # append: 1 batch bucket away
+    # buckets as near as each other (one shorter, one longer) decide together
+    cpu_table([near, ragged({"reference": 1.0, "sdpa": 2.0}, "kv257-1024", "B5-16", (8, 1024, 1024)),
+               ragged({"reference": 4.0, "sdpa": 1.0}, "kv4097-16384", "B5-16", (8, 8192, 8192))])
+    ex = attncore.explain(R, sizes=PREFILL)
+    assert ex.chosen == "sdpa" and ex.decided.startswith(
+        "no candidate measured in kv1025-4096 B5-16 prefill: the nearest buckets kv257-1024 B5-16 prefill "
+        "(B8 qo1024 kv1024) and kv4097-16384 B5-16 prefill"), str(ex)
+    assert "measured, geometric mean over the buckets, 1.414 ms (fastest)" in str(ex)
+    # no bucket of the shape: the nearest of another shape, said so
+    cpu_table([ragged({"sdpa": 1.0, "reference": 2.0})])
+    ex = attncore.explain(R, sizes=tables.Sizes(1, 300, 300))
+    assert ex.chosen == "sdpa" and ex.decided.endswith("kv1025-4096 B5-16 append (B16 qo512 kv4096) (another shape)")
+
+
+def test_old_entries_get_their_shape_bucket_from_their_shape():
+    eb = tables.entry_shape_bucket
+    assert eb(ragged({}, shape=(8, 2048, 2048))) == "prefill" and eb(ragged({}, shape=(8, 1023, 2048))) == "append"
+    assert eb(ragged({}, shape=(8, 1024, 2048))) == "prefill"  # qo >= kv / 2
+    assert eb(ragged({}, shape_bucket="append", shape=(8, 2048, 2048))) == "append"  # the field wins
+    assert eb(entry("batch_decode", page_size=16)) == "decode" and eb(entry()) == "?"
+    assert tables.entry_bucket(ragged({})) == tables.Bucket("kv1025-4096", "B5-16", "append")
+    t = json.loads(tables.default_path((9, 0)).read_text())  # the shipped table: every entry has a shape bucket
+    assert all(tables.entry_shape_bucket(e) in tables.SHAPES for e in t["entries"])
+
+
+def test_sizes_and_buckets():
+    assert tables.Sizes.of([1, 7, 3], [10, 5000, 30]) == tables.Sizes(3, 7, 5000)
+    assert tables.Sizes.of([], []) == tables.Sizes(0, 0, 0)
+    with pytest.raises(ValueError, match="qo_lens has 2 requests, kv_lens 1"):
+        tables.Sizes.of([1, 2], [3])
+    with pytest.raises(ValueError, match="must not be negative"):
+        tables.Sizes.of([-1], [3])
+    assert PREFILL.bucket("batch_prefill_paged") == tables.Bucket("kv1025-4096", "B5-16", "prefill")
+    assert APPEND.bucket("single_prefill").shape == "append" and APPEND.bucket("xqa_decode").shape == "decode"
+    assert tables.Sizes.parse(" 8, 2048,2048") == PREFILL
+    with pytest.raises(ValueError, match="expected B,QO,KV"):
+        tables.Sizes.parse("8,2048")
+    with pytest.raises(TypeError, match="sizes: expected"):
+        selector.choose(R, "auto", (8, 2048, 2048))
+    b = tables.Bucket("kv1025-4096", "B5-16", "prefill")
+    assert b.distance(b) == (0, 0, 0) and b.distance(b._replace(shape="append", length="kv1-256")) == (1, 2, 0)
+    assert b.distance(b._replace(batch="B?")) == (0, 0, len(tables.BATCH_LABELS))
+
+
+def test_selection_is_cached_per_bucket_not_per_length(cache, monkeypatch):
+    cpu_table([ragged({"sdpa": 1.0, "reference": 4.0}),
+               ragged({"sdpa": 3.0, "reference": 2.0}, shape=(8, 2048, 2048))])
+    calls = []
+    real = selector._select
+    monkeypatch.setattr(selector, "_select", lambda *a: calls.append(a[2]) or real(*a))
+    selector._cache.clear()
+    selector._chosen.clear()
+    same = [tables.Sizes(8, 2048, 2048), tables.Sizes(5, 1500, 1600), tables.Sizes(16, 4096, 4096)]
+    assert {selector.choose(R, "auto", s)[1].name for s in same} == {"reference"}
+    assert calls == [PREFILL.bucket(R.op)]  # one bucket: selected once
+    assert selector.choose(R, "auto", APPEND)[1].name == "sdpa" and len(calls) == 2
+    assert selector.choose(R, "auto")[1].name == "sdpa" and calls[-1] is None and len(calls) == 3
+    cpu_table([ragged({"sdpa": 9.0, "reference": 4.0})])  # a new table: selected again
+    assert selector.choose(R, "auto", APPEND)[1].name == "reference"
+
+
+def test_shipped_sm90_table_sends_p3_to_triton_and_p4_to_cuda_fa2(monkeypatch):
+    """The H100 measured triton ahead at qo = kv (P3: 0.687 vs cuda_fa2 0.763 ms, BENCHMARKS.md) and
+    cuda_fa2 ahead at the append shape (P4); the geometric mean over the buckets gave P3 to cuda_fa2."""
+    monkeypatch.delenv("ATTNCORE_TUNE", raising=False)
+    tables.reload()
+    for page in (16, 1):
+        p = AttentionProblem(op="batch_prefill_paged", device_type="cuda", compute_capability=(9, 0),
+                             q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32,
+                             num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, page_size=page, mask="causal")
+        m, source = ranking.measured(p)
+        assert m is not None and m.table.kind == "default", source
+        names = ["triton", "cuda_fa2"]
+
+        def fastest(sizes):
+            n = m.narrow(tables.bucket_of(p.op, sizes), names)
+            return min(names, key=lambda x: n.score(x))
+
+        assert fastest(PREFILL) == "triton" and fastest(APPEND) == "cuda_fa2", page
+
+
+def test_tune_grid_has_qo_eq_kv_prefill_points_and_records_the_shape():
+    full = tune.grid("cuda")
+    for op, pages in (("batch_prefill_paged", (1, 16)), ("batch_prefill_ragged", (None,))):
+        for page in pages:
+            at = {(c.batch, c.qo, c.kv): c.bucket() for c in full if c.op == op and c.head_dim == 128
+                  and c.q_dtype == torch.bfloat16 and c.page_size == page}
+            assert at[(8, 2048, 2048)] == PREFILL.bucket(op) and at[(16, 512, 4096)] == APPEND.bucket(op)
+            assert {b.shape for b in at.values()} == {"prefill", "append"}
+    assert "batch_prefill_paged causal d128 g4 bf16/bf16 p16 kv1025-4096 B5-16 prefill (B8 qo2048 kv2048 32/8)" in [
+        c.describe() for c in full]
+    t = tune.run_tune(["reference"], quick=True, ops=["batch_prefill_ragged"], device="cpu", progress=lambda s: None)
+    (e,) = t["entries"]
+    assert e["shape_bucket"] == "prefill" == tables.entry_shape_bucket(dict(e, shape_bucket=None))  # qo 32, kv 64
+
+
+def test_resume_from_a_table_without_shape_buckets_and_table_option(cache, tmp_path, capsys):
+    """An old table (no shape_bucket fields) resumes: its points are not measured again; ``--table FILE``
+    merges into FILE (the shipped table's copy) and keeps its note; a FILE of another device is refused."""
+    ops = ["batch_decode", "batch_prefill_paged"]
+    t = tune.run_tune(["reference"], quick=True, ops=ops, device="cpu", progress=lambda s: None)
+    old = dict(t, note="measured by hand", entries=[{k: v for k, v in e.items() if k != "shape_bucket"}
+                                                     for e in t["entries"]])
+    assert tune.run_tune(["reference"], quick=True, ops=ops, device="cpu", done=old, progress=lambda s: None)[
+        "entries"] == []
+    f = tmp_path / "copy.json"
+    f.write_text(json.dumps(dict(old, entries=old["entries"][:1])))
+    from attncore.cli import main
+
+    args = ["tune", "--quick", "--device", "cpu", "--backend", "reference", "--table", str(f)] + sum(
+        (["--op", o] for o in ops), [])
+    assert main(args + ["--resume"]) == 0
+    got = json.loads(f.read_text())
+    assert len(got["entries"]) == 2 and got["note"] == "measured by hand"
+    assert "shape_bucket" not in got["entries"][0] and got["entries"][1]["shape_bucket"] == "decode"
+    assert not tables.cache_path(tables.cpu_name()).exists()  # the cache untouched
+    assert main(args + ["--resume"]) == 0 and "nothing left to measure" in capsys.readouterr().out
+    f.write_text(json.dumps(dict(old, device="NVIDIA H100 80GB HBM3")))
+    with pytest.raises(SystemExit) as ex:
+        main(args + ["--resume"])
+    assert ex.value.code == 2 and "--table table " in capsys.readouterr().err
+    assert json.loads(f.read_text())["device"] == "NVIDIA H100 80GB HBM3"  # left as it was
+
+
+def test_explain_cli_sizes(cache, capsys):
+    from attncore.cli import main
+
+    cpu_table([ragged({"sdpa": 1.0, "reference": 4.0}),
+               ragged({"sdpa": 3.0, "reference": 2.0}, shape=(8, 2048, 2048))])
+    base = ["explain", "--op", "batch_prefill_ragged", "--device", "cpu", "--q-dtype", "float16", "--heads", "4/2",
+            "--head-dim", "64", "--mask", "causal"]
+    assert main(base + ["--sizes", "8,2048,2048"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: reference" in out and "decided by: the sizes' own bucket kv1025-4096 B5-16 prefill" in out
+    assert main(base) == 0 and "chosen: sdpa" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as ex:
+        main(base + ["--sizes", "8x2048"])
+    assert ex.value.code == 2 and "--sizes '8x2048': expected B,QO,KV" in capsys.readouterr().err

@@ -134,7 +134,13 @@ def cmd_explain(a) -> int:
     if a.backend != "auto":
         _known_backend(a.backend)
     problem = _problem_from_args(a)
-    ex = explain(problem, a.backend)
+    from attncore.core.tables import Sizes
+
+    try:  # the planned sizes pick the measured bucket (attncore.core.ranking)
+        sizes = Sizes.parse(a.sizes) if a.sizes else None
+    except ValueError as err:
+        raise UsageError(f"--sizes {err}") from None
+    ex = explain(problem, a.backend, sizes)
     if problem.q_dtype != a.q_dtype:  # an fp8 q (attncore.core.fp8_query)
         from attncore.core.fp8_query import note
 
@@ -268,10 +274,14 @@ def cmd_tune(a) -> int:
     saved = {"fresh": a.fresh}
 
     def keep(point):  # each grid point is saved as it is measured: a cut-off run keeps its points
-        saved["path"], saved["table"] = tune.save(point, fresh=saved["fresh"])
+        saved["path"], saved["table"] = tune.save(point, fresh=saved["fresh"], path=a.table)
         saved["fresh"] = False
 
-    done = tune.load_cached(device) if a.resume and not a.fresh else None
+    try:  # a --table of another device is refused before anything is measured into it
+        done = tune.load_cached(device, a.table) if (a.resume or a.table) and not a.fresh else None
+    except ValueError as err:
+        raise UsageError(f"--table {err}") from None
+    done = done if a.resume else None
     table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device, done=done, on_entry=keep,
                           progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(tune.format_table(table))
@@ -279,7 +289,8 @@ def cmd_tune(a) -> int:
         print("nothing left to measure: every grid point of this run is in the cached table (--resume)")
         return 0 if done else 1
     path, written = saved["path"], saved["table"]
-    print(f"table: {path} ({len(written['entries'])} grid points in all; auto ranks by it unless ATTNCORE_TUNE=0)")
+    use = "auto ranks by it unless ATTNCORE_TUNE=0" if a.table is None else "--table: not the cache auto reads"
+    print(f"table: {path} ({len(written['entries'])} grid points in all; {use})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(written, f, indent=1)
@@ -354,6 +365,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--spec-mask", action="store_true")
     e.add_argument("--cuda-graph", action="store_true")
     e.add_argument("--backend", default="auto")
+    e.add_argument("--sizes", metavar="B,QO,KV", help="planned batch, longest query, longest KV: the measured "
+                                                     "ranking uses their bucket (default: all buckets' mean)")
 
     c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
     c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")
@@ -407,6 +420,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                          "at a grid point); each point is saved as it is measured")
     t.add_argument("--list", action="store_true", help="print the grid points and exit")
     t.add_argument("--json", metavar="FILE", help="also write the resulting table (the cache file) to FILE")
+    t.add_argument("--table", metavar="FILE", help="merge into (and --resume from) FILE instead of the cache, "
+                                                   "e.g. a copy of attncore/data/tune-sm90.json")
 
     bl = sub.add_parser("build", help="prebuild CUDA kernel specializations into the cache")
     bl.add_argument("backend", nargs="?", default="cuda_fa2")

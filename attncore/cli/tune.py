@@ -2,15 +2,17 @@
 write the table that ``backend="auto"`` then ranks by (``attncore.core.ranking``).
 
 A grid point is a problem class (op, mask, head dim, GQA group, q dtype, KV dtype, page size) at one
-size: a KV length bucket and a batch bucket (``ranking.length_bucket`` / ``batch_bucket``), measured
-at one representative shape.  Each backend is forced on it (``backend=NAME``) through
+size: a ``tables.Bucket`` (KV length bucket, batch bucket, and shape bucket: ``prefill`` qo ~ kv,
+``append`` qo < kv / 2, ``decode``), measured at one representative shape.  Each backend is forced on it (``backend=NAME``) through
 ``attncore.cli.bench``'s set-up and timer: plan once, time ``run()``, input copies rotated beyond L2 on
 a GPU.  A backend that refuses is recorded as such; one that fails, with its error.
 
-The table goes to ``ranking.cache_path(<device name>)``, merged into what is there (a grid point
-measured again replaces that backend's earlier time; ``fresh=True`` starts over), so the grid can be
-measured in several runs (``ops=``).  The default table shipped for sm90
-(``attncore/data/tune-sm90.json``) is such a table, measured on an H100.
+The table goes to ``tables.cache_path(<device name>)`` (or ``path=``: ``attncore tune --table FILE``),
+merged into what is there (a grid point measured again replaces that backend's earlier time;
+``fresh=True`` starts over), so the grid can be measured in several runs (``ops=``) and a run with
+``done=`` (``--resume``) measures only the grid points and backends the table lacks.  The default table
+shipped for sm90 (``attncore/data/tune-sm90.json``) is such a table, measured on an H100: grid points
+added later are measured into a copy of it with ``--table COPY --resume`` and the copy replaces it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from attncore.cli import bench
-from attncore.core import ranking
 from attncore.core import registry
+from attncore.core import tables
 from attncore.core.problem import dtype_name
 from attncore.core.selector import BackendSelectionError
 
@@ -59,20 +61,27 @@ class Case:
     def hkv(self) -> int:
         return self.hq // self.group
 
-    def key(self) -> ranking.ProblemClass:
-        return ranking.ProblemClass(self.op, self.mask, self.head_dim, self.group, dtype_name(self.q_dtype),
+    def key(self) -> tables.ProblemClass:
+        return tables.ProblemClass(self.op, self.mask, self.head_dim, self.group, dtype_name(self.q_dtype),
                                     dtype_name(self.kv_dtype), self.page_size)
+
+    def bucket(self) -> tables.Bucket:
+        return tables.Sizes(self.batch, self.qo, self.kv).bucket(self.op)
 
     @property
     def len_bucket(self) -> str:
-        return ranking.length_bucket(self.kv)
+        return self.bucket().length
 
     @property
     def batch_bucket(self) -> str:
-        return ranking.batch_bucket(self.batch)
+        return self.bucket().batch
+
+    @property
+    def shape_bucket(self) -> str:
+        return self.bucket().shape
 
     def describe(self) -> str:
-        return (f"{self.key().describe()} {self.len_bucket} {self.batch_bucket} "
+        return (f"{self.key().describe()} {self.bucket().describe()} "
                 f"(B{self.batch} qo{self.qo} kv{self.kv} {self.hq}/{self.hkv})")
 
     def workload(self) -> bench.Workload:
@@ -113,7 +122,9 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) 
                  + _cases("xqa_decode", ("causal",), (128,), (8,), (bf16,), (False, True), (16,), [(64, 1, 4096)], 64))
     else:
         dims, dts = (64, 128, 256), (bf16, fp16)
-        prefill_shapes = [(4, 1024, 1024), (16, 512, 4096)]  # P3-like (B4 kv1k) and P4-like (B16 qo512 kv4k)
+        # prefill (qo = kv) at B4 kv1k, B8 kv2k (P3) and B2 kv8k; append at B16 qo512 kv4k (P4): the
+        # shape axis splits kv1025-4096 B5-16, where P3 and P4 share length and batch buckets
+        prefill_shapes = [(4, 1024, 1024), (16, 512, 4096), (8, 2048, 2048), (2, 8192, 8192)]
         decode_shapes = [(8, 1, 16384), (64, 1, 4096)]  # D2-like and D1
         cases = (_cases("single_prefill", ("causal", "none"), dims, (1, 4), dts, (False,), (None,),
                         [(1, 1024, 1024), (1, 8192, 8192)], 32)
@@ -134,11 +145,12 @@ def device_identity(device: str) -> Dict:
     if device == "cuda":
         return {"device": torch.cuda.get_device_name(), "device_type": "cuda",
                 "compute_capability": list(torch.cuda.get_device_capability())}
-    return {"device": ranking.cpu_name(), "device_type": device, "compute_capability": None}
+    return {"device": tables.cpu_name(), "device_type": device, "compute_capability": None}
 
 
 def _entry_id(e: Dict) -> tuple:
-    return tuple(ranking.entry_class(e)) + (e.get("len_bucket"), e.get("batch_bucket"))
+    """A grid point: class and bucket (an old entry's shape bucket derived from its recorded shape)."""
+    return tuple(tables.entry_class(e)) + tuple(tables.entry_bucket(e))
 
 
 def default_backends(device: str) -> List[str]:
@@ -174,8 +186,8 @@ def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, o
             for e in (done or {}).get("entries", [])}
     entries, t0 = [], time.perf_counter()
     for i, c in enumerate(cases):
-        e = dict(zip(ranking.CLASS_FIELDS, c.key()))
-        e.update(len_bucket=c.len_bucket, batch_bucket=c.batch_bucket)
+        e = dict(zip(tables.CLASS_FIELDS, c.key()))
+        e.update(len_bucket=c.len_bucket, batch_bucket=c.batch_bucket, shape_bucket=c.shape_bucket)
         todo = [n for n in names if n not in seen.get(_entry_id(e), set())]
         if not todo:
             continue  # measured by an earlier run
@@ -209,7 +221,7 @@ def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, o
 
 
 def _table(entries: List[Dict], names: Sequence[str], device: str, quick: bool, seconds: float) -> Dict:
-    return {"format": ranking.TABLE_FORMAT, **_versions(), **device_identity(device),
+    return {"format": tables.TABLE_FORMAT, **_versions(), **device_identity(device),
              "date": time.strftime("%Y-%m-%d"), "quick": quick,
              "timer": (f"triton.testing.do_bench median, warmup {GPU_TIMER['warmup']} ms, rep {GPU_TIMER['rep']} ms"
                        if device == "cuda" else "median of 3 calls after a warm-up"),
@@ -232,10 +244,10 @@ def _versions() -> Dict:
 
 def merge(old: Optional[Dict], new: Dict) -> Dict:
     """``new`` merged into ``old`` (same device): a grid point measured again replaces the times and
-    failures of the backends this run measured; everything else of ``old`` stays."""
+    failures of the backends this run measured; everything else of ``old`` stays (its ``note`` too)."""
     if not old or old.get("device") != new.get("device") or old.get("format") != new.get("format"):
         return new
-    out = {k: v for k, v in new.items() if k != "entries"}
+    out = {**{k: v for k, v in old.items() if k != "entries"}, **{k: v for k, v in new.items() if k != "entries"}}
     out["backends"] = {**old.get("backends", {}), **new.get("backends", {})}
     out["quick"] = bool(old.get("quick")) and bool(new.get("quick"))
     out["seconds"] = round(float(old.get("seconds", 0)) + float(new.get("seconds", 0)), 1)
@@ -253,13 +265,22 @@ def merge(old: Optional[Dict], new: Dict) -> Dict:
     return out
 
 
-def load_cached(device: str) -> Optional[Dict]:
-    """The cached table of this machine's ``device`` (None if there is none or it is unreadable)."""
-    path = ranking.cache_path(device_identity(device)["device"])
+def load_cached(device: str, path=None) -> Optional[Dict]:
+    """The cached table of this machine's ``device``, or the table in ``path`` (None if there is none or
+    it is unreadable).  A ``path`` measured on another device, or in another format, is an error: merging
+    into it would replace it (``merge``)."""
+    from pathlib import Path
+
+    name = device_identity(device)["device"]
+    p = tables.cache_path(name) if path is None else Path(path)
     try:
-        return json.loads(path.read_text())
+        t = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+    if path is not None and (t.get("device") != name or t.get("format") != tables.TABLE_FORMAT):
+        raise ValueError(f"table {path} is a format-{t.get('format')} table of {t.get('device')!r}; this run "
+                         f"measures {name!r} (format {tables.TABLE_FORMAT}): merging would replace it")
+    return t
 
 
 def save(table: Dict, *, fresh: bool = False, path=None):
@@ -267,7 +288,7 @@ def save(table: Dict, *, fresh: bool = False, path=None):
     ``path``; return (path, the table written).  The selector re-reads its tables afterwards."""
     from pathlib import Path
 
-    path = Path(path) if path is not None else ranking.cache_path(table["device"])
+    path = Path(path) if path is not None else tables.cache_path(table["device"])
     old = None
     if not fresh and path.exists():
         try:
@@ -279,7 +300,7 @@ def save(table: Dict, *, fresh: bool = False, path=None):
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     tmp.replace(path)
-    ranking.reload()
+    tables.reload()
     return path, out
 
 
@@ -288,14 +309,14 @@ def format_table(table: Dict) -> str:
     lines = [f"device: {table['device']}  date: {table['date']}  attncore {table['attncore']}  "
              f"{len(table['entries'])} grid points"]
     for e in table["entries"]:
-        key = ranking.entry_class(e)
+        key = tables.entry_class(e)
         times = sorted(e.get("times_ms", {}).items(), key=lambda kv: kv[1])
         cells = [f"{n} {t:.4g} ms" for n, t in times]
         if times:
             best = times[0][1]
             cells = [c + (f" ({t / best:.2f}x)" if j else "") for j, (c, (_, t)) in enumerate(zip(cells, times))]
         cells += [f"{n} {why.split(':')[0]}" for n, why in sorted(e.get("failed", {}).items())]
-        lines.append(f"{key.describe()} {e['len_bucket']} {e['batch_bucket']}: " + ", ".join(cells))
+        lines.append(f"{key.describe()} {tables.entry_bucket(e).describe()}: " + ", ".join(cells))
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """How ``backend="auto"`` orders the backends that can serve a problem: one rule table, with the
-measurement behind each row, and the measured tables that ``attncore tune`` writes.
+measurement behind each row, and the measured tables that ``attncore tune`` writes
+(``attncore.core.tables``: where they live, how they are read, the buckets).
 
 Rule table
 ----------
@@ -21,43 +22,34 @@ authoritative for the backends it knows: their ``priority()`` methods are not ca
 to a backend object only when its name matches and its class comes from the package that ships it
 (``OWNERS``), so another plugin that happens to call itself ``triton`` keeps its own ``priority()``.
 
-Measured tables
----------------
-``attncore tune`` times every available backend on a grid of problem classes (op, mask, head dim,
-GQA group, q dtype, KV dtype, page size) at a few sizes (a length bucket and a batch bucket each) on
-the current device, and writes a table per device name and attncore version into the cache
-(``$ATTNCORE_CACHE_DIR`` or ``~/.cache/attncore``: ``<root>/<version>/tune/<device>.json``).  A
-default table per compute capability may ship with the package (``attncore/data/tune-sm90.json``).
+Measured selection
+------------------
+Where a table holds data for the problem's class (``tables.problem_class``), the measured candidates
+come first, fastest first; candidates without a measurement follow, in rule order.  Elsewhere the rule
+table decides.  Which of the class's entries (one per ``tables.Bucket``) decide:
 
-Where a table holds data for the problem's class, the candidates measured in every bucket of the
-class come first, fastest first (the geometric mean of their times over the buckets: problems do not
-carry lengths or batch sizes, so selection cannot pick one bucket); candidates without a measurement
-follow, in rule order.  Elsewhere the rule table decides.  Only "plain" problems have a class: no
-feature flags other than ``cuda_graph`` (which changes no kernel), NHD layout, one query row per
-decode request, output dtype equal to the q dtype, equal QK and VO head dims, and no custom mask.
-``ATTNCORE_TUNE=0`` turns measured selection off.  Tables are read once per process
-(``reload()`` re-reads them; ``attncore tune`` calls it).
+* with planned sizes (``selector.choose(problem, backend, sizes)``, ``tables.Sizes``): the entry of the
+  sizes' own bucket when a candidate was measured there; otherwise the nearest bucket(s) among those
+  where a candidate was measured: the same shape bucket first, then the fewest length buckets away,
+  then the fewest batch buckets away (``Bucket.distance``); buckets at an equal distance (one shorter,
+  one longer) decide together, by the geometric mean of their times;
+* without sizes: every bucket of the class, by the geometric mean of a candidate's times.
+
+Either way a candidate is ranked by time only when it was measured in every deciding bucket.
+``attncore explain --sizes B,QO,KV`` prints the deciding bucket(s) and the times behind them.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import platform
-import re
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from attncore.core.problem import AttentionProblem, dtype_name
+from attncore.core.problem import AttentionProblem
+from attncore.core.tables import Bucket, ProblemClass, Table, enabled, entry_bucket, problem_class, tables_for
 
 log = logging.getLogger("attncore")
-
-TABLE_FORMAT = 1
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 # The package that ships each backend the table ranks: a row applies to a backend object only when
 # its class is defined in that package.
@@ -70,7 +62,6 @@ OWNERS: Dict[str, str] = {
 }
 
 H100 = "NVIDIA H100 80GB HBM3"
-
 
 # ---------------------------------------------------------------------------------------- rules
 @dataclass(frozen=True)
@@ -282,253 +273,68 @@ def rule_rank(backend, problem: AttentionProblem) -> RuleRank:
     return RuleRank(0, None, passed, note="no row of the rule table matched; ranked 0")  # pragma: no cover
 
 
+
 # ------------------------------------------------------------------------------- measured tables
-class ProblemClass(NamedTuple):
-    op: str
-    mask: str
-    head_dim: int
-    group: int
-    q_dtype: str
-    kv_dtype: str
-    page_size: Optional[int]
-
-    def describe(self) -> str:
-        page = f" p{self.page_size}" if self.page_size is not None else ""
-        return (f"{self.op} {self.mask} d{self.head_dim} g{self.group} {self.q_dtype}/{self.kv_dtype}{page}")
-
-
-CLASS_FIELDS = ProblemClass._fields
-
-
-def problem_class(problem: AttentionProblem) -> Optional[ProblemClass]:
-    """The class a measured table keys ``problem`` by, or None where tables never apply."""
-    if problem.features - {"cuda_graph"} or problem.kv_layout != "NHD" or problem.q_len_per_req != 1:
-        return None
-    if problem.out_dtype != problem.q_dtype or problem.head_dim_qk != problem.head_dim_vo:
-        return None
-    if problem.mask == "custom" or problem.window_left >= 0 or problem.pos_encoding != "NONE":
-        return None
-    return ProblemClass(problem.op, problem.mask, problem.head_dim_qk, problem.group_size,
-                        dtype_name(problem.q_dtype), dtype_name(problem.kv_dtype), problem.page_size)
-
-
-# Bucket edges: a measured shape is filed under the first edge >= its size.
-LENGTH_EDGES = (256, 1024, 4096, 16384, 65536)
-BATCH_EDGES = (1, 4, 16, 64, 256)
-
-
-def _bucket(n: int, edges: Sequence[int], unit: str) -> str:
-    lo = 0
-    for e in edges:
-        if n <= e:
-            return f"{unit}{lo + 1}-{e}" if lo + 1 < e else f"{unit}{e}"
-        lo = e
-    return f"{unit}>{edges[-1]}"
-
-
-def length_bucket(kv_len: int) -> str:
-    """The KV length bucket, e.g. ``kv1025-4096``."""
-    return _bucket(kv_len, LENGTH_EDGES, "kv")
-
-
-def batch_bucket(batch: int) -> str:
-    """The batch bucket, e.g. ``B17-64``."""
-    return _bucket(batch, BATCH_EDGES, "B")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return "cpu " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu " + (platform.processor() or platform.machine() or "unknown")
-
-
-_device_lock = threading.Lock()
-_cuda_cached: Optional[Tuple[str, Tuple[int, int]]] = None
-_cuda_probed = False
-
-
-def cuda_device() -> Optional[Tuple[str, Tuple[int, int]]]:
-    """(name, compute capability) of the current CUDA device, or None without one."""
-    global _cuda_cached, _cuda_probed
-    with _device_lock:
-        if not _cuda_probed:
-            _cuda_probed = True
-            try:
-                import torch
-
-                if torch.cuda.is_available():
-                    _cuda_cached = (torch.cuda.get_device_name(), tuple(torch.cuda.get_device_capability()))
-            except Exception:  # no usable CUDA: no local CUDA table
-                _cuda_cached = None
-        return _cuda_cached
-
-
-def cache_root() -> Path:
-    env = os.environ.get("ATTNCORE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "attncore"
-
-
-def cache_path(device_name: str) -> Path:
-    """Where ``attncore tune`` keeps the table of a device: ``<root>/<version>/tune/<device>.json``."""
-    from attncore import __version__
-
-    return cache_root() / __version__ / "tune" / f"{_slug(device_name)}.json"
-
-
-def default_path(cc: Tuple[int, int]) -> Path:
-    """The table shipped with the package for a compute capability (may not exist)."""
-    return DATA_DIR / ("tune-sm%d%d.json" % tuple(cc))
-
-
-def enabled() -> bool:
-    """Measured selection is on unless ``ATTNCORE_TUNE=0``."""
-    return os.environ.get("ATTNCORE_TUNE", "1").strip().lower() not in ("0", "off", "false", "no")
-
-
-@dataclass
-class Table:
-    """A measured table as read from a file (or an unreadable one: ``error``)."""
-
-    path: Path
-    kind: str  # "cache" (attncore tune on this machine) or "default" (shipped with attncore)
-    meta: Dict = field(default_factory=dict)
-    entries: List[Dict] = field(default_factory=list)
-    error: str = ""
-    _index: Dict[ProblemClass, List[Dict]] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self):
-        for e in self.entries:
-            try:
-                key = entry_class(e)
-            except (KeyError, TypeError, ValueError):
-                continue
-            self._index.setdefault(key, []).append(e)
-
-    def lookup(self, key: ProblemClass) -> List[Dict]:
-        return self._index.get(key, [])
-
-    def describe(self) -> str:
-        if self.error:
-            return f"{self.kind} table {self.path}: unreadable ({self.error})"
-        m = self.meta
-        cc = m.get("compute_capability")
-        where = m.get("device") or ("sm%d%d" % tuple(cc) if cc else "?")
-        return (f"{self.kind} table {self.path} ({where}, {m.get('date', '?')}, attncore {m.get('attncore', '?')}"
-                f"{', quick grid' if m.get('quick') else ''}; {len(self.entries)} entries)")
-
-
-def entry_class(e: Dict) -> ProblemClass:
-    page = e.get("page_size")
-    return ProblemClass(str(e["op"]), str(e["mask"]), int(e["head_dim"]), int(e["group"]), str(e["q_dtype"]),
-                        str(e["kv_dtype"]), None if page is None else int(page))
-
-
-_tables: Dict[Tuple[str, str], Optional[Table]] = {}
-_generation = 0
-_lock = threading.RLock()
-
-
-def generation() -> int:
-    return _generation
-
-
-def reload() -> None:
-    """Forget the tables read so far (they are read again on next use)."""
-    global _generation
-    with _lock:
-        _tables.clear()
-        _generation += 1
-
-
-def read_table(path: Path, kind: str = "cache") -> Optional[Table]:
-    """The table in ``path`` (None if there is no such file)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
-            raise ValueError(f"not a format-{TABLE_FORMAT} attncore tune table")
-        entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
-        meta = {k: v for k, v in data.items() if k != "entries"}
-        return Table(path, kind, meta, entries)
-    except (OSError, ValueError) as e:
-        log.warning("attncore: ignoring tune table %s: %s", path, e)
-        return Table(path, kind, error=str(e))
-
-
-def _table(path: Path, kind: str) -> Optional[Table]:
-    key = (str(path), kind)
-    with _lock:
-        if key not in _tables:
-            _tables[key] = read_table(path, kind)
-        return _tables[key]
-
-
-def tables_for(problem: AttentionProblem) -> Tuple[List[Table], List[str]]:
-    """The tables that may hold data for ``problem``, in lookup order (this machine's, then the
-    shipped default), and a line for each place looked at without a table."""
-    found, missing = [], []
-    cc = tuple(problem.compute_capability) if problem.compute_capability is not None else None
-    if problem.device_type == "cuda":
-        dev = cuda_device()
-        if dev is not None and cc == dev[1]:
-            p = cache_path(dev[0])
-            t = _table(p, "cache")
-            (found.append(t) if t else missing.append(f"no tune table for {dev[0]} ({p})"))
-        elif dev is None:
-            missing.append("no CUDA device here: no table of this machine")
-        else:
-            missing.append(f"this machine's GPU ({dev[0]}) is sm{dev[1][0]}{dev[1][1]}, not the problem's: "
-                           "its table does not apply")
-        if cc is not None:
-            p = default_path(cc)
-            t = _table(p, "default")
-            (found.append(t) if t else missing.append("no default table for sm%d%d" % cc))
-    elif problem.device_type == "cpu":
-        p = cache_path(cpu_name())
-        t = _table(p, "cache")
-        (found.append(t) if t else missing.append(f"no tune table for this CPU ({p})"))
-    else:
-        missing.append(f"no tables for device type {problem.device_type}")
-    return found, missing
+def _time(e: Dict, name: str) -> Optional[float]:
+    t = (e.get("times_ms") or {}).get(name)
+    return float(t) if isinstance(t, (int, float)) and t > 0 and math.isfinite(t) else None
 
 
 @dataclass
 class Measured:
     """What the tables say about one problem class: the table used, its entries for the class, and
-    per backend the times (ms) in every entry where it was measured."""
+    which of them decide (``used``: ``narrow()`` sets it; None: all of them, by the geometric mean)."""
 
     key: ProblemClass
-    table: Table
+    table: Optional[Table]
     entries: List[Dict]
+    used: Optional[List[Dict]] = None
+    wanted: Optional[Bucket] = None  # the planned sizes' bucket (None: no sizes given)
+    how: str = ""  # which bucket(s) decided, in words
+
+    @property
+    def deciding(self) -> List[Dict]:
+        return self.entries if self.used is None else self.used
+
+    def narrow(self, wanted: Optional[Bucket], names: Iterable[str]) -> "Measured":
+        """The entries that decide for a problem planned at ``wanted`` among candidates ``names``: the
+        bucket itself, else the nearest one(s) where a candidate was measured (see the module
+        docstring); without ``wanted``, all of them."""
+        n = len(self.entries)
+        if wanted is None:
+            return replace(self, used=None, wanted=None,
+                           how=f"no sizes given: the geometric mean over the class's {n} bucket(s)")
+        names = list(names)
+        timed = [e for e in self.entries if any(_time(e, x) is not None for x in names)]
+        if not timed:
+            return replace(self, used=[], wanted=wanted, how=f"no candidate measured in any of the {n} bucket(s)")
+        dist = [wanted.distance(entry_bucket(e)) for e in timed]
+        best = min(dist)
+        used = [e for e, d in zip(timed, dist) if d == best]
+        if best == (0, 0, 0):
+            how = f"the sizes' own bucket {wanted.describe()}"
+        else:
+            got = " and ".join(self.bucket(e) for e in used)
+            how = (f"no candidate measured in {wanted.describe()}: the nearest bucket" + ("s " if len(used) > 1 else " ")
+                   + got + (" (another shape)" if best[0] else ""))
+        if n > len(used):
+            how += f"; {n - len(used)} other bucket(s) of the class not used"
+        return replace(self, used=used, wanted=wanted, how=how)
 
     def times(self, name: str) -> List[Optional[float]]:
-        out = []
-        for e in self.entries:
-            t = (e.get("times_ms") or {}).get(name)
-            out.append(float(t) if isinstance(t, (int, float)) and t > 0 and math.isfinite(t) else None)
-        return out
+        """The backend's times (ms) in each deciding entry (None where it was not measured)."""
+        return [_time(e, name) for e in self.deciding]
 
     def score(self, name: str) -> Optional[float]:
-        """Geometric mean of the backend's times over the class's buckets (None unless measured in
-        every bucket)."""
+        """Geometric mean of the backend's times over the deciding entries (None unless measured in
+        every one)."""
         ts = self.times(name)
         if not ts or any(t is None for t in ts):
             return None
         return math.exp(sum(math.log(t) for t in ts) / len(ts))
 
     def failure(self, name: str) -> str:
-        for e in self.entries:
+        for e in self.deciding:
             why = (e.get("failed") or {}).get(name)
             if why:
                 return str(why)
@@ -536,7 +342,11 @@ class Measured:
 
     @staticmethod
     def bucket(e: Dict) -> str:
-        return f"{e.get('len_bucket', '?')} {e.get('batch_bucket', '?')}"
+        """An entry's bucket and the shape it was measured at, e.g. ``kv257-1024 B2-4 prefill (B4 qo1024
+        kv1024)``."""
+        s = e.get("shape") if isinstance(e.get("shape"), dict) else {}
+        at = f" (B{s['batch']} qo{s['qo']} kv{s['kv']})" if {"batch", "qo", "kv"} <= set(s) else ""
+        return entry_bucket(e).describe() + at
 
 
 def measured(problem: AttentionProblem) -> Tuple[Optional[Measured], str]:

@@ -6,6 +6,11 @@ problem's class (fastest first, unmeasured candidates after them), elsewhere by 
 highest rank first; backends the table does not know rank by their own ``priority(problem)``).  Ties:
 name order, so the choice is stable.  ``ATTNCORE_TUNE=0`` turns the measured ranking off.
 
+``sizes`` (``tables.Sizes``: batch, longest query, longest KV, as ``plan()`` knows them): the measured
+ranking uses the class's entry at the sizes' bucket, or the nearest one(s) (``ranking.Measured.narrow``);
+without it, the geometric mean over every bucket of the class.  Selection is cached per bucket, not
+per raw lengths, so a re-plan at other lengths of the same bucket is one lookup.
+
 ``ATTNCORE_BACKEND`` (used when the caller passes ``backend="auto"``): one name forces that
 backend; a comma-separated list orders the candidates (listed ones first, in list order).
 An explicit ``backend=`` argument always wins over the environment.
@@ -21,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 from attncore.core import ranking
 from attncore.core import registry
+from attncore.core import tables
 from attncore.core.backend import Backend
 from attncore.core.capabilities import Reason
 from attncore.core.problem import AttentionProblem
@@ -52,13 +58,20 @@ class Explanation:
     ranking: str = "rules"  # "rules" (attncore.core.ranking.RULES / priority()) or "measured" (attncore tune)
     source: str = ""  # the measured table used, or why none applies
     details: Dict[str, List[str]] = field(default_factory=dict)  # per ranked backend: why it is there
+    sizes: Optional[object] = None  # the sizes hint as given (tables.Sizes or tables.Bucket), None: none
+    bucket: Optional["tables.Bucket"] = None  # its bucket
+    decided: str = ""  # which measured bucket(s) decided (ranking.Measured.how)
 
     def __str__(self) -> str:
         lines = [f"problem: {self.problem.describe()}", f"requested: {self.requested}"]
         if self.note:
             lines.append(f"note: {self.note}")
+        if self.bucket is not None:
+            at = self.sizes.describe() + " -> " if isinstance(self.sizes, tables.Sizes) else ""
+            lines.append(f"sizes: {at}bucket {self.bucket.describe()}")
         if self.ranking == "measured":
             lines.append(f"ranking: measured times, fastest first; from the {self.source}")
+            lines.append(f"decided by: {self.decided}")
         else:
             lines.append("ranking: rule table (attncore/core/ranking.py), highest rank first"
                          + (f"; measured times: {self.source}" if self.source else ""))
@@ -84,8 +97,10 @@ def _env_order() -> List[str]:
     return [registry.canonical_name(x) for x in raw.split(",") if x.strip()]
 
 
-def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
-    """Rank every backend for ``problem`` and say why the others refuse.  Never raises."""
+def explain(problem: AttentionProblem, backend: str = "auto", sizes=None) -> Explanation:
+    """Rank every backend for ``problem`` (planned at ``sizes``: a ``tables.Sizes`` or ``tables.Bucket``,
+    or None) and say why the others refuse.  Never raises, but for a ``sizes`` of another type."""
+    bucket = tables.bucket_of(problem.op, sizes)
     requested = backend
     forced: Optional[str] = None
     order: List[str] = []
@@ -99,7 +114,7 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
             note = f"forced by ATTNCORE_BACKEND={forced}"
         elif order:
             note = "ordered by ATTNCORE_BACKEND=" + ",".join(order)
-    ex = Explanation(problem, requested or "auto", None, note=note)
+    ex = Explanation(problem, requested or "auto", None, note=note, sizes=sizes, bucket=bucket)
     found: List[Tuple[str, Backend]] = []
     for name, entry in sorted(registry.entries().items()):
         if forced is not None and name != forced:
@@ -121,14 +136,17 @@ def explain(problem: AttentionProblem, backend: str = "auto") -> Explanation:
                                          "not a known backend")]
     rules = {name: ranking.rule_rank(b, problem) for name, b in found}
     meas, ex.source = (None, "") if forced is not None else ranking.measured(problem)
+    if meas is not None:
+        meas = meas.narrow(bucket, [name for name, _ in found])
     scores = {name: meas.score(name) for name, _ in found} if meas else {}
     if meas is not None and not any(v is not None for v in scores.values()):
-        ex.source = (f"{meas.table.describe()}: no candidate measured in every bucket of "
-                     f"{meas.key.describe()}")
+        where = "bucket" if bucket is None else "deciding bucket (" + meas.how + ")"
+        ex.source = f"{meas.table.describe()}: no candidate measured in every {where} of {meas.key.describe()}"
         meas = None
     ex.ranking = "measured" if meas is not None else "rules"
     if meas is not None:
         ex.source += f"; {len(meas.entries)} bucket(s) of {meas.key.describe()}"
+        ex.decided = meas.how
     candidates: List[Tuple[int, int, float, str]] = []
     for name, _ in found:
         rank = order.index(name) if name in order else len(order)
@@ -177,15 +195,15 @@ def _detail(rr: "ranking.RuleRank", meas: Optional["ranking.Measured"], name: st
         rel = "fastest" if score == best else f"{score / best:.2f}x the fastest"
         lines = [f"measured {_fmt_ms(score)} ({rel})" + (f"; by rule it would rank {rr.rank} ({rr.rule.id})"
                                                           if rr.rule is not None else "")]
-        if len(meas.entries) > 1:
+        if len(meas.deciding) > 1:
             lines[0] = lines[0].replace("measured ", "measured, geometric mean over the buckets, ", 1)
-        lines += [f"{meas.bucket(e)}: {_fmt_ms(t)}" for e, t in zip(meas.entries, meas.times(name))]
+        lines += [f"{meas.bucket(e)}: {_fmt_ms(t)}" for e, t in zip(meas.deciding, meas.times(name))]
         return lines
     lines = []
     if meas is not None:
         why = meas.failure(name)
         got = sum(t is not None for t in meas.times(name))
-        state = (f"measured in {got} of {len(meas.entries)} buckets" if got else
+        state = (f"measured in {got} of {len(meas.deciding)} deciding buckets" if got else
                  "not measured for this class") + (f" ({why})" if why else "")
         lines.append(f"{state}: after the measured ones, by {rr.describe()}")
     else:
@@ -215,38 +233,43 @@ def env_key() -> tuple:
     (a registered backend, a changed ATTNCORE_BACKEND or a new tune table changes it)."""
     g = _ENV_DATA.get
     return (g(_ENV_KEYS_RAW[0]), g(_ENV_KEYS_RAW[1]), g(_ENV_KEYS_RAW[2]), g(_ENV_KEYS_RAW[3]),
-            registry.generation(), ranking.generation())
+            registry.generation(), tables.generation())
 
 
-def select(problem: AttentionProblem, backend: str = "auto") -> Backend:
+def select(problem: AttentionProblem, backend: str = "auto", sizes=None) -> Backend:
     """The backend to use, or ``BackendSelectionError`` listing every reason.  Cached per
-    (problem, backend, ``env_key()``) so per-call APIs stay cheap."""
-    key = (problem, backend, env_key())
+    (problem, backend, the bucket of ``sizes``, ``env_key()``) so per-call APIs stay cheap."""
+    bucket = tables.bucket_of(problem.op, sizes)
+    key = (problem, backend, bucket, env_key())
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    b = _select(problem, backend)
+    b = _select(problem, backend, bucket)
+    if len(_cache) > 4096:
+        _cache.clear()
     _cache[key] = b
     return b
 
 
-def choose(problem: AttentionProblem, backend) -> Tuple[str, Backend]:
-    """(``registry.resolve(backend)``, ``select(problem, that)``) for ``backend=`` as an entry point got
-    it, cached per (problem, backend, ``env_key()``): plan()'s selection of a seen signature is one
-    lookup.  Errors (an unknown name, no backend) are raised every time, never cached."""
-    key = (problem, backend, env_key())
+def choose(problem: AttentionProblem, backend, sizes=None) -> Tuple[str, Backend]:
+    """(``registry.resolve(backend)``, ``select(problem, that, sizes)``) for ``backend=`` as an entry point
+    got it, cached per (problem, backend, the bucket of ``sizes``, ``env_key()``): plan()'s selection of a
+    seen signature and bucket is one lookup.  Errors (an unknown name, no backend) are raised every time,
+    never cached."""
+    bucket = tables.bucket_of(problem.op, sizes)
+    key = (problem, backend, bucket, env_key())
     hit = _chosen.get(key)
     if hit is None:
         requested = "auto" if backend is None or backend == "auto" else registry.resolve(backend)
-        hit = (requested, select(problem, requested))
+        hit = (requested, select(problem, requested, bucket))
         if len(_chosen) > 4096:
             _chosen.clear()
         _chosen[key] = hit
     return hit
 
 
-def _select(problem: AttentionProblem, backend: str) -> Backend:
-    ex = explain(problem, backend)
+def _select(problem: AttentionProblem, backend: str, bucket: Optional["tables.Bucket"] = None) -> Backend:
+    ex = explain(problem, backend, bucket)
     if ex.chosen is None:
         reasons = {**ex.unavailable, **ex.refused}
         if backend not in (None, "auto") or ex.note.startswith("forced"):
@@ -256,9 +279,10 @@ def _select(problem: AttentionProblem, backend: str) -> Backend:
                 f"backend {name!r} cannot run {problem.describe()}: " + "; ".join(map(str, rs)), reasons)
         detail = "; ".join(f"{n}: " + ", ".join(map(str, rs)) for n, rs in sorted(reasons.items()))
         raise BackendSelectionError(f"no backend can run {problem.describe()}. {detail}", reasons)
-    key = (problem, backend)
+    key = (problem, backend, bucket)
     if key not in _logged:
         _logged.add(key)
         log.info("attncore: %s -> backend %s (candidates: %s; %s)", problem.describe(), ex.chosen,
-                 ", ".join(n for n, _ in ex.ranked), "measured" if ex.ranking == "measured" else "by rule")
+                 ", ".join(n for n, _ in ex.ranked),
+                 f"measured, {ex.decided}" if ex.ranking == "measured" else "by rule")
     return registry.entries()[ex.chosen].backend
