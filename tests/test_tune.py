@@ -367,8 +367,7 @@ def test_sizes_and_buckets():
     assert tables.Sizes.of([], []) == tables.Sizes(0, 0, 0)
     with pytest.raises(ValueError, match="qo_lens has 2 requests, kv_lens 1"):
         tables.Sizes.of([1, 2], [3])
-    with pytest.raises(ValueError, match="must not be negative"):
-        tables.Sizes.of([-1], [3])
+    assert tables.Sizes.of((n for n in (4, 2)), range(2)) == tables.Sizes(2, 4, 1)  # any iterables
     assert PREFILL.bucket("batch_prefill_paged") == tables.Bucket("kv1025-4096", "B5-16", "prefill")
     assert APPEND.bucket("single_prefill").shape == "append" and APPEND.bucket("xqa_decode").shape == "decode"
     assert tables.Sizes.parse(" 8, 2048,2048") == PREFILL
@@ -475,3 +474,24 @@ def test_explain_cli_sizes(cache, capsys):
     with pytest.raises(SystemExit) as ex:
         main(base + ["--sizes", "8x2048"])
     assert ex.value.code == 2 and "--sizes '8x2048': expected B,QO,KV" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 1])
+def test_auto_picks_by_planned_sizes_on_the_h100(page, monkeypatch):
+    """On an sm90 GPU with the shipped table (ATTNCORE_CACHE_DIR empty): P3's sizes go to triton,
+    P4's to cuda_fa2 (BENCHMARKS.md: P3 triton 0.687 vs cuda_fa2 0.763 ms; P4 cuda_fa2 1.217 vs 1.246)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the shipped table is sm90's")
+    import tempfile
+
+    monkeypatch.setenv("ATTNCORE_CACHE_DIR", tempfile.mkdtemp())
+    monkeypatch.delenv("ATTNCORE_TUNE", raising=False)
+    monkeypatch.delenv("ATTNCORE_BACKEND", raising=False)
+    tables.reload()
+    p = AttentionProblem(op="batch_prefill_paged", device_type="cuda", compute_capability=(9, 0),
+                         q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32,
+                         num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, page_size=page, mask="causal")
+    ex = attncore.explain(p, sizes=PREFILL)
+    assert ex.ranking == "measured" and ex.chosen == "triton", str(ex)
+    assert selector.choose(p, "auto", APPEND)[1].name == "cuda_fa2"

@@ -141,12 +141,12 @@ class Sizes(NamedTuple):
 
     @classmethod
     def of(cls, qo_lens: Iterable[int], kv_lens: Iterable[int]) -> "Sizes":
-        """From the host-side per-request lengths (what ``plan()`` reads)."""
-        qo, kv = list(qo_lens), list(kv_lens)
+        """From the host-side per-request lengths (what ``plan()`` reads, e.g. ``BatchMeta.qo_lens_host``)."""
+        qo = qo_lens if isinstance(qo_lens, (list, tuple)) else list(qo_lens)
+        kv = kv_lens if isinstance(kv_lens, (list, tuple)) else list(kv_lens)
         if len(qo) != len(kv):
             raise ValueError(f"Sizes.of: qo_lens has {len(qo)} requests, kv_lens {len(kv)}")
-        if any(n < 0 for n in qo) or any(n < 0 for n in kv):
-            raise ValueError("Sizes.of: qo_lens and kv_lens must not be negative")
+        # two C passes (plan() calls this per plan): the lengths are BatchMeta's, validated there
         return cls(len(kv), max(qo, default=0), max(kv, default=0))
 
     @classmethod
