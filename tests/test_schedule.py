@@ -85,3 +85,25 @@ def test_write_work_fills_the_items_or_one_inert_item():
     table = np.full((2, 5), 7, dtype=np.int32)
     empty.write_work(table)
     assert table.tolist() == [[0, 0, 0, 0, NO_PART], [7] * 5]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_one_tile_per_request_path_equals_the_general_loop(seed):
+    """row_tiles' fast path (every request's rows in one tile: decode, short prefill) gives the same tiles,
+    as RowTiles, as the per-tile loop; and build() without a chunk the same schedule as the split path's rules
+    (items longest first, ties in tile order)."""
+    from attncore.core.schedule import RowTile, _tiles_by_loop
+
+    rng = random.Random(seed)
+    B = rng.randint(1, 70)
+    G, BM = rng.choice([1, 4, 8]), rng.choice([16, 64])
+    qo = [rng.randint(1, BM // G) for _ in range(B)]
+    kv = [rng.choice([0, 1, 5, 64, 200]) for _ in range(B)]
+    causal, wl = rng.random() < 0.5, rng.choice([-1, 0, 3, 100])
+    fast = row_tiles(qo, kv, G, BM, causal=causal, window_left=wl)
+    assert fast == _tiles_by_loop(qo, kv, G, BM, causal, wl)
+    assert all(type(t) is RowTile for t in fast) and fast[-1].kv_hi == kv[-1]
+    s = build(fast, qo, chunk=None)
+    work = sorted(((t.kv_hi - t.kv_lo, (*t, NO_PART)) for t in fast), key=lambda w: -w[0])
+    assert s.items == [w[1] for w in work] and s.costs == [w[0] for w in work]
+    assert s.num_splits == [1] * B and s.part_off == [0] * B and s.part_rows == 0 and s.chunk is None

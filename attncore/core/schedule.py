@@ -23,6 +23,7 @@ tile); they must not visit keys outside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 
@@ -38,6 +39,13 @@ def row_tiles(qo_lens: Sequence[int], kv_lens: Sequence[int], group: int, block_
     """Every row tile of the batch with the KV range its rows can see.  Query token ``t`` of a request
     with ``qo`` tokens and ``kv`` keys sees keys ``<= t + kv - qo`` when causal (bottom-right) and
     ``>= t + kv - qo - window_left`` when a window is set (semantics.md); an empty range is (lo, lo)."""
+    if qo_lens and 0 < min(qo_lens) and max(qo_lens) * group <= block_rows:
+        return _one_tile_each(qo_lens, kv_lens, window_left)
+    return _tiles_by_loop(qo_lens, kv_lens, group, block_rows, causal, window_left)
+
+
+def _tiles_by_loop(qo_lens, kv_lens, group: int, block_rows: int, causal: bool, window_left: int) -> List[RowTile]:
+    """row_tiles in general: every tile of every request."""
     tiles = []
     for i, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
         rows = qo * group
@@ -48,6 +56,19 @@ def row_tiles(qo_lens: Sequence[int], kv_lens: Sequence[int], group: int, block_
             lo = max(0, tok_lo + delta - window_left) if window_left >= 0 else 0
             tiles.append(RowTile(i, r0, min(lo, hi), hi))
     return tiles
+
+
+def _one_tile_each(qo_lens: Sequence[int], kv_lens: Sequence[int], window_left: int) -> List[RowTile]:
+    """row_tiles where every request has query rows and they fit one tile (decode, short prefill): the tile
+    holds the request's last token, which sees every key (causal or not), so it spans ``[lo, kv)``, ``lo``
+    the window's bound of its first token.  Host time: no loop in Python, tuples made by ``tuple.__new__``
+    (a NamedTuple's own constructor is a Python function)."""
+    n = len(qo_lens)
+    if window_left >= 0:
+        los = [min(max(0, kv - qo - window_left), kv) for qo, kv in zip(qo_lens, kv_lens)]
+    else:
+        los = repeat(0, n)
+    return list(map(tuple.__new__, repeat(RowTile, n), zip(range(n), repeat(0, n), los, kv_lens)))
 
 
 def choose_chunk(extents: Sequence[int], heads: int, *, slots: int, kv_tile: int,
@@ -131,6 +152,13 @@ def build(tiles: Sequence[RowTile], qo_lens: Sequence[int], *, chunk: Optional[i
     a tile's range is an empty item whose partial merges as empty)."""
     B = len(qo_lens)
     num_splits = [1] * B
+    if not chunk:  # no split (host time: no per-tile Python loop beyond the comprehensions)
+        items = [(*t, NO_PART) for t in tiles]
+        costs = [t[3] - t[2] for t in tiles]
+        if sort:  # longest first, ties in tile order (a stable sort, as below)
+            order = sorted(range(len(costs)), key=costs.__getitem__, reverse=True)
+            items, costs = [items[i] for i in order], [costs[i] for i in order]
+        return Schedule(items=items, costs=costs, num_splits=num_splits, part_off=[0] * B, part_rows=0, chunk=chunk)
     if chunk:
         for t in tiles:
             ext = t.kv_hi - t.kv_lo
