@@ -12,6 +12,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
@@ -66,13 +67,13 @@ def single_decode_with_kv_cache(
     Returns out ``[num_qo_heads, head_dim]`` (and LSE ``[num_qo_heads]`` float32 base 2).
     ``use_tensor_cores`` is a performance hint; attncore's backends choose their own kernels.
     """
-    _api.check_tensor("q", q, ndim=2, what="([num_qo_heads, head_dim])")
+    _checks.check_tensor("q", q, ndim=2, what="([num_qo_heads, head_dim])")
     if out is not None:
-        _api.check_tensor("out", out, shape=list(q.shape), device=q.device,
-                          dtype=q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype"))
+        _checks.check_tensor("out", out, shape=list(q.shape), device=q.device,
+                          dtype=q.dtype if o_dtype is None else _checks.to_dtype(o_dtype, "o_dtype"))
         out = out.unsqueeze(0)
     if lse is not None:
-        _api.check_tensor("lse", lse, shape=[q.shape[0]], dtype=torch.float32, device=q.device)
+        _checks.check_tensor("lse", lse, shape=[q.shape[0]], dtype=torch.float32, device=q.device)
         lse = lse.unsqueeze(0)
     res = single_prefill_with_kv_cache(
         q.unsqueeze(0), k, v, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
@@ -128,7 +129,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or isinstance(fixed_split_size, bool)
                                              or fixed_split_size <= 0):
             raise ValueError(f"fixed_split_size: got {fixed_split_size!r}, expected None or a positive int")
-        _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        _checks.check_heads(num_qo_heads, num_kv_heads, head_dim)
         if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
             raise ValueError(f"q_len_per_req: got {q_len_per_req!r}, expected an int >= 1")
         b = indptr.numel() - 1 if isinstance(indptr, torch.Tensor) else 0
@@ -219,7 +220,7 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                  backend: str = "auto") -> None:
         for name, buf in (("indptr_buffer", indptr_buffer), ("indices_buffer", indices_buffer),
                           ("last_page_len_buffer", last_page_len_buffer)):
-            _api.check_tensor(name, buf, ndim=1, dtype=torch.int32, what="(the caller's fixed CUDA-graph buffer)")
+            _checks.check_tensor(name, buf, ndim=1, dtype=torch.int32, what="(the caller's fixed CUDA-graph buffer)")
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
                          paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer, backend=backend)
@@ -247,19 +248,19 @@ def xqa_batch_decode_with_kv_cache(
     if kv_cache_sf is not None:
         raise ValueError("kv_cache_sf: NVFP4 KV caches are not supported by attncore yet (no backend "
                          "implements them); pass an fp16/bf16/fp8 cache")
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("query", query, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES,
+    _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _checks.check_tensor("query", query, ndim=3, dtype=_checks.ACCEPTED_Q_DTYPES,
                       what="([batch_size * q_len_per_req, num_heads, head_dim])")
-    device = _api.norm_device(query.device)
+    device = _checks.norm_device(query.device)
     q_len = 1 if q_len_per_req is None else q_len_per_req
     if not isinstance(q_len, int) or q_len < 1:
         raise ValueError(f"q_len_per_req: got {q_len_per_req!r}, expected an int >= 1")
-    _api.check_tensor("block_tables", block_tables, ndim=2, dtype=torch.int32, device=device)
+    _checks.check_tensor("block_tables", block_tables, ndim=2, dtype=torch.int32, device=device)
     b = block_tables.shape[0]
-    _api.check_tensor("seq_lens", seq_lens, ndim=1, shape=[b], dtype=(torch.int32, torch.uint32), device=device)
+    _checks.check_tensor("seq_lens", seq_lens, ndim=1, shape=[b], dtype=(torch.int32, torch.uint32), device=device)
     if query.shape[0] != b * q_len:
         raise ValueError(f"query: got {query.shape[0]} rows, expected batch_size * q_len_per_req = {b * q_len}")
-    _api.check_tensor("workspace_buffer", workspace_buffer, device=device)
+    _checks.check_tensor("workspace_buffer", workspace_buffer, device=device)
     if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1:
         kv_cache = (kv_cache[:, 0], kv_cache[:, 0])  # K and V share storage
     from attncore.page import unpack_paged_kv_cache
@@ -268,10 +269,10 @@ def xqa_batch_decode_with_kv_cache(
     page_size = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
     hkv = k_cache.shape[2] if kv_layout == "NHD" else k_cache.shape[1]
     hq, d = query.shape[1], query.shape[2]
-    _api.check_heads(hq, hkv, d)
-    k, v = _api.check_paged_cache(kv_cache, kv_layout=kv_layout, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+    _checks.check_heads(hq, hkv, d)
+    k, v = _checks.check_paged_cache(kv_cache, kv_layout=kv_layout, num_kv_heads=hkv, head_dim=d, page_size=page_size,
                                   kv_dtype=k_cache.dtype, device=device, max_page_id=-1, name="kv_cache")
-    if k.dtype not in _api.SUPPORTED_KV_DTYPES:
+    if k.dtype not in _checks.SUPPORTED_KV_DTYPES:
         raise TypeError(f"kv_cache: got dtype {k.dtype}, expected fp16, bf16, fp32, e4m3 or e5m2")
     if not isinstance(max_seq_len, int) or max_seq_len < 0:
         raise ValueError(f"max_seq_len: got {max_seq_len!r}, expected an int >= 0")
@@ -280,7 +281,7 @@ def xqa_batch_decode_with_kv_cache(
                          f"max_seq_len {max_seq_len}")
     if mask is not None:
         words = ((q_len + 31) // 32) * 2
-        _api.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,
+        _checks.check_tensor("mask", mask, shape=[b, q_len, words], dtype=torch.uint16, device=device,
                           what="([batch_size, q_len_per_req, ceil(q_len/32)*2] uint16)")
     # bmm1_scale is the whole QK scale (1/sqrt(D) included): a float or a 1-element tensor (params.scale)
     sm_scale = _params.scale("bmm1_scale", bmm1_scale)
@@ -288,8 +289,8 @@ def xqa_batch_decode_with_kv_cache(
                               pos_encoding_mode="NONE", rope_scale=None, rope_theta=None)
     out_dtype = query.dtype
     if out is not None:
-        _api.check_tensor("out", out, shape=list(query.shape), device=device,  # an fp8 query: any (fp8_query)
-                          dtype=_api.ACCEPTED_Q_DTYPES if _fp8_query.is_fp8(query.dtype)
+        _checks.check_tensor("out", out, shape=list(query.shape), device=device,  # an fp8 query: any (fp8_query)
+                          dtype=_checks.ACCEPTED_Q_DTYPES if _fp8_query.is_fp8(query.dtype)
                           else (query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
@@ -299,7 +300,7 @@ def xqa_batch_decode_with_kv_cache(
     # nothing can be read back: there the values are the caller's responsibility (docs/semantics.md).
     meta = BatchMeta.from_block_tables(block_tables, seq_lens, max_seq_len, page_size, device=device, params=params,
                                        q_len_per_req=q_len, workspace=workspace_buffer)
-    sinks = _api.check_sinks(sinks, hq, device)
+    sinks = _checks.check_sinks(sinks, hq, device)
     v_scale, o_scale = _params.scale("bmm2_scale", bmm2_scale), _params.scale("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
     compute = _fp8_query.compute_dtype(query.dtype, out_dtype)  # an fp8 query is upcast to it (fp8_query)

@@ -22,6 +22,7 @@ import dataclasses
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core import ranking as _ranking
@@ -265,7 +266,7 @@ class BatchPODWithPagedKVCacheWrapper:
              rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
         """Plan both sides.  The decode side's query lengths (``qo_indptr_d``) must all be equal
         (that length is its ``q_len_per_req``)."""
-        d_host = _api.check_indptr("qo_indptr_d", qo_indptr_d)
+        d_host = _checks.check_indptr("qo_indptr_d", qo_indptr_d)
         lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}
         if len(lens) > 1 or 0 in lens:
             raise ValueError(f"qo_indptr_d: decode requests must all have the same number (>= 1) of query rows, "

@@ -16,6 +16,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
@@ -106,7 +107,7 @@ def single_prefill_with_kv_cache(
         if _fp8_query.is_fp8(q.dtype):
             raise NotImplementedError("q: an fp8 q is not supported under torch.compile (attncore::single_prefill "
                                       "takes q's dtype as the compute dtype); call it eagerly")
-        if o_dtype is not None and _api.to_dtype(o_dtype, "o_dtype") != q.dtype:
+        if o_dtype is not None and _checks.to_dtype(o_dtype, "o_dtype") != q.dtype:
             raise NotImplementedError("o_dtype: an output dtype other than q's is not supported under torch.compile "
                                       "(attncore::single_prefill writes q's dtype); call it eagerly")
         if v.shape[-1] != q.shape[-1]:
@@ -239,10 +240,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             raise NotImplementedError(f"{where}: {', '.join(trt)}: FlashInfer's trtllm-gen prefill arguments are not "
                                       f"supported; give the page table as paged_kv_indptr/paged_kv_indices/"
                                       f"paged_kv_last_page_len (attncore.page converts block tables)")
-        _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        _checks.check_heads(num_qo_heads, num_kv_heads, head_dim)
         # device-side qo_indptr and page table: one read for all (host ones need none)
         qo_read, reads = prefetch_paged(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
-        qo_host = _api.check_indptr("qo_indptr", qo_indptr, host=qo_read)
+        qo_host = _checks.check_indptr("qo_indptr", qo_indptr, host=qo_read)
         self._freeze_batch(len(qo_host) - 1)
         multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                                   max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
@@ -354,12 +355,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             where, _RAGGED_ORDER, head_dim_qk, head_dim, head_dim_vo, custom_mask, packed_custom_mask, causal,
             pos_encoding_mode, use_fp16_qk_reduction, allow_fp16_qk_reduction)
         _check_split(fixed_split_size)
-        _api.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        _checks.check_heads(num_qo_heads, num_kv_heads, head_dim)
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
-        qo_read, kv_read = _api.prefetch(qo_indptr, kv_indptr)  # device-side indptrs: one read for both
-        qo_host = _api.check_indptr("qo_indptr", qo_indptr, host=qo_read)
+        qo_read, kv_read = _checks.prefetch(qo_indptr, kv_indptr)  # device-side indptrs: one read for both
+        qo_host = _checks.check_indptr("qo_indptr", qo_indptr, host=qo_read)
         self._freeze_batch(len(qo_host) - 1)
         multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                                   max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
@@ -419,6 +420,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         p = planned.problem
         n = planned.meta.kv_indptr_host[-1]
         for name, t, d in (("k", k, p.head_dim_qk), ("v", v, p.head_dim_vo)):
-            _api.check_ragged_kv(name, t, kv_layout=p.kv_layout, n=n, num_kv_heads=p.num_kv_heads,
+            _checks.check_ragged_kv(name, t, kv_layout=p.kv_layout, n=n, num_kv_heads=p.num_kv_heads,
                                  head_dim=d, kv_dtype=p.kv_dtype, device=self._device)
         return k, v

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attncore
-from attncore.core import _api, graphs, selector
+from attncore.core import checks, graphs, plan_cache, selector
 from attncore.core.backend import AttnParams, BatchMeta, _SMALL_TABLE
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 
@@ -32,7 +32,7 @@ def count_selection(monkeypatch):
     """Counts the selector's real work (explain + ranking), with its caches emptied first."""
     selector._cache.clear()
     selector._chosen.clear()
-    _api.ONE_CALL_PLANS.clear()
+    plan_cache.ONE_CALL_PLANS.clear()
     calls = []
     real = selector._select
 
@@ -141,7 +141,7 @@ def test_page_table_read_small_and_large(pages):
 
 def test_read_host_reads_host_tensors_without_a_copy():
     a, b = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([7], dtype=torch.int32)
-    assert _api.read_host([a, b]) == [[0, 3, 5], [7]]
+    assert checks.read_host([a, b]) == [[0, 3, 5], [7]]
 
 
 # ----------------------------------------------------------------------------- one-call functions
@@ -149,7 +149,7 @@ def test_cached_one_call_path_still_checks_its_inputs():
     q, k, v = torch.randn(5, H, D).half(), torch.randn(9, HKV, D).half(), torch.randn(9, HKV, D).half()
     for _ in range(2):  # the second call is a cache hit
         attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
-    hits = _api.ONE_CALL_PLANS.hits
+    hits = plan_cache.ONE_CALL_PLANS.hits
     with pytest.raises(TypeError, match=r"v: got dtype fp32, expected fp16"):
         attncore.single_prefill_with_kv_cache(q, k, v.float(), causal=True, backend="reference")
     with pytest.raises(ValueError, match=r"v: got shape \[8, 2, 16\]"):
@@ -159,7 +159,7 @@ def test_cached_one_call_path_still_checks_its_inputs():
     with pytest.raises(ValueError, match=r"out: got shape"):
         attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference",
                                               out=torch.empty(4, H, D).half())
-    assert _api.ONE_CALL_PLANS.hits == hits  # none of them was served from the cache
+    assert plan_cache.ONE_CALL_PLANS.hits == hits  # none of them was served from the cache
     qd = torch.randn(H, D).half()
     for _ in range(2):
         attncore.single_decode_with_kv_cache(qd, k, v, backend="auto")
@@ -266,8 +266,8 @@ def test_gpu_plan_syncs(backend, kind):
 
 def test_prefetch_reads_only_device_tensors_of_one_device():
     a, b = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 2, 4], dtype=torch.int32)
-    assert _api.prefetch(a, b) == [None, None]  # host tensors: read where checked, no prefetch
-    assert _api.prefetch(a, [0, 1]) == [None, None]  # not a tensor: its own check names it
+    assert checks.prefetch(a, b) == [None, None]  # host tensors: read where checked, no prefetch
+    assert checks.prefetch(a, [0, 1]) == [None, None]  # not a tensor: its own check names it
     with pytest.raises(TypeError, match=r"kv_indptr: got list"):
         attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8)).plan(
             a, [0, 1, 2], H, HKV, D)

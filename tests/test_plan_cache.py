@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attncore
-from attncore.core import _api
+from attncore.core import plan_cache
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 
 H, HKV, D = 4, 2, 16
@@ -17,17 +17,17 @@ def _close(out, q, k, v, **kw):
 
 
 def _misses():
-    return _api.ONE_CALL_PLANS.misses
+    return plan_cache.ONE_CALL_PLANS.misses
 
 
 def test_repeated_signature_hits_and_stays_correct():
     q, k, v = torch.randn(5, H, D).half(), torch.randn(9, HKV, D).half(), torch.randn(9, HKV, D).half()
     attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
-    m, h = _misses(), _api.ONE_CALL_PLANS.hits
+    m, h = _misses(), plan_cache.ONE_CALL_PLANS.hits
     for _ in range(3):  # new values, same signature: the cached plan serves them
         q, k, v = torch.randn_like(q), torch.randn_like(k), torch.randn_like(v)
         _close(attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference"), q, k, v, causal=True)
-    assert _misses() == m and _api.ONE_CALL_PLANS.hits == h + 3
+    assert _misses() == m and plan_cache.ONE_CALL_PLANS.hits == h + 3
 
 
 CHANGES = {
@@ -83,12 +83,12 @@ def test_environment_and_registry_changes_miss(monkeypatch, clean_registry):
 def test_custom_mask_and_tensor_scales_are_planned_every_call():
     q, k = torch.randn(3, H, D).half(), torch.randn(7, HKV, D).half()
     mask = torch.rand(3, 7) < 0.7
-    n = len(_api.ONE_CALL_PLANS)
+    n = len(plan_cache.ONE_CALL_PLANS)
     m = _misses()
     for _ in range(2):
         attncore.single_prefill_with_kv_cache(q, k, k, custom_mask=mask, backend="reference")
         attncore.single_prefill_with_kv_cache(q, k, k, k_scale=torch.tensor([0.5]), backend="reference")
-    assert len(_api.ONE_CALL_PLANS) == n and _misses() == m  # never looked up, never stored
+    assert len(plan_cache.ONE_CALL_PLANS) == n and _misses() == m  # never looked up, never stored
 
 
 def test_single_decode_hits():

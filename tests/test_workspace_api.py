@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attncore
-from attncore.core import _api
+from attncore.core import plan_cache
 from attncore.core.workspace import WorkspaceTooSmall
 
 from _carving_backend import CarvingBackend
@@ -111,7 +111,7 @@ def test_one_call_functions_use_the_cached_device_workspace(carving):
     q, k = torch.randn(3, H, D).half(), torch.randn(9, HKV, D).half()
     attncore.single_prefill_with_kv_cache(q, k, k, causal=True, backend="carving_test")
     meta = carving.metas[-1]
-    ws = _api.one_call_workspace(torch.device("cpu"))
+    ws = plan_cache.one_call_workspace(torch.device("cpu"))
     assert meta.workspace is ws and meta.int_workspace is None  # a cached one-call plan owns its tables
     attncore.single_decode_with_kv_cache(q[0], k, k, backend="carving_test")
     assert carving.metas[-1].workspace is ws
@@ -119,11 +119,11 @@ def test_one_call_functions_use_the_cached_device_workspace(carving):
 
 def test_one_call_workspace_grows_when_a_plan_needs_more(carving, monkeypatch):
     dev = torch.device("cpu")
-    monkeypatch.setitem(_api._ONE_CALL_WS, dev, torch.empty(1024, dtype=torch.uint8))
+    monkeypatch.setitem(plan_cache._ONE_CALL_WS, dev, torch.empty(1024, dtype=torch.uint8))
     carving.float_bytes = 3000
     q, k = torch.randn(2, H, D).half(), torch.randn(5, HKV, D).half()
     out = attncore.single_prefill_with_kv_cache(q, k, k, backend="carving_test")
-    assert _api.one_call_workspace(dev).numel() == 4096 and carving.metas[-1].workspace.numel() == 4096
+    assert plan_cache.one_call_workspace(dev).numel() == 4096 and carving.metas[-1].workspace.numel() == 4096
     ref = attncore.single_prefill_with_kv_cache(q, k, k, backend="reference")
     assert torch.equal(out, ref)
 

@@ -55,7 +55,7 @@ def dtype(kind: str):
     """A converter for dtype names, accepting those the API accepts for ``kind`` (q or kv)."""
 
     def convert(text: str):
-        from attncore.core._api import _DTYPE_ALIASES, ACCEPTED_Q_DTYPES, SUPPORTED_KV_DTYPES
+        from attncore.core.checks import _DTYPE_ALIASES, ACCEPTED_Q_DTYPES, SUPPORTED_KV_DTYPES
 
         allowed = ACCEPTED_Q_DTYPES if kind == "q" else SUPPORTED_KV_DTYPES
         dtype = _DTYPE_ALIASES.get(text.replace("torch.", ""))

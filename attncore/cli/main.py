@@ -90,7 +90,7 @@ def cmd_info(args) -> int:
 def _problem_from_args(a):
     import torch
 
-    from attncore.core._api import check_heads
+    from attncore.core.checks import check_heads
     from attncore.core.problem import AttentionProblem
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -27,6 +27,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from attncore.core import checks as _checks
 from attncore.core.capabilities import Capabilities, Reason, check
 from attncore.core.problem import AttentionProblem
 
@@ -183,12 +184,12 @@ class BatchMeta:
         causal when ``causal``.  ``buffers``: the caller's CUDA-graph buffers the index tensors are
         copied into (``qo_indptr``, ``kv_indptr``, ``kv_lens``, ``custom_mask``, ``qk_indptr``;
         allocated on first use).  ``kv_read``: kv_indptr's values already read with the caller's
-        qo_indptr (``_api.prefetch``), still checked here."""
-        device = _api.norm_device(device)
+        qo_indptr (``_checks.prefetch``), still checked here."""
+        device = _checks.norm_device(device)
         if qo_indptr_host is None:
-            qo_indptr_host = _api.check_indptr("qo_indptr", qo_indptr)
+            qo_indptr_host = _checks.check_indptr("qo_indptr", qo_indptr)
         if kv_indptr_host is None:
-            kv_indptr_host = _api.check_indptr("kv_indptr", kv_indptr, length=len(qo_indptr_host), host=kv_read)
+            kv_indptr_host = _checks.check_indptr("kv_indptr", kv_indptr, length=len(qo_indptr_host), host=kv_read)
         elif len(kv_indptr_host) != len(qo_indptr_host):
             raise ValueError(f"kv_indptr: got {len(kv_indptr_host)} entries, expected {len(qo_indptr_host)} "
                              f"(batch_size + 1)")
@@ -241,17 +242,17 @@ class BatchMeta:
         n_indptr, n_indices, n_last = names
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
             raise ValueError(f"page_size: got {page_size!r}, expected a positive int")
-        device = _api.norm_device(device)
+        device = _checks.norm_device(device)
         b = len(qo_indptr_host) - 1
         # every shape and dtype first, then the values in one read (no device sync for host tensors, one
         # copy to pinned memory for device ones: _read_page_table)
-        _api.check_tensor(n_indptr, kv_indptr, ndim=1, dtype=torch.int32)
-        _api.check_tensor(n_indices, kv_indices, ndim=1, dtype=torch.int32)
-        _api.check_tensor(n_last, kv_last_page_len, ndim=1, dtype=torch.int32, shape=[b])
+        _checks.check_tensor(n_indptr, kv_indptr, ndim=1, dtype=torch.int32)
+        _checks.check_tensor(n_indices, kv_indices, ndim=1, dtype=torch.int32)
+        _checks.check_tensor(n_last, kv_last_page_len, ndim=1, dtype=torch.int32, shape=[b])
         if kv_indptr.numel() != b + 1:
-            _api.check_indptr(n_indptr, kv_indptr, length=b + 1)  # raises (before any read)
+            _checks.check_indptr(n_indptr, kv_indptr, length=b + 1)  # raises (before any read)
         indptr_h, last_h, used, (lo, hi) = reads or _read_page_table(kv_indptr, kv_indices, kv_last_page_len)[:4]
-        kv_host = _api.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h)
+        kv_host = _checks.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h)
         if kv_indices.numel() < kv_host[-1]:
             raise ValueError(f"{n_indices}: got {kv_indices.numel()} entries, expected at least {n_indptr}[-1] = "
                              f"{kv_host[-1]}")
@@ -310,7 +311,7 @@ class BatchMeta:
         graph, where nothing can be read back: ``kv_lens_host`` stays None then (``host_kv_lens()``
         reads and checks it later, a device sync), and ``max_seq_len`` bounds every length.  A custom
         mask is laid out by those lengths, so it always reads them."""
-        device = _api.norm_device(device)
+        device = _checks.norm_device(device)
         b = block_tables.shape[0]
         custom = custom_mask is not None or packed_custom_mask is not None
         if read_seq_lens is None:
@@ -385,7 +386,7 @@ _SMALL_TABLE = 4096  # host page tables up to this many ids are read as Python i
 def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
     """(indptr, last_page_len as host ints, the page ids in use as host ints or as a tensor, their (min,
     max), the ``extra`` tensors as host ints), read with at most one device-to-host copy
-    (``_api.read_host``): on a device the ids are reduced there (masked by the count in use,
+    (``_checks.read_host``): on a device the ids are reduced there (masked by the count in use,
     ``indptr[-1]``, so that need not be read first).  Shapes were checked.  (min, max) is (2**31 - 1, -1)
     when no id is in use."""
     n = indices.numel()
@@ -395,10 +396,10 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
         valid = torch.arange(n, device=indices.device, dtype=torch.int32) < count
         lohi = torch.cat([torch.where(valid, indices, 2 ** 31 - 1).min().view(1),
                           torch.where(valid, indices, -1).max().view(1)])
-        ip, lp, (lo, hi), *ex = _api.read_host([indptr, last, lohi, *extra])
+        ip, lp, (lo, hi), *ex = _checks.read_host([indptr, last, lohi, *extra])
         k = min(max(ip[-1], 0), n) if ip else 0
         return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty, ex
-    ip, lp, *ex = _api.read_host([indptr, last, *extra])
+    ip, lp, *ex = _checks.read_host([indptr, last, *extra])
     k = min(max(ip[-1], 0), n) if ip else 0
     if k <= _SMALL_TABLE:
         used = (indices if k == n else indices[:k]).tolist()
@@ -570,6 +571,6 @@ class Backend:
         return f"<attncore backend {self.name} ({self.origin})>"
 
 
-# The constructors' index checks and helpers (check_indptr, small_index, pack_batch_mask...) live in _api,
+# The constructors' index helpers (small_index, pack_batch_mask...) live in _api,
 # which imports this module: bound here, once both exist, rather than imported on every call (host time).
 from attncore.core import _api  # noqa: E402

@@ -26,6 +26,7 @@ from typing import List, Optional
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64)
 
@@ -45,7 +46,7 @@ def _host_ints(where: str, name: str, t, *, batch_size: Optional[int] = None) ->
     one may be 0-D for a batch of one (FlashInfer's own test passes ``torch.tensor(prefix_len)``)."""
     if batch_size is not None and isinstance(t, torch.Tensor) and t.dim() == 0:
         t = t.reshape(1)
-    _api.check_tensor(f"{where}: {name}", t, ndim=1, dtype=_INT_DTYPES)
+    _checks.check_tensor(f"{where}: {name}", t, ndim=1, dtype=_INT_DTYPES)
     if batch_size is not None and t.numel() != batch_size:
         raise ValueError(f"{where}: {name}: got {t.numel()} entries, expected batch_size = {batch_size} "
                          f"(one per request)")

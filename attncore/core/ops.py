@@ -31,6 +31,7 @@ from typing import Dict, Optional
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
 from attncore.core import params as _params
 
 Tensor = torch.Tensor
@@ -159,23 +160,23 @@ def single_prefill(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[T
 def _single_prefill_fake(q, k, v, out, lse, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
                          sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, backend, sinks, q_scale,
                          k_scale, v_scale, q_scale_t, k_scale_t, v_scale_t) -> None:
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
-    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _checks.check_tensor("q", q, ndim=3, dtype=_checks.SUPPORTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _checks.check_tensor("k", k, ndim=3, dtype=_checks.SUPPORTED_KV_DTYPES)
     device = q.device
     # heads and head dims are specialised (int() guards a symbolic one; kernels are specialised on them too)
     qo_len, hq, d = q.shape[0], int(q.shape[1]), int(q.shape[2])
     hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
-    _api.check_heads(hq, hkv, d)
+    _checks.check_heads(hq, hkv, d)
     exp = [None, hkv, d] if kv_layout == "NHD" else [hkv, None, d]
     for name, t in (("k", k), ("v", v)):
-        _api.check_tensor(name, t, shape=exp, dtype=k.dtype, device=device)
+        _checks.check_tensor(name, t, shape=exp, dtype=k.dtype, device=device)
     _api.make_params(head_dim=d, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                      pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)  # checks
-    _api.check_tensor("out", out, shape=[qo_len, hq, d], dtype=q.dtype, device=device)
+    _checks.check_tensor("out", out, shape=[qo_len, hq, d], dtype=q.dtype, device=device)
     if lse is not None:
-        _api.check_tensor("lse", lse, shape=[qo_len, hq], dtype=torch.float32, device=device)
-    _api.check_sinks(sinks, hq, device)
+        _checks.check_tensor("lse", lse, shape=[qo_len, hq], dtype=torch.float32, device=device)
+    _checks.check_sinks(sinks, hq, device)
     for name, t in (("q_scale", q_scale_t), ("k_scale", k_scale_t), ("v_scale", v_scale_t)):
         if t is not None:
             _check_scale_tensor(name, t)
@@ -187,7 +188,7 @@ def single_prefill_traced(*, q, k, v, custom_mask, packed_custom_mask, causal, k
                           k_scale, v_scale, out, lse):
     """``single_prefill_with_kv_cache`` while tracing: allocate out/lse and call ``single_prefill`` (every
     argument by keyword, as ``single_prefill.plan_single`` takes them)."""
-    _api.check_tensor("q", q, ndim=3, what="([qo_len, num_qo_heads, head_dim])")
+    _checks.check_tensor("q", q, ndim=3, what="([qo_len, num_qo_heads, head_dim])")
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not return_lse:

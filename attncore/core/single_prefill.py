@@ -9,6 +9,9 @@ from typing import Optional, Tuple
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
+from attncore.core import plan_cache as _plan_cache
+from attncore.core import selector as _selector
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import head_scales as _head_scales
 from attncore.core import params as _params
@@ -26,19 +29,19 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
     passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
 
-    A repeated signature reuses its plan (``_api.ONE_CALL_PLANS``): the key holds every tensor's shape,
+    A repeated signature reuses its plan (``_plan_cache.ONE_CALL_PLANS``): the key holds every tensor's shape,
     strides, dtype and device and every scalar the checks below read, the backend asked for and
-    ``_api.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
+    ``_selector.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
     call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
     key = None
     if (heads is None and custom_mask is None and packed_custom_mask is None
             and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
             and backend.__class__ is str):
-        tk = _api.tkey
+        tk = _plan_cache.tkey
         key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
                rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
-               tk(lse), o_dtype, _api.env_key())
-        hit = _api.ONE_CALL_PLANS.get(key)
+               tk(lse), o_dtype, _selector.env_key())
+        hit = _plan_cache.ONE_CALL_PLANS.get(key)
         if hit is not None:
             planned, scales, out_dtype = hit
             qo_len, hq, _ = q.shape
@@ -49,21 +52,21 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
             return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
                                     sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
                                     k_scale=scales[1], v_scale=scales[2])
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
-    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
-    _api.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
-    device = _api.norm_device(q.device)
+    _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _checks.check_tensor("q", q, ndim=3, dtype=_checks.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _checks.check_tensor("k", k, ndim=3, dtype=_checks.SUPPORTED_KV_DTYPES)
+    _checks.check_tensor("v", v, ndim=3, what="(its last dim is head_dim_vo, which may differ from q's and k's)")
+    device = _checks.norm_device(q.device)
     qo_len, hq, d = q.shape
     dv = v.shape[-1]
     kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
     hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
-    _api.check_heads(hq, hkv, d)
+    _checks.check_heads(hq, hkv, d)
     if q.stride(-1) != 1:
         raise ValueError(f"q: the last dimension must be contiguous (stride 1), got stride {q.stride(-1)}")
-    _api.check_ragged_kv("k", k, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
+    _checks.check_ragged_kv("k", k, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype,
                          device=device)
-    _api.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=dv, kv_dtype=k.dtype,
+    _checks.check_ragged_kv("v", v, kv_layout=kv_layout, n=kv_len, num_kv_heads=hkv, head_dim=dv, kv_dtype=k.dtype,
                          device=device)
     has_mask = custom_mask is not None or packed_custom_mask is not None
     if causal and not has_mask and kv_len < qo_len:
@@ -73,19 +76,19 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
                               pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
     if custom_mask is not None and packed_custom_mask is None:
         flat = isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1  # FlashInfer reads view(-1) too
-        _api.check_tensor("custom_mask", custom_mask, shape=[qo_len * kv_len] if flat else [qo_len, kv_len],
+        _checks.check_tensor("custom_mask", custom_mask, shape=[qo_len * kv_len] if flat else [qo_len, kv_len],
                           what="([qo_len, kv_len] bool, or flattened)")
         custom_mask = custom_mask.reshape(-1)
     def meta_of():  # the one-call workspace (float, run-scoped); no int workspace: each cached plan owns its tables
         return BatchMeta.ragged(qo_indptr_host=[0, qo_len], kv_indptr_host=[0, kv_len], device=device,
                                 params=params, causal=causal, custom_mask=custom_mask,
-                                packed_custom_mask=packed_custom_mask, workspace=_api.one_call_workspace(device))
+                                packed_custom_mask=packed_custom_mask, workspace=_plan_cache.one_call_workspace(device))
 
     meta = meta_of()
-    sinks = _api.check_sinks(sinks, hq, device)
+    sinks = _checks.check_sinks(sinks, hq, device)
     scales = [_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale))]
     # plan and run are one call here: the run-time features are known, so select with them
-    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    out_dtype = q.dtype if o_dtype is None else _checks.to_dtype(o_dtype, "o_dtype")
     compute = _fp8_query.compute_dtype(q.dtype, out_dtype)  # an fp8 q is upcast to it (attncore.core.fp8_query)
     problem = _api.build_problem("single_prefill", device, q_dtype=compute, kv_dtype=k.dtype, out_dtype=out_dtype,
                                  num_qo_heads=hq,
@@ -93,9 +96,9 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
                                  params=params,
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
-    planned = _api.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
+    planned = _plan_cache.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
     if key is not None:
-        _api.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
+        _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
@@ -150,12 +153,12 @@ def single_compat(scale_q, scale_k, scale_v, o_dtype, q_scale, k_scale, v_scale,
 
 def split_head_scales(q, k, kv_layout, o_dtype, names, scales):
     """Per-head scale tensors checked against q's and k's heads (``_head_scales.split``)."""
-    _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-    _api.check_tensor("q", q, ndim=3, dtype=_api.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
-    _api.check_tensor("k", k, ndim=3, dtype=_api.SUPPORTED_KV_DTYPES)
+    _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+    _checks.check_tensor("q", q, ndim=3, dtype=_checks.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
+    _checks.check_tensor("k", k, ndim=3, dtype=_checks.SUPPORTED_KV_DTYPES)
     hkv = k.shape[1] if kv_layout == "NHD" else k.shape[0]
-    _api.check_heads(q.shape[1], hkv, q.shape[2])
-    out_dtype = q.dtype if o_dtype is None else _api.to_dtype(o_dtype, "o_dtype")
+    _checks.check_heads(q.shape[1], hkv, q.shape[2])
+    out_dtype = q.dtype if o_dtype is None else _checks.to_dtype(o_dtype, "o_dtype")
     return _head_scales.split(names, scales, num_qo_heads=q.shape[1], num_kv_heads=hkv,
-                              device=_api.norm_device(q.device), out_dtype=out_dtype)
+                              device=_checks.norm_device(q.device), out_dtype=out_dtype)
 

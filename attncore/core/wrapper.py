@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 
 from attncore.core import _api
+from attncore.core import checks as _checks
+from attncore.core import plan_cache as _plan_cache
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
@@ -38,13 +40,13 @@ class _BatchWrapper:
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  backend: str = "auto", jit_args=None, graph_buffers: Optional[dict] = None):
         """``graph_buffers``: {role: (argument name, tensor or None)} of the caller's CUDA-graph buffers."""
-        _api.check_tensor("float_workspace_buffer", float_workspace_buffer)
-        _api.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
+        _checks.check_tensor("float_workspace_buffer", float_workspace_buffer)
+        _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
         if jit_args is not None:
             raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
                              "select a backend with backend= instead")
         self._float_workspace_buffer = float_workspace_buffer
-        self._device = _api.norm_device(float_workspace_buffer.device)
+        self._device = _checks.norm_device(float_workspace_buffer.device)
         # The wrapper's own int workspace (plan-scoped: the batch's index tables and the backend's work tables,
         # BatchMeta.int_workspace), allocated once as FlashInfer 0.2.14 does; reset_workspace_buffer replaces it.
         self._int_workspace_buffer = torch.empty(_api.INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
@@ -69,7 +71,7 @@ class _BatchWrapper:
             for role, (name, buf) in (graph_buffers or {}).items():
                 if buf is not None:
                     dtype = torch.uint8 if role == "custom_mask" else torch.int32
-                    _api.check_tensor(name, buf, ndim=1, dtype=dtype, device=self._device)
+                    _checks.check_tensor(name, buf, ndim=1, dtype=dtype, device=self._device)
                     self._graph_buffers[role] = buf
 
     @property
@@ -90,9 +92,9 @@ class _BatchWrapper:
                                ) -> None:
         """Replace the float workspace and (when given) the int workspace; the next ``plan()`` carves from them
         (a plan made before keeps the buffers it was made with)."""
-        _api.check_tensor("float_workspace_buffer", float_workspace_buffer, device=self._device)
+        _checks.check_tensor("float_workspace_buffer", float_workspace_buffer, device=self._device)
         if int_workspace_buffer is not None:
-            _api.check_tensor("int_workspace_buffer", int_workspace_buffer, device=self._device, dtype=torch.uint8,
+            _checks.check_tensor("int_workspace_buffer", int_workspace_buffer, device=self._device, dtype=torch.uint8,
                               ndim=1, what="(a uint8 buffer, FlashInfer recommends 8 MiB)")
             self._int_workspace_buffer = int_workspace_buffer
         self._float_workspace_buffer = float_workspace_buffer
@@ -122,11 +124,11 @@ class _BatchWrapper:
         in CUDA-graph mode when the chosen backend writes one (runs with and without it share the plan)."""
         return_lse, sinks, fp8_scales = _run_features(features)
         self._run_cache = {}
-        q_dtype = _api.to_dtype(q_data_type, "q_data_type")
-        out_dtype = _api.to_dtype(o_data_type, "o_data_type", q_dtype)
+        q_dtype = _checks.to_dtype(q_data_type, "q_data_type")
+        out_dtype = _checks.to_dtype(o_data_type, "o_data_type", q_dtype)
         compute = _fp8_query.compute_dtype(q_dtype, out_dtype)  # an fp8 q is upcast to it (fp8_query)
         problem = _api.build_problem(
-            op, self._device, q_dtype=compute, kv_dtype=_api.to_dtype(kv_data_type, "kv_data_type", q_dtype),
+            op, self._device, q_dtype=compute, kv_dtype=_checks.to_dtype(kv_data_type, "kv_data_type", q_dtype),
             out_dtype=out_dtype, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_vo=head_dim_vo, page_size=page_size,
             kv_layout=self._kv_layout,
@@ -148,7 +150,7 @@ class _BatchWrapper:
     def _check_q(self, q: Tensor) -> None:
         p = self._planned.problem
         meta = self._planned.meta
-        _api.check_tensor("q", q, dtype=self._planned.q_dtype, device=self._device,
+        _checks.check_tensor("q", q, dtype=self._planned.q_dtype, device=self._device,
                           shape=[meta.qo_indptr_host[-1], p.num_qo_heads, p.head_dim_qk],
                           what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
         if q.stride(-1) != 1:
@@ -158,7 +160,7 @@ class _BatchWrapper:
         """(k_cache, v_cache) views of a paged cache, checked against the plan."""
         planned = self._planned
         p = planned.problem
-        return _api.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
+        return _checks.check_paged_cache(paged_kv_cache, kv_layout=p.kv_layout, num_kv_heads=p.num_kv_heads,
                                       head_dim=p.head_dim_qk, head_dim_vo=p.head_dim_vo, page_size=p.page_size,
                                       kv_dtype=p.kv_dtype,
                                       device=self._device, max_page_id=planned.meta.max_page_id)
@@ -181,7 +183,7 @@ class _BatchWrapper:
         planned = self._require_plan()
         p = planned.problem
         hq, hkv, d = p.num_qo_heads, p.num_kv_heads, p.head_dim_qk
-        _api.check_tensor("q", q, ndim=3, dtype=planned.q_dtype, device=self._device, shape=[None, hq, d],
+        _checks.check_tensor("q", q, ndim=3, dtype=planned.q_dtype, device=self._device, shape=[None, hq, d],
                           what="(as planned: [nnz_qo, num_qo_heads, head_dim])")
         nhd = p.kv_layout == "NHD"
         for name, t, dim in (("k", k, d), ("v", v, p.head_dim_vo)):
@@ -189,13 +191,13 @@ class _BatchWrapper:
                 exp = [None, p.page_size, hkv, dim] if nhd else [None, hkv, p.page_size, dim]
             else:
                 exp = [None, hkv, dim] if nhd else [hkv, None, dim]
-            _api.check_tensor(name, t, shape=exp, dtype=p.kv_dtype, device=self._device,
+            _checks.check_tensor(name, t, shape=exp, dtype=p.kv_dtype, device=self._device,
                               what=f"(as planned, {p.kv_layout})")
         rows = q.shape[0]
-        _api.check_tensor("out", out, shape=[rows, hq, p.head_dim_vo], dtype=p.out_dtype, device=self._device)
+        _checks.check_tensor("out", out, shape=[rows, hq, p.head_dim_vo], dtype=p.out_dtype, device=self._device)
         if lse is not None:
-            _api.check_tensor("lse", lse, shape=[rows, hq], dtype=torch.float32, device=self._device)
-        _api.check_sinks(sinks, hq, self._device)
+            _checks.check_tensor("lse", lse, shape=[rows, hq], dtype=torch.float32, device=self._device)
+        _checks.check_sinks(sinks, hq, self._device)
 
     def _launch(self, q, kv, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
         """run()'s eager path; ``kv``: the paged cache, or (k, v).  A run whose arguments have the signature of
@@ -204,7 +206,7 @@ class _BatchWrapper:
         planned = self._require_plan()
         key = None
         if _plain(q_scale, k_scale, v_scale):
-            tk = _api.tkey
+            tk = _plan_cache.tkey
             kvk = tk(kv) if kv.__class__ is torch.Tensor else tuple(map(tk, kv))
             key = (tk(q), kvk, tk(out), tk(lse), return_lse, tk(sinks), q_scale, k_scale, v_scale)
             scales = self._run_cache.get(key)
@@ -243,7 +245,7 @@ class _BatchWrapper:
         out = _api.alloc_out("out", out, (rows, p.num_qo_heads, p.head_dim_vo), p.out_dtype, self._device)
         lse_t = _api.alloc_lse(lse, rows, p.num_qo_heads, self._device) if return_lse else None
         planned.run(RunArgs(
-            q=q, k=k, v=v, out=out, lse=lse_t, sinks=_api.check_sinks(sinks, p.num_qo_heads, self._device),
+            q=q, k=k, v=v, out=out, lse=lse_t, sinks=_checks.check_sinks(sinks, p.num_qo_heads, self._device),
             q_scale=_params.scale("q_scale", q_scale), k_scale=_params.scale("k_scale", k_scale),
             v_scale=_params.scale("v_scale", v_scale)))
         return (out, lse_t) if return_lse else out
