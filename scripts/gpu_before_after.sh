@@ -9,28 +9,24 @@
 # Usage on the device machine:
 #   [TREES="before13 before14"] [NOW=1] [BACKENDS="cuda_fa2 triton xqa"] [WORKLOADS="P1 P2 ..."] [FI=1]
 #   bash scripts/gpu_before_after.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source scripts/gpu_common.sh
 BENCH=${BENCH:-/tmp/bench}; mkdir -p "$BENCH"  # kept across calls on a warm machine
 REPO=$PWD
 TREES=${TREES:-}
 BACKENDS=${BACKENDS:-"cuda_fa2 triton xqa"}
 WORKLOADS=${WORKLOADS:-"P1 P2 P3 P4 D1 D2 D3 D5 X1"}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 bargs() {
   local a=""; for b in $BACKENDS; do a="$a --backend $b"; done
   for w in $WORKLOADS; do a="$a --workload $w"; done; echo "$a"
 }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+gpu_header
 if [ "${FI:-1}" = 1 ]; then  # FlashInfer, its JIT cache in /tmp (kept while the machine stays warm)
   export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-cache}
   # shellcheck disable=SC1091
   ANCHORS_DIR=.anchors source .anchors/fi_setup.sh
 fi
 install() {  # $1: a directory holding an attncore tree
-  (cd "$1" && python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING)
+  (cd "$1" && install_tree plugins/attncore-sdpa)
   (cd "$1" && python3 -m attncore.cli build cuda_fa2 > /dev/null 2>&1)  # the common specializations, in parallel
 }
 for t in $TREES; do

@@ -9,15 +9,10 @@
 # cuda_fa2 and xqa build their specializations on first use (into $ATTNCORE_CACHE_DIR).  Logs under $OUT;
 # the table last: one line per phase, "N passed" expected, no FAILED lines.
 # Usage on the device machine:  bash scripts/gpu_fp8_query.sh [PHASES]   (default: "gpu cpu")
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASES=${1:-"gpu cpu"}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING
+source scripts/gpu_common.sh
+gpu_header
+install_tree
 stamp "installed"
 LINES=()
 run_tests() {  # name, timeout, pytest args...

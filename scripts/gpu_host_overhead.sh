@@ -10,15 +10,10 @@
 # cuda_fa2 builds each specialization on first use (into $ATTNCORE_CACHE_DIR): on a cold machine run
 # `tests graphs` and `bench` as two calls on the warm machine.  Logs under $OUT; the table last.
 # Usage on the device machine:  bash scripts/gpu_host_overhead.sh [PHASES]   (default: "tests graphs bench")
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASES=${1:-"tests graphs bench"}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
+source scripts/gpu_common.sh
+gpu_header
+install_tree plugins/attncore-sdpa
 stamp "installed"
 LINES=()
 run_tests() {  # name, timeout, pytest args...

@@ -6,16 +6,11 @@
 #   bash scripts/gpu_issue13.sh [FUZZ_N] [PHASES]
 #   (issue 13's bar: 10,000 problems per backend in under 5 minutes; 14 workers on 16 cores)
 #   PHASES: any of "defects tests conformance fuzz" (default: all)
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 N=${1:-10000}
 PHASES=${2:-"defects tests conformance fuzz"}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+source scripts/gpu_common.sh
+install_tree plugins/attncore-sdpa
+gpu_header
 python3 scripts/prebuild_conformance.py 2>&1 | tail -1
 stamp "cuda_fa2 libraries built"
 LOG="$OUT/issue13.log"; : > "$LOG"

@@ -6,13 +6,9 @@
 # FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON
 # and (when matplotlib imports) the plot under $OUT.
 # Usage on the device machine:  [FI=0] [SWEEP=1] bash scripts/gpu_issue16_pod.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
+source scripts/gpu_common.sh
+gpu_header
+install_tree plugins/attncore-sdpa
 PLOT=""; python3 -c "import matplotlib" 2> /dev/null && PLOT="--plot $OUT/pod_speedup.png"
 FIARG=""
 if [ "${FI:-0}" = 1 ]; then

@@ -7,19 +7,14 @@
 # Usage on the device machine: [DEV=cuda:1] bash scripts/gpu_issue19.sh [PHASES]
 #   (DEV=cuda:0 on a one-GPU machine: the side stream still counts, the 2-GPU tests skip)
 #   PHASES: any of "tests check conformance example" (default: all)
-set -uo pipefail
-# NVLink multicast stays off (the device tool's KINDS.md says why)
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache NCCL_NVLS_ENABLE=0 \
-  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASES=${1:-"tests check conformance example"}
+source scripts/gpu_common.sh
+# NVLink multicast stays off (the device tool's KINDS.md says why)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DEV=${DEV:-cuda:1}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 LOG="$OUT/issue19.log"; : > "$LOG"
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
-nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader; date -u
+install_tree plugins/attncore-sdpa
+gpu_header index,name,driver_version
 python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count())'
 python3 scripts/prebuild_conformance.py 2>&1 | tail -1
 stamp "cuda_fa2 libraries built"

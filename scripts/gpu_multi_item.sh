@@ -11,15 +11,10 @@
 # two phases may not fit one 600 s call; run `tests` then `compat` as two calls on the warm machine.
 # Logs under $OUT; a short table last.
 # Usage on the device machine:  bash scripts/gpu_multi_item.sh [PHASES]   (default: "tests compat")
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASES=${1:-"tests compat"}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING
+source scripts/gpu_common.sh
+gpu_header
+install_tree
 stamp "installed"
 TEST_LINE="tests/test_multi_item.py -m gpu: not run"
 if has tests; then

@@ -6,15 +6,11 @@
 # cache stays in /tmp for later calls on the same warm machine).  Carry: .old .anchors.
 # Usage on the device machine: [FI_WARM="P1 D1 ..."] bash scripts/gpu_verify_tree.sh NAME [PHASES]
 #   PHASES: any of "conformance tests check" (default: all)
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache FLASHINFER_WORKSPACE_BASE=/tmp/fi-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi-cache
 REPO=$PWD
 NAME=${1:?tree name}
 PHASES=${2:-"conformance tests check"}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+source scripts/gpu_common.sh
 TREE=/tmp/tree_$NAME
 rm -rf "$TREE"; mkdir -p "$TREE" && tar xf ".old/$NAME.tar" -C "$TREE"
 WARM=
@@ -26,8 +22,8 @@ if [ -n "${FI_WARM:-}" ]; then
   WARM=$!
 fi
 cd "$TREE" || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/attncore-sdpa 2>&1 | grep -v WARNING
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
+install_tree plugins/attncore-sdpa
+gpu_header
 python3 scripts/prebuild_conformance.py 2>&1 | tail -1
 stamp "installed, cuda_fa2 libraries built"
 if has conformance; then

@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # One device call: install, cold-build the specializations (timed), GPU tests, benchmarks.
 # Usage on the GPU machine (repo root): bash backends/cuda_fa2/scripts/gpu_cuda_fa2.sh [--quick] ; results under $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
+source scripts/gpu_common.sh
 PY=python3
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
-$PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+gpu_header name,driver_version,clocks.sm,clocks.mem
+install_tree
 
 echo "== cold build (cache $ATTNCORE_CACHE_DIR, $(nproc) cores)"
 $PY - <<'PYEOF' 2>&1 | tee "$OUT/build.log"

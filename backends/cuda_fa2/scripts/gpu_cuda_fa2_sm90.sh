@@ -3,12 +3,10 @@
 # descriptor order), focused GPU tests and prefill benchmarks per kernel variant.
 # Usage (H100, repo root): [FA2_SM90_VARIANTS="-DFA2_H_PIPE=0;-DFA2_H_PIPE=1"] bash backends/cuda_fa2/scripts/gpu_cuda_fa2_sm90.sh
 # Variants are extra nvcc flags (';'-separated; "" = shipped defaults).  Logs and JSON under $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
+source scripts/gpu_common.sh
 PY=python3
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
-$PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+gpu_header name,driver_version,clocks.sm,clocks.mem
+install_tree
 echo "== wgmma selftest"
 $PY backends/cuda_fa2/scripts/cuda_fa2_sm90_selftest.py 0 "$OUT/vflags" 2>&1 | tee "$OUT/selftest.log"
 if [ ! -f "$OUT/vflags" ]; then

@@ -8,14 +8,11 @@
 #      so the 192/128 cost sits between its two neighbours;
 #   4. a short table last.
 # Usage on the device machine:  bash backends/triton/scripts/gpu_head_dim_vo.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=/tmp/attncore-cache TRITON_CACHE_DIR=/tmp/triton-cache
+source scripts/gpu_common.sh
+export TRITON_CACHE_DIR=/tmp/triton-cache
 unset TRITON_INTERPRET
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING
+gpu_header
+install_tree
 stamp "installed"
 
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q tests/test_head_dim_vo.py -p no:cacheprovider \
