@@ -255,3 +255,19 @@ def test_numpy_is_a_runtime_dependency():
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
     assert any(d.split(";")[0].strip().startswith("numpy") for d in deps), deps
+
+
+def test_explain_head_dim_vo_describes_the_problem_and_its_refusals(capsys):
+    from attncore.cli import main
+
+    main(["explain", "--op", "batch_prefill_ragged", "--device", "cpu", "--q-dtype", "float16", "--heads", "4/4",
+          "--head-dim", "192", "--head-dim-vo", "128", "--backend", "sdpa"])
+    out = capsys.readouterr().out
+    assert "batch_prefill_ragged cpu fp16/fp16->fp16 d192x128 4/4" in out, out
+    assert "head_dim_vo: got 128, supported equal to head_dim_qk (192)" in out, out
+    main(["explain", "--op", "batch_prefill_ragged", "--device", "cpu", "--q-dtype", "float16", "--heads", "4/4",
+          "--head-dim", "64"])
+    assert "d64 4/4" in capsys.readouterr().out  # without the option: v's head dim is q's
+    with pytest.raises(SystemExit) as e:
+        main(["explain", "--head-dim-vo", "0"])
+    assert e.value.code == 2 and "--head-dim-vo: expected a positive integer, got '0'" in capsys.readouterr().err

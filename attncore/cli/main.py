@@ -116,7 +116,7 @@ def _problem_from_args(a):
     problem = AttentionProblem(
         op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
         out_dtype=a.out_dtype or a.q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
-        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim, page_size=a.page_size if paged else None,
+        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim_vo or a.head_dim, page_size=a.page_size if paged else None,
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
         cuda_graph=a.cuda_graph)
@@ -350,7 +350,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--kv-dtype", type=arg_types.dtype("kv"), help="default: the q dtype; also e4m3, e5m2")
     e.add_argument("--out-dtype", type=arg_types.dtype("kv"), help="default: the q dtype")
     e.add_argument("--heads", type=arg_types.heads, default="32/8", help="Hq/Hkv, e.g. 32/8")
-    e.add_argument("--head-dim", type=arg_types.positive, default=128)
+    e.add_argument("--head-dim", type=arg_types.positive, default=128, help="q/k head dim (and v's, by default)")
+    e.add_argument("--head-dim-vo", type=arg_types.positive,
+                   help="v/output head dim when it differs from q/k's (DeepSeek-style 192/128)")
     e.add_argument("--page-size", type=arg_types.positive, default=16)
     e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
     e.add_argument("--mask", choices=["none", "causal", "custom"])
