@@ -279,7 +279,7 @@ def _select(problem: AttentionProblem, backend: str, bucket: Optional["tables.Bu
                 f"backend {name!r} cannot run {problem.describe()}: " + "; ".join(map(str, rs)), reasons)
         detail = "; ".join(f"{n}: " + ", ".join(map(str, rs)) for n, rs in sorted(reasons.items()))
         raise BackendSelectionError(f"no backend can run {problem.describe()}. {detail}", reasons)
-    key = (problem, backend, bucket)
+    key = (problem, backend, bucket, ex.chosen)  # logged again when the choice changes (a new table, a plugin)
     if key not in _logged:
         _logged.add(key)
         log.info("attncore: %s -> backend %s (candidates: %s; %s)", problem.describe(), ex.chosen,
