@@ -19,6 +19,7 @@ import torch
 
 from attncore.core import params as _params
 from attncore.core import selector
+from attncore.core import tables
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
 from attncore.core.checks import SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES, check_choice, check_tensor
 from attncore.core.workspace import WorkspaceTooSmall
@@ -137,7 +138,9 @@ class Planned:
         self.graph = graph
         self.who = who
         # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
-        self.requested, self.backend = selector.choose(problem, backend)
+        # the planned sizes pick the measured bucket (attncore.core.tables); selection is cached per bucket
+        kv = meta.kv_lens_host if meta.kv_lens_host is not None else [meta.max_seq_len or 0] * meta.batch_size
+        self.requested, self.backend = selector.choose(problem, backend, tables.Sizes.of(meta.qo_lens_host, kv))
         if prefer_lse and not problem.return_lse:
             with_lse = problem.replace(return_lse=True)
             if self.backend.supports(with_lse):
