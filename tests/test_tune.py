@@ -80,7 +80,7 @@ def test_tune_quick_on_cpu_end_to_end(tmp_path, monkeypatch, cache):
     env = dict(os.environ, ATTNCORE_CACHE_DIR=str(cache), TRITON_INTERPRET="1", PYTHONPATH=PLUGIN_SRC)
     env.pop("ATTNCORE_TUNE", None)
     j = tmp_path / "tune.json"
-    r = subprocess.run([sys.executable, "-m", "attncore.cli", "tune", "--quick", "--json", str(j)],
+    r = subprocess.run([sys.executable, "-m", "attncore.cli", "tune", "--quick", "--device", "cpu", "--json", str(j)],
                        capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     path = tables.cache_path(tables.cpu_name())
