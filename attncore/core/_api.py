@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,7 +21,6 @@ from attncore.core import selector
 from attncore.core import tables
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
 from attncore.core.checks import SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES, check_choice, check_tensor
-from attncore.core.workspace import WorkspaceTooSmall
 from attncore.core.problem import LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
 
 log = logging.getLogger("attncore")
@@ -250,101 +248,6 @@ def ambiguous(where: str, name: str, value, expected: str, order: str, other: st
 
 
 # ----------------------------------------------------------------------------- batches
-_SMALL: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-
-
-def small_index(values: Sequence[int], device) -> torch.Tensor:
-    """A small read-only int32 tensor on ``device``, cached by value.
-
-    The one-call APIs (single prefill, xqa) build index tensors on every call; a plain host-to-device
-    copy of a Python list synchronises the stream, so these are cached (the same shapes repeat
-    across layers) and copied from pinned memory without blocking.  Backends never mutate them.
-    """
-    if not isinstance(device, torch.device):
-        device = torch.device(device)
-    key = (device, tuple(values))  # host time: hashing a torch.device is ~10x cheaper than str(device)
-    t = _SMALL.get(key)
-    if t is None:
-        host = torch.tensor(values, dtype=torch.int32)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        t = host.to(device, non_blocking=True)
-        _SMALL[key] = t
-        if len(_SMALL) > 512:
-            _SMALL.popitem(last=False)
-    else:
-        _SMALL.move_to_end(key)
-    return t
-
-
-def host_int32(values: Sequence[int], device, non_blocking: bool = False) -> torch.Tensor:
-    """A new int32 tensor of ``values`` on ``device`` (a copy from the host unless it is the CPU)."""
-    t = torch.tensor(values, dtype=torch.int32)
-    return t if device.type == "cpu" else t.to(device, non_blocking=non_blocking)
-
-
-def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
-    """An index tensor as a ``BatchMeta`` keeps it: int32, contiguous, on ``device`` (no copy when it
-    already is)."""
-    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
-
-
-def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False,
-                 memo: Optional[dict] = None) -> Tuple[List[torch.Tensor], torch.Tensor]:
-    """A batch's int32 index tensors carved from the END of the wrapper's int workspace (the backend carves its
-    tables from the front of what is left, so their offsets do not move with the batch): ``parts`` are host lists
-    or int32 tensors (host or ``device``).  Host data goes in one copy from pinned memory (a CUDA device: no
-    stream sync); device tensors are copied on the device.  Returns (one view per part, the rest of the buffer).
-    ``memo``: the caller's dict (``BatchMeta.memo``) keeping the views of the same sizes at the same address."""
-    sizes = tuple([len(x) if x.__class__ is list else x.numel() for x in parts])
-    key = ("index_tables", int_workspace.data_ptr(), int_workspace.numel(), int_workspace.device, sizes)
-    hit = memo.get(key) if memo is not None else None
-    if hit is None:
-        total = sum(sizes)
-        off = int_workspace.numel() - 4 * total
-        off -= (int_workspace.data_ptr() + off) % 4
-        if off < 0:
-            raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the "
-                                    f"buffer has {int_workspace.numel()}; pass a larger int_workspace_buffer")
-        region = int_workspace[off:off + 4 * total].view(torch.int32)
-        hit = (region, region.split_with_sizes(sizes), int_workspace[:off])  # host time: one call for every view
-        if memo is not None:
-            memo[key] = hit
-    region, views, rest = hit
-    on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
-    if len(on_device) < len(parts):  # host data: one list and one conversion (small), else through numpy
-        cuda = device.type == "cuda"  # elsewhere the host data goes straight into the region (no tensor made)
-        if sum(sizes) <= 4096 and not on_device:
-            flat: list = []
-            for x in parts:
-                flat += x if x.__class__ is list else x.tolist()
-            if cuda:
-                region.copy_(torch.tensor(flat, dtype=torch.int32, pin_memory=True), non_blocking=True)
-            else:
-                region.numpy()[:] = flat
-        else:
-            src = torch.empty(region.shape, dtype=torch.int32, pin_memory=True) if cuda else region
-            arr, a = src.numpy(), 0
-            for x, n in zip(parts, sizes):
-                if x.__class__ is list:
-                    arr[a:a + n] = x
-                elif x.device.type == "cpu":
-                    arr[a:a + n] = x.numpy()
-                a += n
-            if cuda:  # device parts are copied over their (unwritten) spans below, on the same stream
-                region.copy_(src, non_blocking=True)  # the caching host allocator keeps src until it ran
-    for i in on_device:
-        views[i].copy_(parts[i], non_blocking=True)
-    return list(views), rest
-
-
-def _into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:
-    """Copy ``src`` into the user's CUDA-graph buffer ``buffers[key]`` (allocated on first use)."""
-    buf = buffers.get(key)
-    if buf is None:
-        buf = torch.empty(max(src.numel(), 1), dtype=src.dtype, device=src.device)
-        buffers[key] = buf
-    if buf.numel() < src.numel():
-        raise ValueError(f"{name}: needs {src.numel()} entries but the CUDA-graph buffer holds {buf.numel()}")
-    buf[:src.numel()].copy_(src)
-    return buf[:src.numel()]
+# The index uploads (small_index, index_tables...) live in attncore.core.uploads (one staged upload with the
+# backend's tables); small_index stays importable from here.
+from attncore.core.uploads import small_index  # noqa: E402

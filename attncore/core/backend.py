@@ -28,6 +28,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from attncore.core import checks as _checks
+from attncore.core import uploads
 from attncore.core.capabilities import Capabilities, Reason, check
 from attncore.core.problem import AttentionProblem
 
@@ -133,9 +134,12 @@ class BatchMeta:
     workspace: Optional[torch.Tensor] = None
     int_workspace: Optional[torch.Tensor] = None
     # The caller's memo (a wrapper's own dict, emptied when its workspaces change; None: nothing kept): views
-    # of its workspaces by address and layout (WorkspaceLayout.carve, _api.index_tables), so a re-plan of
+    # of its workspaces by address and layout (WorkspaceLayout.carve, uploads.index_tables), so a re-plan of
     # the same shapes makes no new tensors there (host time).  Keys say everything a value depends on.
     memo: Optional[dict] = field(default=None, repr=False, compare=False)
+    # The batch's index tables while they are still on the host (attncore.core.uploads.Staged): sent with the
+    # backend's own tables in one copy, else around its plan() (Backend.__init_subclass__).
+    staged: Optional[Any] = field(default=None, repr=False, compare=False)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     mask: Optional[str] = None  # "none" | "causal" | "custom": what the kernels apply (resolve_mask)
 
@@ -196,25 +200,26 @@ class BatchMeta:
         b = len(qo_indptr_host) - 1
         kv_lens = [kv_indptr_host[i + 1] - kv_indptr_host[i] for i in range(b)]
         if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
-            (qo_t, kv_t, kv_lens_t), int_workspace = _api.index_tables(
+            (qo_t, kv_t, kv_lens_t), int_workspace, staged = uploads.index_tables(
                 int_workspace, device, [qo_indptr_host if qo_indptr is None else qo_indptr,
                                         kv_indptr_host if kv_indptr is None else kv_indptr, kv_lens], memo=memo)
         else:
-            qo_t = (_api.small_index(qo_indptr_host, device) if qo_indptr is None
-                    else _api.to_device_int32(qo_indptr, device))
-            kv_t = (_api.small_index(kv_indptr_host, device) if kv_indptr is None
-                    else _api.to_device_int32(kv_indptr, device))
-            kv_lens_t = _api.small_index(kv_lens, device)
+            staged = None
+            qo_t = (uploads.small_index(qo_indptr_host, device) if qo_indptr is None
+                    else uploads.to_device_int32(qo_indptr, device))
+            kv_t = (uploads.small_index(kv_indptr_host, device) if kv_indptr is None
+                    else uploads.to_device_int32(kv_indptr, device))
+            kv_lens_t = uploads.small_index(kv_lens, device)
         if buffers is not None:
-            qo_t = _api._into(buffers, "qo_indptr", qo_t, "qo_indptr_buf")
-            kv_t = _api._into(buffers, "kv_indptr", kv_t, "kv_indptr_buf")
-            kv_lens_t = _api._into(buffers, "kv_lens", kv_lens_t, "kv_lens")
+            qo_t = uploads.into(buffers, "qo_indptr", qo_t, "qo_indptr_buf")
+            kv_t = uploads.into(buffers, "kv_indptr", kv_t, "kv_indptr_buf")
+            kv_lens_t = uploads.into(buffers, "kv_lens", kv_lens_t, "kv_lens")
         mask, packed, mask_indptr, mask_host = _mask_fields(causal, custom_mask, packed_custom_mask, qo_indptr_host,
                                                             kv_lens, device, buffers, decode=False)
         return cls(batch_size=b, qo_indptr=qo_t, qo_indptr_host=qo_indptr_host, kv_indptr=kv_t,
                    kv_indptr_host=kv_indptr_host, kv_lens=kv_lens_t, kv_lens_host=kv_lens, packed_mask=packed,
                    mask_indptr=mask_indptr, mask_indptr_host=mask_host, params=params, workspace=workspace,
-                   int_workspace=int_workspace, memo=memo,
+                   int_workspace=int_workspace, memo=memo, staged=staged,
                    device=device, mask=mask)
 
     @classmethod
@@ -261,22 +266,23 @@ class BatchMeta:
         if kv_host[-1] and lo < 0:
             raise ValueError(f"{n_indices}: got a negative page id {lo}, expected ids >= 0")
         if int_workspace is not None and buffers is None:  # the wrapper's int workspace: no allocation
-            (qo_dev, dev_indptr, dev_indices, dev_last, dev_kv_lens), int_workspace = _api.index_tables(
+            (qo_dev, dev_indptr, dev_indices, dev_last, dev_kv_lens), int_workspace, staged = uploads.index_tables(
                 int_workspace, device, [qo_indptr_host, kv_host, used, last_h, kv_lens], non_blocking,
                 memo=memo)
         else:
-            dev_indptr = _api.to_device_int32(kv_indptr, device, non_blocking)
-            dev_indices = _api.to_device_int32(kv_indices, device, non_blocking)
-            dev_last = _api.to_device_int32(kv_last_page_len, device, non_blocking)
-            dev_kv_lens = _api.host_int32(kv_lens, device, non_blocking)
-            qo_dev = _api.host_int32(qo_indptr_host, device, non_blocking)
+            staged = None
+            dev_indptr = uploads.to_device_int32(kv_indptr, device, non_blocking)
+            dev_indices = uploads.to_device_int32(kv_indices, device, non_blocking)
+            dev_last = uploads.to_device_int32(kv_last_page_len, device, non_blocking)
+            dev_kv_lens = uploads.host_int32(kv_lens, device, non_blocking)
+            qo_dev = uploads.host_int32(qo_indptr_host, device, non_blocking)
         if buffers is not None:
-            dev_indptr = _api._into(buffers, "indptr", dev_indptr, n_indptr)
-            dev_indices = _api._into(buffers, "indices", dev_indices, n_indices)
-            dev_last = _api._into(buffers, "last_page_len", dev_last, n_last)
-            dev_kv_lens = _api._into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
+            dev_indptr = uploads.into(buffers, "indptr", dev_indptr, n_indptr)
+            dev_indices = uploads.into(buffers, "indices", dev_indices, n_indices)
+            dev_last = uploads.into(buffers, "last_page_len", dev_last, n_last)
+            dev_kv_lens = uploads.into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
             if "qo_indptr" in buffers:
-                qo_dev = _api._into(buffers, "qo_indptr", qo_dev, "qo_indptr")
+                qo_dev = uploads.into(buffers, "qo_indptr", qo_dev, "qo_indptr")
         if decode and q_len_per_req > 1:
             for i, n in enumerate(kv_lens):
                 if 0 < n < q_len_per_req:
@@ -289,7 +295,7 @@ class BatchMeta:
                    kv_lens_host=kv_lens, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
                    mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, max_page_id=max_page,
                    fixed_split_size=fixed_split_size, disable_split_kv=bool(disable_split_kv), workspace=workspace,
-                   int_workspace=int_workspace, memo=memo,
+                   int_workspace=int_workspace, memo=memo, staged=staged,
                    device=device, mask=mask)
 
     @classmethod
@@ -321,7 +327,7 @@ class BatchMeta:
         qo_host = [i * q_len_per_req for i in range(b + 1)]
         mask, packed, mask_indptr, mask_host = _mask_fields(False, custom_mask, packed_custom_mask, qo_host, host,
                                                             device, None, decode=True)
-        return cls(batch_size=b, qo_indptr=_api.small_index(qo_host, device), qo_indptr_host=qo_host,
+        return cls(batch_size=b, qo_indptr=uploads.small_index(qo_host, device), qo_indptr_host=qo_host,
                    block_tables=block_tables, seq_lens=seq_lens, kv_lens=_seq_lens_int32(seq_lens), kv_lens_host=host,
                    max_seq_len=max_seq_len, page_size=page_size, packed_mask=packed, mask_indptr=mask_indptr,
                    mask_indptr_host=mask_host, params=params, q_len_per_req=q_len_per_req, workspace=workspace,
@@ -463,8 +469,8 @@ def _mask_fields(causal: bool, custom_mask, packed_custom_mask, qo_host: List[in
     qo_lens = [qo_host[i + 1] - qo_host[i] for i in range(len(qo_host) - 1)]
     packed, indptr, offsets = _api.pack_batch_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, device)
     if buffers is not None:
-        packed = _api._into(buffers, "custom_mask", packed, "custom_mask_buf")
-        indptr = _api._into(buffers, "qk_indptr", indptr, "qk_indptr_buf")
+        packed = uploads.into(buffers, "custom_mask", packed, "custom_mask_buf")
+        indptr = uploads.into(buffers, "qk_indptr", indptr, "qk_indptr_buf")
     return "custom", packed, indptr, offsets
 
 
@@ -498,6 +504,24 @@ class RunArgs:
 
 
 
+def _sending_staged(fn):
+    """``plan`` with the batch's staged index tables sent before it (unless the backend sends them itself) and
+    after it in any case (a no-op once sent)."""
+    def plan(self, problem, meta, *a, **kw):
+        st = getattr(meta, "staged", None)
+        if st is None:
+            return fn(self, problem, meta, *a, **kw)
+        if not self.sends_index_tables:
+            st.send()
+        try:
+            return fn(self, problem, meta, *a, **kw)
+        finally:
+            st.send()
+    plan._sends_staged = True
+    plan.__doc__, plan.__name__, plan.__qualname__, plan.__wrapped__ = fn.__doc__, fn.__name__, fn.__qualname__, fn
+    return plan
+
+
 def cuda_device(device, who: str) -> torch.device:
     """``device`` as an indexed CUDA device (no index: the current one); ``who`` names the caller in
     the error for any other device."""
@@ -523,6 +547,17 @@ class Backend:
     # Conformance cases known to fail, {case-id substring: reason}; shown as xfail by the suite.
     known_failures: dict = {}
     origin: str = "built-in"  # set by the registry
+    # True: plan() sends the batch's staged index tables (BatchMeta.staged) with its own tables in one copy
+    # (attncore.core.uploads); else they are sent before plan() runs.
+    sends_index_tables: bool = False
+
+    def __init_subclass__(cls, **kw) -> None:
+        """Every backend's ``plan()`` runs with the batch's index tables sent (before it, or after it when the
+        backend sends them itself: ``sends_index_tables``), whatever the caller (attncore.core.uploads)."""
+        super().__init_subclass__(**kw)
+        fn = cls.__dict__.get("plan")
+        if fn is not None and not getattr(fn, "_sends_staged", False):
+            cls.plan = _sending_staged(fn)
 
     def available(self) -> List[Reason]:
         """Reasons the backend cannot run at all here (missing toolchain, no GPU...)."""
@@ -571,6 +606,9 @@ class Backend:
         return f"<attncore backend {self.name} ({self.origin})>"
 
 
-# The constructors' index helpers (small_index, pack_batch_mask...) live in _api,
+Backend.plan = _sending_staged(Backend.plan)  # the default plan (it returns the batch) too
+
+
+# The constructors' index helpers (pack_batch_mask...) live in _api,
 # which imports this module: bound here, once both exist, rather than imported on every call (host time).
 from attncore.core import _api  # noqa: E402

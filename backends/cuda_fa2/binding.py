@@ -247,18 +247,40 @@ def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergePara
         plan.checked_sig = sig
     if plan.nnz_q == 0:
         return None, None
-    ap = plan.meta.params
     q, out = args.q, args.out
-    p = Fa2Params.from_buffer_copy(plan.base)
     ptrs = (q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), out.data_ptr())
     # test the ints: a c_void_p field reads back None for 0, the data_ptr() of an empty K/V (kv_len 0)
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15:
         raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+    # the structs of this signature and these scales, made once per plan: a launch passes them by value (a
+    # captured graph keeps the values), so the next run() may overwrite the pointers
+    key = (sig, args.q_scale, args.k_scale, args.v_scale, args.o_scale)
+    hit = plan.structs.get(key)
+    if hit is None:
+        if len(plan.structs) > 16:
+            plan.structs.clear()
+        hit = plan.structs[key] = _structs(plan, args)
+    p, mp = hit
     p.q, p.k, p.v, p.o = ptrs
     if args.lse is not None:
         p.lse = args.lse.data_ptr()
     if args.sinks is not None:
         p.sinks = args.sinks.data_ptr()
+    if mp is not None:
+        mp.o = ptrs[3]
+        if args.lse is not None:
+            mp.lse = args.lse.data_ptr()
+        if args.sinks is not None:
+            mp.sinks = args.sinks.data_ptr()
+    return p, mp
+
+
+def _structs(plan, args) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
+    """The launch structs of a run's signature and scales: the plan's base with strides and scales (the
+    pointers are set per run by build_params)."""
+    ap = plan.meta.params
+    q, out = args.q, args.out
+    p = Fa2Params.from_buffer_copy(plan.base)
     p.q_stride_n, p.q_stride_h = q.stride(0), q.stride(1)
     p.k_stride_p, p.k_stride_n, p.k_stride_h, p.v_stride_p, p.v_stride_n, p.v_stride_h = plan.kv_strides
     p.o_stride_n, p.o_stride_h = out.stride(0), out.stride(1)
@@ -272,11 +294,6 @@ def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergePara
     mp = None
     if plan.needs_merge:
         mp = Fa2MergeParams.from_buffer_copy(plan.merge_base)
-        mp.o = out.data_ptr()
-        if args.lse is not None:
-            mp.lse = args.lse.data_ptr()
-        if args.sinks is not None:
-            mp.sinks = args.sinks.data_ptr()
         mp.o_stride_n, mp.o_stride_h = out.stride(0), out.stride(1)
         mp.out_scale = p.out_scale
     return p, mp

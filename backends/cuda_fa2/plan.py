@@ -23,6 +23,7 @@ import torch
 
 from attncore.core import graphs
 from attncore.core import schedule as sched
+from attncore.core import uploads
 from attncore.core.backend import BatchMeta
 from attncore.core.mask import alibi_slopes
 from attncore.core.problem import AttentionProblem
@@ -78,6 +79,8 @@ class Fa2Plan:
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
     kv_strides: Any = None
+    # run()'s launch structs by (tensor signature, scales): a repeated run() sets only the pointers (host time)
+    structs: dict = field(default_factory=dict)
 
     @property
     def needs_merge(self) -> bool:
@@ -117,12 +120,15 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
     return s
 
 
-def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device, memo: Optional[dict]) -> None:
+def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device, memo: Optional[dict],
+           staged=None) -> None:
     """Write the int tables into a host image (``fill(numpy views)``) and copy the whole span of ``layout``
-    to ``dev_views`` in one non-blocking copy (attncore.core.graphs)."""
-    image, views = graphs.host_views(layout)
-    fill(views)
-    graphs.send(graphs.staged(image, dev), graphs.span(layout, dev_views, memo))
+    to ``dev_views`` in one non-blocking copy; with the batch's ``staged`` index tables (carved right after
+    the layout: attncore.core.uploads) in that same copy."""
+    first = dev_views[layout.regions[0][0]]
+    image, size = uploads.merged_image(staged, first, layout.nbytes)
+    fill(uploads.layout_views(layout, image))
+    uploads.send_image(image, uploads.merged_span(first, size, memo))
 
 
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
@@ -193,6 +199,10 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         if graph.own_int is None or graph.own_int.numel() < ilay.nbytes + ALIGN:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=dev)
         ibuf = graph.own_int
+    # the batch's index tables still on the host (never in graph mode): the tables go right before them
+    staged = meta.staged if graph is None and ibuf is not None else None
+    if staged is not None:
+        ibuf = uploads.tables_buffer(ibuf, staged, ilay.nbytes, meta.memo)
     tabs = ilay.carve(ibuf, "int_workspace_buffer", device=dev, memo=meta.memo)
 
     def fill(h):  # numpy views of the host image: one conversion per table
@@ -203,7 +213,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         if "alibi" in h:
             h["alibi"][:] = alibi_slopes(Hq).float().numpy()
 
-    upload(ilay, tabs, fill, dev, meta.memo)
+    upload(ilay, tabs, fill, dev, meta.memo, staged)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
     return Fa2Plan(

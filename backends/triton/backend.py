@@ -88,6 +88,7 @@ class TritonBackend(Backend):
     name = "triton"
     description = "Triton kernels: GQA-packed paged/ragged attention, split-KV decode, fp8 KV"
     capabilities = CAPABILITIES
+    sends_index_tables = True  # one copy with its own tables (plan.make_plan, attncore.core.uploads)
 
     def __init__(self, *, config: Optional[dict] = None, kv_chunk: Optional[int] = None,
                  dense: Any = True, gather: Optional[bool] = None, gather_cap_mb: Optional[int] = None):

@@ -29,6 +29,7 @@ import torch
 
 from attncore.core import graphs
 from attncore.core import schedule as sched
+from attncore.core import uploads
 from attncore.core.backend import BatchMeta
 from attncore.core.mask import alibi_slopes
 from attncore.core.problem import AttentionProblem
@@ -158,11 +159,12 @@ class Upload:
     """The host image of a plan's tables (pinned on CUDA: attncore.core.graphs) and where it goes (one
     contiguous span of the int workspace)."""
 
-    def __init__(self, host: torch.Tensor, dst: torch.Tensor, shared: bool) -> None:
-        self.host = host  # uint8: the plan's own copy
+    def __init__(self, image, dst: torch.Tensor, key: Optional[tuple]) -> None:
         self.dst = dst  # uint8 view of the device span
-        self.key = (dst.device, dst.data_ptr()) if shared else None
-        self.send()
+        self.key = key  # (device, address of the int workspace) when other plans may write there
+        self.host = uploads.send_image(image, dst)  # uint8: the plan's own copy, sent again by ensure()
+        if key is not None:
+            _OWNERS[key] = self
 
     def send(self) -> None:
         graphs.send(self.host, self.dst)
@@ -351,10 +353,18 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         if graph.own_int is None:
             graph.own_int = torch.empty(ilay.nbytes + ALIGN, dtype=torch.uint8, device=device)
         ibuf, shared = graph.own_int, True
+    # the batch's index tables still on the host (not in graph mode): the tables go right before them and
+    # one copy sends both (attncore.core.uploads)
+    staged = meta.staged if graph is None and shared else None
+    owner = (device, ibuf.data_ptr()) if shared else None  # any plan into this workspace overwrites the tables
+    if staged is not None:
+        ibuf = uploads.tables_buffer(ibuf, staged, ilay.nbytes, meta.memo)
     tabs = ilay.carve(ibuf, "int_workspace_buffer", device=device, memo=meta.memo)
 
     # the tables on the host (numpy views of one image: one conversion per table), then one copy
-    image, h = graphs.host_views(ilay)
+    first = tabs["counts"]
+    image, size = uploads.merged_image(staged, first, ilay.nbytes)
+    h = uploads.layout_views(ilay, image)
     h["counts"][:3] = (n_items, n_merge, int(heads_first))
     s.write_work(h["work"])
     if n_merge:
@@ -368,7 +378,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
             h[f"dense_{bm}"][:] = items
     if "kv_start" in h and B:
         h["kv_start"][:B] = [x * problem.page_size for x in meta.kv_indptr_host[:-1]]
-    plan.upload = Upload(graphs.staged(image, device), graphs.span(ilay, tabs, meta.memo), shared)
+    plan.upload = Upload(image, uploads.merged_span(first, size, meta.memo), owner)
     plan.counts, plan.work = tabs["counts"], tabs["work"]
     plan.merge_table, plan.slopes = tabs.get("merge"), tabs.get("slopes")
     if xqa_width is not None:

@@ -1,0 +1,220 @@
+"""Index tensors from the host to the device: the batch's index tables (``BatchMeta``'s qo/kv indptr, page
+ids, last-page lengths, kv lengths) and the small cached tensors of the one-call APIs, with no device sync.
+
+Host time (issue 15 item 1): a batch's index tables and a backend's own tables (work items, merge rows,
+counts) each cost a pinned staging buffer and a host-to-device copy.  So a batch whose index data are all
+on the host *stages* its tables (``Staged``, ``BatchMeta.staged``) instead of sending them, and a backend
+that declares ``Backend.sends_index_tables`` carves its tables right before them (``tables_buffer``) and
+sends both in one copy (``merged_image`` / ``merged_span``).  Every other backend gets them sent before its
+``plan()`` runs, and every backend after it (``Backend``'s plan hook; sending is idempotent), so no
+backend can see unsent tables.  (On the CPU the tables are also written at once, so a ``BatchMeta`` read
+before any plan sees them; the merged copy then rewrites the same bytes, the path tested on the CPU.)
+
+In the int workspace the index tables sit at the END (``index_tables``); a backend carves its tables from
+the front of what is left (``BatchMeta.int_workspace``) unless it merges the upload, and always in
+CUDA-graph mode (no staging there: the tables go into the caller's fixed buffers, ``into``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from attncore.core.workspace import ALIGN, WorkspaceTooSmall
+
+_SMALL: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+def small_index(values: Sequence[int], device) -> torch.Tensor:
+    """A small read-only int32 tensor on ``device``, cached by value.
+
+    The one-call APIs (single prefill, xqa) build index tensors on every call; a plain host-to-device
+    copy of a Python list synchronises the stream, so these are cached (the same shapes repeat
+    across layers) and copied from pinned memory without blocking.  Backends never mutate them.
+    """
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    key = (device, tuple(values))  # host time: hashing a torch.device is ~10x cheaper than str(device)
+    t = _SMALL.get(key)
+    if t is None:
+        host = torch.tensor(values, dtype=torch.int32)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        t = host.to(device, non_blocking=True)
+        _SMALL[key] = t
+        if len(_SMALL) > 512:
+            _SMALL.popitem(last=False)
+    else:
+        _SMALL.move_to_end(key)
+    return t
+
+
+def host_int32(values: Sequence[int], device, non_blocking: bool = False) -> torch.Tensor:
+    """A new int32 tensor of ``values`` on ``device`` (a copy from the host unless it is the CPU)."""
+    t = torch.tensor(values, dtype=torch.int32)
+    return t if device.type == "cpu" else t.to(device, non_blocking=non_blocking)
+
+
+def to_device_int32(t: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
+    """An index tensor as a ``BatchMeta`` keeps it: int32, contiguous, on ``device`` (no copy when it
+    already is)."""
+    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking).contiguous()
+
+
+def _pinned(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as the source of a copy to ``device``: pinned for CUDA (a non-blocking copy from memory of
+    torch's caching host allocator, which keeps the block until the copy ran), else the array itself."""
+    t = torch.from_numpy(arr)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+class Staged:
+    """A batch's index tables written on the host (``data``, int32) and not yet sent to ``region`` (their
+    int32 span at the end of the int workspace).  ``send()`` copies them once; a backend that sends them with
+    its own tables (``merged_image``) marks them sent."""
+
+    __slots__ = ("data", "region", "sent")
+
+    def __init__(self, data: np.ndarray, region: torch.Tensor) -> None:
+        self.data, self.region, self.sent = data, region, False
+
+    def send(self) -> None:
+        if not self.sent:
+            self.sent = True
+            if self.region.device.type != "cpu":  # on the CPU index_tables wrote them already
+                self.region.copy_(_pinned(self.data, self.region.device), non_blocking=True)
+
+
+def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False,
+                 memo: Optional[dict] = None) -> Tuple[List[torch.Tensor], torch.Tensor, Optional[Staged]]:
+    """A batch's int32 index tensors carved from the END of the wrapper's int workspace: ``parts`` are host
+    lists or int32 tensors (host or ``device``).  Returns (one view per part, the rest of the buffer, the
+    staged host data or None).  When every part is host data it is written into one host array and *staged*,
+    not sent (see the module docstring: the caller keeps the ``Staged`` on its ``BatchMeta``); else the host
+    data go in one copy from pinned memory now and device parts are copied on the device after it (no stream
+    sync either way).  ``memo``: the caller's dict (``BatchMeta.memo``) keeping the views of the same sizes at
+    the same address."""
+    sizes = tuple([len(x) if x.__class__ is list else x.numel() for x in parts])
+    key = ("index_tables", int_workspace.data_ptr(), int_workspace.numel(), int_workspace.device, sizes)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        total = sum(sizes)
+        off = int_workspace.numel() - 4 * total
+        off -= (int_workspace.data_ptr() + off) % 4
+        if off < 0:
+            raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the "
+                                    f"buffer has {int_workspace.numel()}; pass a larger int_workspace_buffer")
+        region = int_workspace[off:off + 4 * total].view(torch.int32)
+        hit = (region, region.split_with_sizes(sizes), int_workspace[:off])  # host time: one call for every view
+        if memo is not None:
+            memo[key] = hit
+    region, views, rest = hit
+    on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
+    staged = None
+    if len(on_device) < len(parts):  # host data: one list and one conversion (small), else through numpy
+        if sum(sizes) <= 4096 and not on_device:
+            flat: list = []
+            for x in parts:
+                flat += x if x.__class__ is list else x.tolist()
+            arr = np.array(flat, dtype=np.int32)
+        else:
+            arr, a = np.zeros(region.numel(), dtype=np.int32), 0
+            for x, n in zip(parts, sizes):
+                if x.__class__ is list:
+                    arr[a:a + n] = x
+                elif x.device.type == "cpu":
+                    arr[a:a + n] = x.numpy()
+                a += n
+        staged = Staged(arr, region)
+        if device.type == "cpu":  # readable at once, as before (a merged copy later rewrites the same bytes)
+            region.numpy()[:] = arr
+        if on_device:  # sent now: the device parts are copied over their (unwritten) spans below, on the same stream
+            staged.send()
+            staged = None
+    for i in on_device:
+        views[i].copy_(parts[i], non_blocking=True)
+    return list(views), rest, staged
+
+
+# ------------------------------------------------------------------------------ one upload for both
+def tables_buffer(rest: torch.Tensor, staged: Optional[Staged], nbytes: int, memo: Optional[dict] = None
+                  ) -> torch.Tensor:
+    """Where a backend that merges the upload carves a layout of ``nbytes`` (``WorkspaceLayout.carve``): the end
+    of ``rest`` (``BatchMeta.int_workspace``), the layout's start on an ``ALIGN`` boundary, so that its tables
+    and the staged index tables after them form one short span; ``rest`` itself when nothing is staged, or when
+    ``rest`` is too small (carve then names the bytes needed).  ``memo``: the caller's (``BatchMeta.memo``)."""
+    if staged is None or staged.sent:
+        return rest
+    ptr, n = rest.data_ptr(), rest.numel()
+    key = ("tables_buffer", ptr, n, rest.device, nbytes)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        start = (ptr + n - nbytes) // ALIGN * ALIGN - ptr
+        hit = rest[start:] if start >= 0 else rest
+        if memo is not None:
+            memo[key] = hit
+    return hit
+
+
+def merged_image(staged: Optional[Staged], first: torch.Tensor, nbytes: int) -> Tuple[np.ndarray, int]:
+    """(a zeroed host image of the span from ``first`` (the device view of a layout's first region) over the
+    layout's ``nbytes`` and on to the end of the staged index tables, with their data already at its end, the
+    image's size); the index tables are then marked sent: the caller sends the image (``merged_span``).  With
+    nothing staged: an image of ``nbytes``."""
+    if staged is None or staged.sent:
+        return np.zeros(nbytes, dtype=np.uint8), nbytes
+    end = staged.region.data_ptr() + 4 * staged.region.numel()
+    size = end - first.data_ptr()
+    if first.device != staged.region.device or size < nbytes + 4 * staged.region.numel():
+        raise RuntimeError("merged_image: the layout was not carved before the staged index tables "
+                           "(carve it from uploads.tables_buffer)")
+    raw = np.zeros(size, dtype=np.uint8)
+    raw[size - 4 * staged.region.numel():] = staged.data.view(np.uint8)
+    staged.sent = True
+    return raw, size
+
+
+def merged_span(first: torch.Tensor, size: int, memo: Optional[dict] = None) -> torch.Tensor:
+    """The uint8 device span of ``size`` bytes from ``first`` (a view carved from a workspace); ``memo``: the
+    caller's (``BatchMeta.memo``), keeping it per address and size."""
+    key = ("merged_span", first.data_ptr(), first.device, size)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        hit = torch.as_strided(first.view(-1).view(torch.uint8), (size,), (1,))
+        if memo is not None:
+            memo[key] = hit
+    return hit
+
+
+def send_image(image: np.ndarray, dst: torch.Tensor) -> torch.Tensor:
+    """Send a host image to its device span ``dst`` in one non-blocking copy (pinned on CUDA); returns the
+    source tensor (a plan keeps it to send again)."""
+    src = _pinned(image, dst.device)
+    dst.copy_(src, non_blocking=True)
+    return src
+
+
+# ------------------------------------------------------------------------------ CUDA-graph buffers
+def into(buffers: dict, key: str, src: torch.Tensor, name: str) -> torch.Tensor:
+    """Copy ``src`` into the user's CUDA-graph buffer ``buffers[key]`` (allocated on first use)."""
+    buf = buffers.get(key)
+    if buf is None:
+        buf = torch.empty(max(src.numel(), 1), dtype=src.dtype, device=src.device)
+        buffers[key] = buf
+    if buf.numel() < src.numel():
+        raise ValueError(f"{name}: needs {src.numel()} entries but the CUDA-graph buffer holds {buf.numel()}")
+    buf[:src.numel()].copy_(src)
+    return buf[:src.numel()]
+
+
+_NP = {torch.int32: np.dtype(np.int32), torch.float32: np.dtype(np.float32), torch.uint8: np.dtype(np.uint8),
+       torch.int64: np.dtype(np.int64)}
+
+
+def layout_views(layout, raw: np.ndarray) -> dict:
+    """{region: numpy view} of a ``WorkspaceLayout`` over a host image ``raw`` that starts at the layout's
+    start (``merged_image``): a table is written as one conversion, no tensor made per table."""
+    return {name: np.ndarray(shape, dtype=_NP[dtype], buffer=raw, offset=off)
+            for name, shape, dtype, off in layout.regions}

@@ -1,0 +1,127 @@
+"""Host time of a batch wrapper's plan() and run() on a tiny problem with host-side index tensors
+(FlashInfer's convention), through the public API (issue 15 item 1).  Runs anywhere; on the CPU the
+Triton backend goes through its interpreter (set TRITON_INTERPRET=1, as the tests do), whose plan is
+the same Python as on a GPU.
+
+    TRITON_INTERPRET=1 python scripts/profile_plan.py --op decode --backend triton --batch 64 [--profile]
+
+run() on the interpreter is dominated by the interpreted kernel, so ``--stub-kernels`` (default on
+the CPU for triton) times run() with the kernel launches replaced by no-ops after the first run: what
+is left is attncore's own host work per run() (checks, launch-cache lookup, table re-send check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+import attncore
+
+
+def build(op: str, backend: str, batch: int, device: str):
+    """(plan, run) zero-argument callables of one tiny problem (inputs and wrapper made once)."""
+    hq, hkv, d, page, pages_per_req, qo = 4, 2, 32, 4, 4, 4
+    dt = torch.float16
+    g = torch.Generator().manual_seed(0)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per_req  # host tensors
+    indices = torch.randperm(batch * pages_per_req, generator=g).to(torch.int32)
+    last = torch.randint(1, page + 1, (batch,), generator=g, dtype=torch.int32)
+    cache = torch.randn(batch * pages_per_req, 2, page, hkv, d, generator=g).to(device=device, dtype=dt)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+    if op == "decode":
+        w = attncore.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+        q = torch.randn(batch, hq, d, generator=g).to(device=device, dtype=dt)
+
+        def plan():
+            w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+    else:
+        w = attncore.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+        qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * qo
+        q = torch.randn(batch * qo, hq, d, generator=g).to(device=device, dtype=dt)
+
+        def plan():
+            w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=dt,
+                   kv_data_type=dt)
+    return w, plan, (lambda: w.run(q, cache))
+
+
+def stub_kernels(w) -> int:
+    """Replace the triton plan's prepared launchers with no-ops (host time of run() without the
+    interpreted kernel); returns how many were replaced."""
+    plan = w._planned
+    n = 0
+    _, p = plan.variant(return_lse=False, sinks=False, fp8_scales=False)
+    cache = getattr(p, "launch_cache", None)
+    if cache is None:
+        return 0
+    noop = lambda *a: None  # noqa: E731
+    for k in list(cache):
+        cache[k] = (noop, noop)
+        n += 1
+    return n
+
+
+def timed(fn, reps: int, rounds: int = 5) -> float:
+    """us per call: the best of ``rounds`` rounds of ``reps`` calls (the least disturbed by the machine)."""
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, time.perf_counter() - t)
+    return best / reps * 1e6
+
+
+def profile(fn, reps: int, top: int = 20) -> str:
+    fn()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(reps):
+        fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", choices=("decode", "paged_prefill"), default="decode")
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--stub-kernels", choices=("auto", "on", "off"), default="auto",
+                    help="run() without the triton kernel launches (auto: on for triton on the CPU)")
+    ap.add_argument("--profile", action="store_true", help="cProfile top-20 of plan() and run()")
+    a = ap.parse_args()
+    w, plan, run = build(a.op, a.backend, a.batch, a.device)
+    t_plan = timed(plan, a.reps)
+    plan()
+    run()
+    stubbed = a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu" and w.backend == "triton")
+    if stubbed:
+        stub_kernels(w)
+    t_run = timed(run, a.reps)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
+    print(f"{a.op} {a.backend} (chose {w.backend}) batch {a.batch} on {a.device}: plan {t_plan:.1f} us, "
+          f"run {t_run:.1f} us{' (kernels stubbed)' if stubbed else ''}")
+    if a.profile:
+        print("---- plan()\n" + profile(plan, a.reps))
+        plan()  # a new plan: its first run prepares the launchers, stubbed again
+        run()
+        if stubbed:
+            stub_kernels(w)
+        print("---- run()\n" + profile(run, a.reps))
+
+
+if __name__ == "__main__":
+    main()
