@@ -28,7 +28,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from attncore.core import checks as _checks
+from attncore.core import page_table as _page_table
 from attncore.core import uploads
+from attncore.core.page_table import _check_seq_lens, _host_ints, _paged_kv_lens, _read_page_table, _seq_lens_int32
 from attncore.core.capabilities import Capabilities, Reason, check
 from attncore.core.problem import AttentionProblem
 
@@ -74,6 +76,11 @@ class AttnParams:
     def causal(self):
         raise AttributeError("AttnParams has no 'causal': the mask a backend applies is BatchMeta.mask "
                              "('none', 'causal' or 'custom', resolved from the problem's mask)")
+
+
+# page_table.py holds the constructors' page-table reads and length checks; these two stay importable from here
+prefetch_paged = _page_table.prefetch_paged
+_SMALL_TABLE = _page_table._SMALL_TABLE
 
 
 @dataclass
@@ -375,91 +382,6 @@ class BatchMeta:
             self.mask = self.resolve_mask(kind, decode=self.block_tables is not None or self.q_len_per_req > 1)
 
 
-def _host_ints(t: torch.Tensor) -> List[int]:
-    return t.cpu().to(torch.int64).tolist()
-
-
-def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
-    """xqa's seq_lens as the batch's int32 ``kv_lens``: a view, no copy (a uint32 is reinterpreted; its
-    values are below 2**31), so a captured graph keeps reading the caller's buffer."""
-    t = seq_lens.view(torch.int32) if seq_lens.dtype == torch.uint32 else seq_lens.to(torch.int32)
-    return t.contiguous()
-
-
-_SMALL_TABLE = 4096  # host page tables up to this many ids are read as Python ints (cheaper than tensor ops)
-
-
-def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
-    """(indptr, last_page_len as host ints, the page ids in use as host ints or as a tensor, their (min,
-    max), the ``extra`` tensors as host ints), read with at most one device-to-host copy
-    (``_checks.read_host``): on a device the ids are reduced there (masked by the count in use,
-    ``indptr[-1]``, so that need not be read first).  Shapes were checked.  (min, max) is (2**31 - 1, -1)
-    when no id is in use."""
-    n = indices.numel()
-    empty = (2 ** 31 - 1, -1)
-    if n and indices.device.type != "cpu":
-        count = indptr[-1:].to(indices.device, non_blocking=True)  # stays on the device
-        valid = torch.arange(n, device=indices.device, dtype=torch.int32) < count
-        lohi = torch.cat([torch.where(valid, indices, 2 ** 31 - 1).min().view(1),
-                          torch.where(valid, indices, -1).max().view(1)])
-        ip, lp, (lo, hi), *ex = _checks.read_host([indptr, last, lohi, *extra])
-        k = min(max(ip[-1], 0), n) if ip else 0
-        return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty, ex
-    ip, lp, *ex = _checks.read_host([indptr, last, *extra])
-    k = min(max(ip[-1], 0), n) if ip else 0
-    if k <= _SMALL_TABLE:
-        used = (indices if k == n else indices[:k]).tolist()
-        return ip, lp, used, (min(used), max(used)) if k else empty, ex
-    used = indices if k == n else indices[:k]
-    lo, hi = torch.aminmax(used)
-    return ip, lp, used, (int(lo), int(hi)), ex
-
-
-def prefetch_paged(qo_indptr, kv_indptr, kv_indices, kv_last_page_len) -> tuple:
-    """A paged prefill plan whose ``qo_indptr`` and page table all live on one device: their values in one
-    read, ``(qo_indptr as host ints, reads for BatchMeta.paged(reads=))``; else ``(None, None)`` and each is
-    checked and read as usual (so a wrong argument gets its own error).  Host tensors need no prefetch."""
-    ts = (qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
-    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1 and t.numel() for t in ts):
-        return None, None
-    dev = kv_indices.device
-    if dev.type == "cpu" or any(t.device != dev for t in ts):
-        return None, None
-    ip, lp, used, lohi, (qo,) = _read_page_table(kv_indptr, kv_indices, kv_last_page_len, extra=(qo_indptr,))
-    return qo, (ip, lp, used, lohi)
-
-
-def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: int, name: str) -> List[int]:
-    """Each request's KV length from its page count and last page (semantics.md, "Page table"),
-    checking ``last_page_len`` (``name`` in errors)."""
-    kv_lens = []
-    for i in range(len(kv_indptr_host) - 1):
-        npages = kv_indptr_host[i + 1] - kv_indptr_host[i]
-        lp = last_host[i]
-        if npages == 0:
-            if lp != 0 and not (1 <= lp <= page_size):
-                raise ValueError(f"{name}: got {name}[{i}] = {lp} for an empty request, expected 0")
-            kv_lens.append(0)
-            continue
-        if not 1 <= lp <= page_size:
-            raise ValueError(f"{name}: got {name}[{i}] = {lp}, expected 1 <= last_page_len <= page_size ({page_size})")
-        kv_lens.append((npages - 1) * page_size + lp)
-    return kv_lens
-
-
-def _check_seq_lens(seq_lens: torch.Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
-    """xqa's seq_lens as host ints, each within ``[q_len_per_req, max_seq_len]`` (one read of the tensor:
-    a device-to-host copy when it lives on a device)."""
-    host = seq_lens.tolist()  # int32 or uint32: Python ints
-    for i, n in enumerate(host):
-        if not q_len <= n <= max_seq_len:
-            raise ValueError(
-                f"seq_lens: got seq_lens[{i}] = {n} (request {i}), expected q_len_per_req ({q_len}) <= seq_len <= "
-                f"max_seq_len ({max_seq_len}); each block_tables row holds {pages * page_size} tokens "
-                f"({pages} pages of {page_size})")
-    return host
-
-
 def _mask_fields(causal: bool, custom_mask, packed_custom_mask, qo_host: List[int], kv_lens: List[int], device,
                  buffers: Optional[dict], *, decode: bool) -> tuple:
     """(mask, packed_mask, mask_indptr, mask_indptr_host) of a batch: a custom mask packed (into the
@@ -504,24 +426,6 @@ class RunArgs:
 
 
 
-def _sending_staged(fn):
-    """``plan`` with the batch's staged index tables sent before it (unless the backend sends them itself) and
-    after it in any case (a no-op once sent)."""
-    def plan(self, problem, meta, *a, **kw):
-        st = getattr(meta, "staged", None)
-        if st is None:
-            return fn(self, problem, meta, *a, **kw)
-        if not self.sends_index_tables:
-            st.send()
-        try:
-            return fn(self, problem, meta, *a, **kw)
-        finally:
-            st.send()
-    plan._sends_staged = True
-    plan.__doc__, plan.__name__, plan.__qualname__, plan.__wrapped__ = fn.__doc__, fn.__name__, fn.__qualname__, fn
-    return plan
-
-
 def cuda_device(device, who: str) -> torch.device:
     """``device`` as an indexed CUDA device (no index: the current one); ``who`` names the caller in
     the error for any other device."""
@@ -557,7 +461,7 @@ class Backend:
         super().__init_subclass__(**kw)
         fn = cls.__dict__.get("plan")
         if fn is not None and not getattr(fn, "_sends_staged", False):
-            cls.plan = _sending_staged(fn)
+            cls.plan = uploads.sending_staged(fn)
 
     def available(self) -> List[Reason]:
         """Reasons the backend cannot run at all here (missing toolchain, no GPU...)."""
@@ -606,7 +510,7 @@ class Backend:
         return f"<attncore backend {self.name} ({self.origin})>"
 
 
-Backend.plan = _sending_staged(Backend.plan)  # the default plan (it returns the batch) too
+Backend.plan = uploads.sending_staged(Backend.plan)  # the default plan (it returns the batch) too
 
 
 # The constructors' index helpers (pack_batch_mask...) live in _api,

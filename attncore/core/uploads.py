@@ -138,6 +138,24 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     return list(views), rest, staged
 
 
+def sending_staged(fn):
+    """``plan`` with the batch's staged index tables sent before it (unless the backend sends them itself) and
+    after it in any case (a no-op once sent)."""
+    def plan(self, problem, meta, *a, **kw):
+        st = getattr(meta, "staged", None)
+        if st is None:
+            return fn(self, problem, meta, *a, **kw)
+        if not self.sends_index_tables:
+            st.send()
+        try:
+            return fn(self, problem, meta, *a, **kw)
+        finally:
+            st.send()
+    plan._sends_staged = True
+    plan.__doc__, plan.__name__, plan.__qualname__, plan.__wrapped__ = fn.__doc__, fn.__name__, fn.__qualname__, fn
+    return plan
+
+
 # ------------------------------------------------------------------------------ one upload for both
 def tables_buffer(rest: torch.Tensor, staged: Optional[Staged], nbytes: int, memo: Optional[dict] = None
                   ) -> torch.Tensor:
