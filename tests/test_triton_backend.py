@@ -565,14 +565,16 @@ def test_gpu_dense_prefill(dtype, causal, layout, noncontig):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("causal", [True, False])
-def test_gpu_dense_configs(causal):
-    # every default dense config, each forced: exact where it compiles
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_dense_configs(causal, d):
+    # every default dense config of the head dim, each forced: exact where it compiles
     from attncore.backends.triton import config as tcfg
-    p = AttentionProblem(op="batch_prefill_ragged", mask="causal" if causal else "none")
+    p = AttentionProblem(op="batch_prefill_ragged", mask="causal" if causal else "none", head_dim_qk=d,
+                         head_dim_vo=d)
     for c in tcfg.dense_candidates(p, causal):
         be = TritonBackend(dense=c.as_dict(), kv_chunk=0)
         plan = run_case("batch_prefill_ragged", qo_lens=[300, 70], kv_lens=[517, 70], causal=causal, hq=8,
-                        hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=32, backend=be)
+                        hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=32, backend=be)
         assert plan.dense and "dense_failed" not in plan.stats, plan.stats
 
 

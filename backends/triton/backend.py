@@ -26,6 +26,7 @@ _F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
 _E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})
 _OPS = frozenset({"single_prefill", "batch_prefill_ragged", "batch_prefill_paged", "batch_decode"})
+DENSE_HEAD_DIMS = (64, 128, 256)  # the Hopper dense kernel's (config.dense_candidates: measured configs per head dim)
 # CUDA graphs (issue 15): every op but xqa_decode, with every feature: in graph mode the plan fixes
 # the launch (config, persistent grid, table addresses) at the caller's first graph-mode plan.
 # (POD ops: backends/triton/pod.py adds its capabilities to TritonPODBackend.)
@@ -173,5 +174,5 @@ class TritonBackend(Backend):
         return (p.op in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
                 and p.mask in ("none", "causal") and not p.spec_mask
                 and p.q_dtype in (_F16, _BF16) and p.kv_dtype == p.q_dtype and p.out_dtype == p.q_dtype
-                and p.head_dim_qk == p.head_dim_vo and p.head_dim_qk in (64, 128)
+                and p.head_dim_qk == p.head_dim_vo and p.head_dim_qk in DENSE_HEAD_DIMS
                 and p.pos_encoding == "NONE" and not p.soft_cap and p.window_left < 0)

@@ -383,13 +383,13 @@ def main():
     grid = (plan.num_items * pr.num_kv_heads,)
     kargs = dict(G=4, HEAD_DIM=128, BLOCK_D=128, HALF=64, BLOCK_HALF=64, BLOCK_M=16, BLOCK_N=64, PAGE=16,
                  MASK_MODE=0, HAS_WINDOW=False, SOFT_CAP=False, ALIBI=False, ROPE=False, HAS_SINKS=False,
-                 STORE_LSE=False, SPLIT=False, DOT_PREC="tf32", PREFETCH=False, DOT_F16=False, KV_ADDR=0, HEADS_FIRST=False,
+                 STORE_LSE=False, DOT_PREC="tf32", PREFETCH=False, DOT_F16=False, KV_ADDR=0,
                  PERSISTENT=False, HEAD_DIM_VO=128, BLOCK_DV=128)
     pos = (ar.q, ar.k, ar.v, ar.out, plan.kv_lens, plan.kv_lens, plan.kv_lens, plan.work, plan.counts, plan.qo_indptr,
            plan.kv_indptr, plan.kv_indices, plan.kv_lens, plan.kv_lens, plan.kv_lens, plan.kv_lens, plan.kv_lens,
            ar.q.stride(0), ar.q.stride(1), ar.k.stride(0), ar.k.stride(1), ar.k.stride(2), ar.v.stride(0),
            ar.v.stride(1), ar.v.stride(2), ar.out.stride(0), ar.out.stride(1), 0, 0, 0, 0, 0, 0,
-           0.1, 0.0, 0.0, 1.0, -1, 13.3, 1.0, 0, 0, pr.num_kv_heads, plan.num_items)
+           0.1, 0.0, 0.0, 1.0, -1, 13.3, 1.0, 0, 0, pr.num_kv_heads, plan.num_items, 0)  # ..., heads_first
     K._attn_fwd[grid](*pos, **kargs)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
