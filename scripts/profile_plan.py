@@ -25,8 +25,10 @@ import attncore
 
 def build(op: str, backend: str, batch: int, device: str):
     """(plan, run) zero-argument callables of one tiny problem (inputs and wrapper made once)."""
-    hq, hkv, d, page, pages_per_req, qo = 4, 2, 32, 4, 4, 4
-    dt = torch.float16
+    if device == "cuda":  # the sizes of `attncore bench --latency` on a GPU (attncore/cli/latency.py)
+        hq, hkv, d, page, pages_per_req, qo, dt = 32, 8, 128, 16, 8, 16, torch.bfloat16
+    else:
+        hq, hkv, d, page, pages_per_req, qo, dt = 4, 2, 32, 4, 4, 4, torch.float16
     g = torch.Generator().manual_seed(0)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per_req  # host tensors
     indices = torch.randperm(batch * pages_per_req, generator=g).to(torch.int32)

@@ -1,6 +1,7 @@
 """attncore.core.uploads: a batch's host index tables are staged and sent with the backend's own tables in one
 copy (triton), or around plan() for any other backend (issue 15 item 1: host time of plan())."""
 
+import pytest
 import torch
 
 import attncore
@@ -18,6 +19,19 @@ def _table(b, seed):
     indices = torch.randperm(int(indptr[-1]), generator=g).to(torch.int32)
     last = torch.randint(1, PAGE + 1, (b,), generator=g, dtype=torch.int32)
     return indptr, indices, last
+
+
+def _check_golden(out, q, cache, indptr, indices, kv_lens, qo_per_req):
+    """Each request of a paged batch (causal, bottom-right) against the fp64 golden, by the project's rule."""
+    k, v = cache[:, 0].cpu(), cache[:, 1].cpu()
+    q, out = q.cpu(), out.cpu()
+    for i in range(len(kv_lens)):
+        pages = indices[indptr[i]:indptr[i + 1]].long()
+        ki = k[pages].reshape(-1, HKV, k.shape[-1])[:kv_lens[i]]
+        vi = v[pages].reshape(-1, HKV, v.shape[-1])[:kv_lens[i]]
+        rows = slice(i * qo_per_req, (i + 1) * qo_per_req)
+        go, _, bo, _ = golden_and_baseline(q[rows], ki, vi, dtype=q.dtype, causal=True)
+        assert max_error(out[rows].double(), go) <= tolerance(bo, go, q.dtype), f"request {i}"
 
 
 def test_host_tables_are_staged_and_a_plain_backend_gets_them_sent_before_plan():
@@ -99,15 +113,7 @@ def test_triton_sends_index_and_work_tables_in_one_copy_and_stays_correct():
         up = plan.upload
         assert up.dst.data_ptr() == plan.counts.data_ptr() and up.dst.data_ptr() + up.dst.numel() == end
         q = torch.randn(b, H, D).half()
-        out = w.run(q, cache)
-        k, v = cache[:, 0], cache[:, 1]
-        kv_len = meta.kv_lens_host
-        for i in range(b):
-            pages = indices[indptr[i]:indptr[i + 1]].long()
-            ki = k[pages].reshape(-1, HKV, D)[:kv_len[i]]
-            vi = v[pages].reshape(-1, HKV, D)[:kv_len[i]]
-            go, _, bo, _ = golden_and_baseline(q[i:i + 1], ki, vi, dtype=torch.float16, causal=True)
-            assert max_error(out[i:i + 1].double(), go) <= tolerance(bo, go, torch.float16)
+        _check_golden(w.run(q, cache), q, cache, indptr, indices, meta.kv_lens_host, 1)
 
 
 def test_cuda_fa2_run_structs_are_made_once_per_signature_and_scales():
@@ -130,3 +136,47 @@ def test_cuda_fa2_run_structs_are_made_once_per_signature_and_scales():
     assert p2 is p1 and m2 is m1 and (p2.q, p2.o, m2.o) == (q2.data_ptr(), out2.data_ptr(), out2.data_ptr())
     p3, _ = binding.build_params(plan, SimpleNamespace(**{**vars(args), "k_scale": 2.0}))
     assert p3 is not p1 and abs(p3.scale_log2 - 2 * p1.scale_log2) < 1e-6 and len(plan.structs) == 2
+
+
+class _CountUploads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts host-to-device copies (aten copy_ from a CPU tensor into a CUDA one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._overloadpacket.__name__ == "copy_" and args[0].is_cuda and not args[1].is_cuda:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda_fa2"])
+@pytest.mark.parametrize("op", ["decode", "paged"])
+def test_gpu_plan_sends_one_copy_and_stays_correct(backend, op):
+    """On a GPU, plan() with host index tensors makes ONE host-to-device copy (the index tables and the backend's
+    tables together) and the runs of re-plans with other batch sizes equal the reference backend's."""
+    from attncore.core import registry
+
+    if backend not in registry.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    dev, dt = "cuda", torch.float16
+    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=dev)
+    cache = torch.randn(64, 2, PAGE, HKV, 64, device=dev, dtype=dt)
+    make = (attncore.BatchDecodeWithPagedKVCacheWrapper if op == "decode"
+            else attncore.BatchPrefillWithPagedKVCacheWrapper)
+    w = make(ws, "NHD", backend=backend)
+    n = 1 if op == "decode" else 3
+    for b, seed in ((3, 0), (8, 1), (1, 2), (5, 3)):
+        indptr, indices, last = _table(b, seed)
+        qo = torch.arange(b + 1, dtype=torch.int32) * n
+        q = torch.randn(b * n, H, 64, device=dev, dtype=dt)
+        args = (indptr, indices, last, H, HKV, 64, PAGE) if op == "decode" else (qo, indptr, indices, last, H, HKV,
+                                                                                  64, PAGE)
+        kw = dict(q_data_type=dt) if op == "decode" else dict(q_data_type=dt, causal=True)
+        w.plan(*args, **kw)  # warm: JIT builds, caches
+        with _CountUploads() as c:
+            w.plan(*args, **kw)
+        assert c.n == 1, f"{backend} {op} batch {b}: {c.n} host-to-device copies in plan()"
+        _check_golden(w.run(q, cache), q, cache, indptr, indices, w._planned.meta.kv_lens_host, n)

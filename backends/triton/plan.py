@@ -20,6 +20,7 @@ the capacity is an error naming it; split-KV shrinks (a larger chunk) to fit the
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -226,7 +227,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
 
     # ---- launch config (graph mode: the first plan's)
     sms, cc = device_info(device)
-    rows_max = max([q * G for q in qo_lens] + [1])
+    rows_max = max(max(qo_lens, default=0) * G, 1)
     graph = None
     if graph_mode:
         graph = _GRAPH_STATES.find(problem, meta)
@@ -335,19 +336,10 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     plan.part_o, plan.part_lse = fviews.get("part_o"), fviews.get("part_lse")
 
     # ---- int workspace (plan-scoped): the tables, one upload
-    ilay = WorkspaceLayout("triton")
-    ilay.add("counts", (COUNT_FIELDS,), torch.int32)
-    ilay.add("work", (cap_items, WORK_COLS), torch.int32)
-    if cap_merge:
-        ilay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
-    if problem.pos_encoding == "ALIBI":
-        ilay.add("slopes", (Hq,), torch.float32)
-    if xqa_width is not None:
-        ilay.add("xqa_indptr", (B + 1,), torch.int32)
-    for bm, (items, _, _) in dense_lists.items():
-        ilay.add(f"dense_{bm}", (max(len(items), 1), 2), torch.int32)
-    if gather_bytes:
-        ilay.add("kv_start", (max(B, 1),), torch.int32)
+    ilay = _int_layout(cap_items, cap_merge, Hq if problem.pos_encoding == "ALIBI" else 0,
+                       B + 1 if xqa_width is not None else 0,
+                       tuple([(bm, max(len(items), 1)) for bm, (items, _, _) in dense_lists.items()]),
+                       max(B, 1) if gather_bytes else 0)
     ibuf, shared = meta.int_workspace, meta.int_workspace is not None
     if ibuf is None and graph is not None:
         if graph.own_int is None:
@@ -402,6 +394,27 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
                                    cap_part=graph.cap_part, cap_merge=graph.cap_merge)
     plan.stats["workspace"] = dict(float_bytes=flay.nbytes if flay.regions else 0, int_bytes=ilay.nbytes)
     return plan
+
+
+@functools.lru_cache(maxsize=256)
+def _int_layout(cap_items: int, cap_merge: int, slopes: int, xqa_indptr: int, dense: tuple, kv_start: int
+                ) -> WorkspaceLayout:
+    """The int workspace's layout of a plan (its tables), by their sizes (0: absent); made once per sizes (host
+    time) and never changed after."""
+    lay = WorkspaceLayout("triton")
+    lay.add("counts", (COUNT_FIELDS,), torch.int32)
+    lay.add("work", (cap_items, WORK_COLS), torch.int32)
+    if cap_merge:
+        lay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
+    if slopes:
+        lay.add("slopes", (slopes,), torch.float32)
+    if xqa_indptr:
+        lay.add("xqa_indptr", (xqa_indptr,), torch.int32)
+    for bm, rows in dense:
+        lay.add(f"dense_{bm}", (rows, 2), torch.int32)
+    if kv_start:
+        lay.add("kv_start", (kv_start,), torch.int32)
+    return lay
 
 
 def _pick_config(be, problem, rows_max, device, interp, cc):
