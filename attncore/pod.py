@@ -1,16 +1,27 @@
-"""POD (prefill-on-decode): a prefill and a decode batch in one call.
+"""POD (prefill-on-decode): a prefill and a decode batch in one call, in one of three modes (``mode``).
 
-Each run is offered to a backend claiming the fused op (``pod`` / ``batch_pod``: both parts in one
-launch, ``attncore.core.problem.pod_problem``).  The wrappers compose the backends chosen for the
-parts (a single or batch prefill, then a batch decode, on the current stream) when no backend claims
-it, when ``auto``'s pick ranks below the reference for it (Triton's interpreter on the CPU), or when
-the backend's plan() declines the batch (``PODDeclined``: fused would not win); ``fused_reason`` says
-which, ``backend`` names what ran.  Unlike FlashInfer, LSEs are returned when asked for, and
-decode-side ``*_d`` arguments either match the plan (``None`` means "as planned") or raise: they are
-never silently ignored.  Workspaces: the composed parts share the float workspace (their runs are
-sequential); int workspaces are plan-scoped, so each plan has its own: the caller's goes to the decode
-part, the fused plan's work list lives in the wrapper's own (``INT_WORKSPACE_BYTES``, allocated on the
-first fused plan), the batch prefill part keeps its wrapper's.
+* ``"fused"``: a backend claiming the fused op (``pod`` / ``batch_pod``: both parts in one launch,
+  ``attncore.core.problem.pod_problem``) runs them; ``fuse=False`` skips it.  The parts are composed
+  instead (the backends chosen for a single or batch prefill and a batch decode) when no backend claims
+  it, when ``auto``'s pick ranks below the reference (Triton's interpreter on the CPU), or when its plan()
+  declines the batch (``PODDeclined``: fused would not win); ``fused_reason`` says which.
+* ``"streams"``: composed, at the same time: the decode part on a side stream forked from the current
+  stream (one per device and priority per wrapper, with the current stream's priority), the prefill on
+  the current stream, joined back before run() returns, so the bandwidth-bound decode overlaps the
+  compute-bound prefill.  CUDA-graph capture records the fork and join.  ``overlap="auto"`` (default)
+  or ``"streams"``.
+* ``"serial"``: composed, one after the other on the current stream: ``overlap="serial"``, on a device
+  without streams (the CPU), under torch.compile (``COMPILED_SERIAL``), or when the caller's float
+  workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
+
+``backend`` names what ran.  Unlike FlashInfer, LSEs are returned when asked for, and decode-side ``*_d``
+arguments either match the plan (``None`` means "as planned") or raise: they are never silently ignored.
+Workspaces: parts that run at the same time never share scratch.  The single POD's prefill uses the
+one-call workspace and its decode the caller's; the batch POD splits the caller's float workspace in two
+halves (prefill, decode) in streams mode and shares it whole when the parts run in turn.  Int workspaces are
+plan-scoped, so each plan has its own: the caller's goes to the decode part, the fused plan's work list
+lives in the wrapper's own (``INT_WORKSPACE_BYTES``, allocated on the first fused plan), the batch
+prefill part keeps its wrapper's.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
+from attncore.core.workspace import ALIGN, WorkspaceTooSmall
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.core.single_prefill import plan_single, run_single
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
@@ -93,6 +105,95 @@ class _Fuser:
         return res
 
 
+OVERLAPS = ("auto", "streams", "serial")
+# Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed
+# inside a compiled region here (Dynamo's stream support does not cover the side stream's lifetime and the
+# join a captured graph needs), so the compiled path keeps the eager mode's plans and runs the parts in turn.
+COMPILED_SERIAL = "under torch.compile the composed parts run one after the other (no stream fork when traced)"
+
+
+def _check_overlap(overlap) -> str:
+    if overlap.__class__ is not str or overlap not in OVERLAPS:
+        raise ValueError(f"overlap: got {overlap!r}, expected one of 'auto', 'streams', 'serial'")
+    return overlap
+
+
+def _ready(planned, args: RunArgs) -> None:
+    """Plan the run-time variant ``planned.run(args)`` will use now, on the current stream: a lazy plan
+    (LSE, sinks, fp8 scales not planned) uploads its tables, which must not happen on the side stream."""
+    fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+    planned.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+
+
+class _Streams:
+    """How one POD wrapper runs its composed parts: the decode part on a side stream forked from the
+    current stream (``"streams"``) or both in turn on the current stream (``"serial"``).  ``mode`` and
+    ``reason`` describe the last run (``reason``: why composed parts ran serially; None otherwise)."""
+
+    def __init__(self, overlap, device: torch.device):
+        self.overlap = _check_overlap(overlap)
+        self.device = device
+        self._side: dict = {}  # (device index, priority) -> the side stream, created once and reused
+        self.mode: Optional[str] = None
+        self.reason: Optional[str] = None
+
+    def unavailable(self) -> Optional[str]:
+        """Why the composed parts cannot run on two streams here (None: they can)."""
+        if self.overlap == "serial":
+            return "overlap='serial': the composed parts run one after the other"
+        if self.device.type != "cuda":
+            return (f"overlap={self.overlap!r}: no CUDA streams on {self.device.type}: the composed parts run "
+                    f"one after the other")
+        return None
+
+    def side(self, cur) -> "torch.cuda.Stream":
+        """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
+        let the decode starve behind the prefill; a high one would preempt the caller's other work)."""
+        key = (cur.device.index, cur.priority)
+        s = self._side.get(key)
+        if s is None:
+            s = self._side[key] = torch.cuda.Stream(device=cur.device, priority=cur.priority)
+        return s
+
+    def compose(self, prefill, decode, why_serial: Optional[str] = None) -> None:
+        """Run the parts (callables that launch them; everything they write is allocated already).
+
+        Memory: the outputs (out, lse) and every input were allocated on the current stream before the
+        fork, and the current stream waits for the side stream before this returns (the join).  The caching
+        allocator hands a freed block back only to the stream it was allocated on, so any later reuse of
+        those blocks is queued on the current stream after the join: after the decode has read or written
+        them; no record_stream is needed.  What the decode allocates itself under the side stream is
+        freed to the side stream's pool, whose later users queue after it.  Under CUDA-graph capture the
+        side stream joins the capture through the fork's event and leaves it at the join."""
+        why = why_serial or self.unavailable()
+        if why is not None:
+            prefill()
+            decode()
+            self.mode, self.reason = "serial", why
+            return
+        cur = torch.cuda.current_stream(self.device)
+        side = self.side(cur)
+        side.wait_stream(cur)  # fork: the side stream sees what the current stream queued (inputs, outputs)
+        try:
+            with torch.cuda.stream(side):  # the decode first: the longer, bandwidth-bound part starts at once
+                decode()
+            prefill()
+        finally:
+            cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
+        self.mode, self.reason = "streams", None
+
+
+def _halves(ws: Tensor) -> Optional[tuple]:
+    """The caller's float workspace as (head, tail) uint8 views, split at a 256-byte multiple: the
+    prefill part's and the decode part's scratch when they run at the same time; None when the buffer
+    is not contiguous (no byte views of it)."""
+    if not ws.is_contiguous():
+        return None
+    b = ws.view(-1).view(torch.uint8)
+    h = b.numel() // 2 // ALIGN * ALIGN
+    return b[:h], b[h:]
+
+
 def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> RunArgs:
     """The decode part's RunArgs, checked as the decode wrapper's run() checks them."""
     p = wrapper._planned.problem
@@ -116,14 +217,39 @@ def _result(args: RunArgs):
     return (args.out, args.lse) if args.lse is not None else args.out
 
 
-class PODWithPagedKVCacheWrapper:
+class _Modes:
+    """What the last run of a POD wrapper did, and why (both wrappers)."""
+
+    @property
+    def fused_reason(self) -> Optional[str]:
+        """Why the last run composed the parts (None after a fused run or before any run)."""
+        return self._fuser.reason
+
+    @property
+    def mode(self) -> Optional[str]:
+        """How the last eager run ran: ``"fused"`` (one launch), ``"streams"`` (the parts composed on two
+        CUDA streams at the same time), ``"serial"`` (composed, one after the other); None before a run.
+        Under torch.compile the composed parts run one after the other (``COMPILED_SERIAL``)."""
+        return self._streams.mode
+
+    @property
+    def overlap_reason(self) -> Optional[str]:
+        """Why the last run's composed parts ran one after the other (None after a fused or streams run)."""
+        return self._streams.reason
+
+
+class PODWithPagedKVCacheWrapper(_Modes):
     """Single-request prefill (dense K/V) + batch decode (paged) in one call (FlashInfer-compatible)."""
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  paged_kv_indptr_buffer: Optional[Tensor] = None, paged_kv_indices_buffer: Optional[Tensor] = None,
                  paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto",
-                 fuse: bool = True):
-        """``fuse`` (attncore): False always composes the parts (benchmarks time the serial path so)."""
+                 fuse: bool = True, overlap: str = "auto"):
+        """``fuse`` (attncore): False always composes the parts (benchmarks time the composed paths so).
+        ``overlap`` (attncore): how composed parts run: ``"auto"``/``"streams"`` on two CUDA streams
+        (the decode on a side stream) where the device has streams, ``"serial"`` one after the other.
+        The single prefill's scratch is the one-call workspace, the decode's the caller's: they never
+        share one, so running them at the same time needs no split of the caller's workspace."""
         self._decode = BatchDecodeWithPagedKVCacheWrapper(
             float_workspace_buffer, kv_layout, use_cuda_graph, False, paged_kv_indptr_buffer,
             paged_kv_indices_buffer, paged_kv_last_page_len_buffer, backend=backend, jit_args=jit_args)
@@ -131,6 +257,7 @@ class PODWithPagedKVCacheWrapper:
         self._kv_layout = kv_layout
         self._prefill_backend: Optional[str] = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
+        self._streams = _Streams(overlap, self._decode._device)
 
     @property
     def backend(self) -> Optional[str]:
@@ -141,11 +268,6 @@ class PODWithPagedKVCacheWrapper:
         if self._fuser.backend_name is not None:
             return f"fused={self._fuser.backend_name}"
         return f"prefill={self._prefill_backend or '?'} decode={self._decode.backend}"
-
-    @property
-    def fused_reason(self) -> Optional[str]:
-        """Why the last run composed the parts (None after a fused run or before any run)."""
-        return self._fuser.reason
 
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
         """The decode part takes both (the single prefill has no plan-scoped tables); the fused plan
@@ -219,23 +341,34 @@ class PODWithPagedKVCacheWrapper:
                                  _variant(planned.problem, args_d), planned.meta)
         if fused is not None:
             fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
+            self._streams.mode, self._streams.reason = "fused", None
         else:
-            _, self._prefill_backend = run_single(planned_p, args_p)
-            planned.run(args_d)
+            _ready(planned_p, args_p)
+            _ready(planned, args_d)
+            self._prefill_backend = planned_p.backend_name
+            self._streams.compose(lambda: planned_p.run(args_p), lambda: planned.run(args_d))
         return _result(args_p), _result(args_d)
 
 
-class BatchPODWithPagedKVCacheWrapper:
+class BatchPODWithPagedKVCacheWrapper(_Modes):
     """Paged batch prefill + paged batch decode in one call (FlashInfer-compatible)."""
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto",
-                 fuse: bool = True):
-        """``fuse`` (attncore): False always composes the parts."""
+                 fuse: bool = True, overlap: str = "auto"):
+        """``fuse`` (attncore): False always composes the parts.  ``overlap`` (attncore): how composed parts
+        run: ``"auto"``/``"streams"`` on two CUDA streams where the device has them and the float workspace
+        holds both parts' scratch side by side (each part plans into its half), ``"serial"`` one after the
+        other, sharing the whole float workspace."""
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._plan_args: Optional[tuple] = None
+        self._decode_plan = None  # plan()'s decode-side call, made again when the workspace split changes
         self._prefill_key = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
+        self._streams = _Streams(overlap, self._decode._device)
+        self._ws = float_workspace_buffer
+        self._split: Optional[tuple] = None  # (prefill's, decode's) workspace views while the parts are split
+        self._split_reason: Optional[str] = None  # why the parts share the workspace (so run serially)
 
     @property
     def backend(self) -> Optional[str]:
@@ -246,17 +379,13 @@ class BatchPODWithPagedKVCacheWrapper:
             return f"fused={self._fuser.backend_name}"
         return f"prefill={self._prefill.backend or '?'} decode={self._decode.backend}"
 
-    @property
-    def fused_reason(self) -> Optional[str]:
-        """Why the last run composed the parts (None after a fused run or before any run)."""
-        return self._fuser.reason
-
     def reset_workspace_buffer(self, float_workspace_buffer: Tensor, int_workspace_buffer: Optional[Tensor] = None):
-        """The float workspace is shared by both parts (their runs are sequential); an int workspace is
-        plan-scoped, so only the decode part takes the caller's: the prefill part and the fused plan keep
-        their own."""
+        """The float workspace is split between the parts at the next plan() when they run on two streams,
+        else shared (their runs are sequential); an int workspace is plan-scoped, so only the decode part
+        takes the caller's: the prefill part and the fused plan keep their own."""
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
         self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        self._ws, self._split = float_workspace_buffer, None
 
     def plan(self, qo_indptr_p: Tensor, kv_indptr_p: Tensor, kv_indices_p: Tensor, last_page_len_p: Tensor,
              qo_indptr_d: Tensor, kv_indptr_d: Tensor, kv_indices_d: Tensor, last_page_len_d: Tensor,
@@ -279,15 +408,52 @@ class BatchPODWithPagedKVCacheWrapper:
             last_page_len_p = last_page_len_p.to(kv_indptr_p.device)
         if last_page_len_d.device != kv_indptr_d.device:
             last_page_len_d = last_page_len_d.to(kv_indptr_d.device)
-        self._decode.plan(kv_indptr_d, kv_indices_d, last_page_len_d, num_qo_heads, num_kv_heads, head_dim, page_size,
-                          pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
-                          kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
-                          rope_theta=rope_theta, non_blocking=non_blocking, q_len_per_req=q_len)
+        self._decode_plan = lambda: self._decode.plan(
+            kv_indptr_d, kv_indices_d, last_page_len_d, num_qo_heads, num_kv_heads, head_dim, page_size,
+            pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
+            kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+            non_blocking=non_blocking, q_len_per_req=q_len)
         self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
                            head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
                            sm_scale, rope_scale, rope_theta)
+        self._plan_parts(False, None, None)
+
+    def _assign(self, split: Optional[tuple]) -> None:
+        """Give each part its workspace: its half of the split, or the whole buffer (no-op when unchanged:
+        reset_workspace_buffer empties a wrapper's plan memo)."""
+        fp, fd = split if split is not None else (self._ws, self._ws)
+        if self._prefill._float_workspace_buffer is not fp:
+            self._prefill.reset_workspace_buffer(fp)
+        if self._decode._float_workspace_buffer is not fd:
+            self._decode.reset_workspace_buffer(fd)
+        self._split = split
+
+    def _plan_parts(self, causal_p: bool, custom_mask_p, packed_custom_mask_p) -> None:
+        """Plan both parts: into the halves of the float workspace when they will run at the same time
+        (the scratch of one must not be the other's), else into the whole buffer.  A part too big for its
+        half (``WorkspaceTooSmall``) sends both back to the whole buffer, run one after the other, and
+        ``overlap_reason`` says so."""
+        why = self._streams.unavailable()
+        if why is None:
+            split = self._split or _halves(self._ws)
+            if split is None:
+                why = "float_workspace_buffer: not contiguous, so not split between the parts; they run in turn"
+            else:
+                try:
+                    self._assign(split)
+                    self._decode_plan()
+                    self._prefill_key = None
+                    self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+                    self._split_reason = None
+                    return
+                except WorkspaceTooSmall as e:
+                    why = (f"float_workspace_buffer: too small for both parts side by side (each gets half, "
+                           f"{split[0].numel()} bytes; {e}); the parts share it and run one after the other")
+        self._assign(None)
+        self._decode_plan()
         self._prefill_key = None
-        self._plan_prefill(False, None, None)
+        self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+        self._split_reason = why
 
     @staticmethod
     def _mask_key(causal_p: bool, custom_mask_p, packed_custom_mask_p) -> tuple:
@@ -325,7 +491,12 @@ class BatchPODWithPagedKVCacheWrapper:
                                    f"already be planned with causal_p={bool(causal_p)} (plan() plans causal_p=False); "
                                    f"call run() once outside the compiled function with the same causal_p first")
         else:
-            self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+            try:
+                self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
+            except WorkspaceTooSmall:  # a new prefill mask too big for its half: both parts on the whole buffer
+                if self._split is None:
+                    raise
+                self._plan_parts(causal_p, custom_mask_p, packed_custom_mask_p)
             pw, dw = self._prefill, self._decode
             args_p = _paged_args(pw, q_p, paged_kv_cache_p, None, None, None, return_lse)
             args_d = _paged_args(dw, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse)
@@ -333,7 +504,13 @@ class BatchPODWithPagedKVCacheWrapper:
                                      _variant(dw._planned.problem, args_d), dw._planned.meta)
             if fused is not None:
                 fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
+                self._streams.mode, self._streams.reason = "fused", None
                 return _result(args_p), _result(args_d)
+            _ready(pw._planned, args_p)
+            _ready(dw._planned, args_d)
+            self._streams.compose(lambda: pw._planned.run(args_p), lambda: dw._planned.run(args_d),
+                                  self._split_reason)
+            return _result(args_p), _result(args_d)
         res_p = self._prefill.run(q_p, paged_kv_cache_p, return_lse=return_lse)
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                  return_lse=return_lse)

@@ -300,11 +300,12 @@ def test_pod_bench_rows_on_cpu(triton_pod):
     w = bench_pod._shrink(bench_pod.POD_WORKLOADS[0])
     row = bench_pod.measure(w, device="cpu", time_fn=lambda fn: (fn(), calls.append(1), 1.0)[2])
     assert "fused_error" not in row, row.get("fused_error")
-    assert row["fused"] == row["serial"] == row["auto"] == 1.0 and len(calls) == 3
-    assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("prefill=")
+    assert row["fused"] == row["serial"] == row["streams"] == row["auto"] == 1.0 and len(calls) == 4
+    assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("serial: prefill=")
+    assert row["streams_mode"] == "serial" and "no CUDA streams on cpu" in row["streams_reason"]
     assert triton_pod._pod[0] == "always"  # the forced mode is restored to the fixture's
     table = bench_pod.format_pod_table({"device": "cpu", "rows": [row]})
-    assert "PD1" in table and "fused x" in table
+    assert "PD1" in table and "fused x" in table and "streams x" in table and "streams_reason" in table
     with pytest.raises(ValueError, match="unknown POD workload PD9"):
         bench_pod.run_pod_bench(["PD9"], device="cpu")
 
@@ -321,8 +322,8 @@ def test_pod_plot(tmp_path):
     pytest.importorskip("matplotlib")
     from attncore.cli import bench_pod
 
-    rows = [{"id": "S-a", "shape": "x", "fused_speedup": 1.2, "auto_speedup": 1.1},
-            {"id": "S-b", "shape": "y", "fused_speedup": 0.9, "auto_speedup": 1.0}]
+    rows = [{"id": "S-a", "shape": "x", "fused_speedup": 1.2, "streams_speedup": 1.15, "auto_speedup": 1.1},
+            {"id": "S-b", "shape": "y", "fused_speedup": 0.9, "streams_speedup": 1.05, "auto_speedup": 1.0}]
     bench_pod.plot({"device": "cpu", "rows": rows}, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 0
 

@@ -169,7 +169,8 @@ def explain(problem: AttentionProblem, backend: str = "auto", sizes=None) -> Exp
 def _pod_note(problem: AttentionProblem, backend: str, ex: Explanation) -> str:
     """What the POD wrappers do with this choice: they compose the parts (each chosen on its own)
     when no backend claims the fused op, when auto's pick ranks below the reference, or when the pick's
-    plan() declines a batch it estimates would not gain (the wrapper's ``fused_reason`` says which)."""
+    plan() declines a batch it estimates would not gain (the wrapper's ``fused_reason`` says which); composed
+    parts run at the same time on two CUDA streams where they can (the wrapper's ``mode``)."""
     from attncore.core.problem import pod_parts
 
     names = [f"{label} -> {explain(p, backend).chosen or 'none'}"
@@ -181,7 +182,9 @@ def _pod_note(problem: AttentionProblem, backend: str, ex: Explanation) -> str:
     else:
         head = (f"fused by {ex.chosen} where its plan() estimates a gain; otherwise (see the wrapper's "
                 f"fused_reason) the parts are composed")
-    return head + " (" + ", ".join(names) + ")"
+    tail = ("; composed parts run at the same time (decode on a side CUDA stream) on CUDA devices when the "
+            "float workspace holds both, else one after the other (overlap=, the wrapper's mode / overlap_reason)")
+    return head + " (" + ", ".join(names) + ")" + tail
 
 
 def _fmt_ms(t: float) -> str:

@@ -1,0 +1,339 @@
+"""POD's concurrent mode (issue 16): the composed parts on two CUDA streams (the decode on a side stream),
+its selection (``overlap=``, ``mode``, ``overlap_reason``), the batch POD's workspace split and its
+too-small fallback (on the CPU, with the stream fork faked), and on a GPU: streams == serial bit for bit,
+under CUDA-graph capture and replay after re-plan, memory flat over repeated runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attncore
+from attncore import pod as _pod
+from attncore.core.problem import AttentionProblem, pod_problem
+from attncore.core.selector import explain
+from attncore.core.workspace import ALIGN, WorkspaceTooSmall
+
+from tests.test_pod_fused import _check, _paged, _request_kv, triton_pod  # noqa: F401 (a fixture)
+
+HQ, HKV, D, PAGE = 4, 2, 32, 4
+
+
+def _pod_inputs(dtype, device="cpu", kv_lens=(5, 9, 0), qo=6, seed=0):
+    torch.manual_seed(seed)
+    indptr, indices, last, cache = _paged(list(kv_lens), PAGE, HKV, D, dtype, device=device)
+    qp = torch.randn(qo, HQ, D, dtype=dtype, device=device)
+    kp, vp = (torch.randn(qo, HKV, D, dtype=dtype, device=device) for _ in range(2))
+    qd = torch.randn(len(kv_lens), HQ, D, dtype=dtype, device=device)
+    return indptr, indices, last, cache, qp, kp, vp, qd
+
+
+def _batch_pod(ws, dtype, device="cpu", qo=7, kv_p=(7,), kv_d=(5, 9), **kw):
+    torch.manual_seed(1)
+    ip, xp, lp, cp = _paged(list(kv_p), PAGE, HKV, D, dtype, device=device)
+    idd, xd, ld, cd = _paged(list(kv_d), PAGE, HKV, D, dtype, device=device)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", **kw)
+    qo_p = torch.tensor([0, qo], dtype=torch.int32, device=device)
+    qo_d = torch.arange(len(kv_d) + 1, dtype=torch.int32, device=device)
+    w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, HQ, HKV, D, PAGE, q_data_type=dtype)
+    qp = torch.randn(qo, HQ, D, dtype=dtype, device=device)
+    qd = torch.randn(len(kv_d), HQ, D, dtype=dtype, device=device)
+    return w, (qp, cp, qd, cd), (ip, xp, idd, xd)
+
+
+# ------------------------------------------------------------------------------------------- CPU
+@pytest.mark.parametrize("bad", ["parallel", "", True, None, 2])
+def test_bad_overlap_raises_naming_it(bad):
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"overlap: got .*expected one of 'auto', 'streams', 'serial'"):
+        attncore.PODWithPagedKVCacheWrapper(ws, "NHD", overlap=bad)
+    with pytest.raises(ValueError, match="overlap: got"):
+        attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", overlap=bad)
+
+
+@pytest.mark.parametrize("overlap", ["auto", "streams", "serial"])
+def test_pod_on_cpu_runs_serially_and_says_why(overlap):
+    """On the CPU the concurrent mode degrades to serial (no streams), with the reason; results are
+    the serial path's bit for bit and right against the golden."""
+    dtype = torch.float32
+    indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dtype)
+    res = {}
+    for ov in (overlap, "serial"):
+        w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD",
+                                                backend="reference", overlap=ov)
+        assert w.mode is None and w.overlap_reason is None
+        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=dtype)
+        res[ov] = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
+        assert w.mode == "serial"
+        if ov == "serial":
+            assert w.overlap_reason.startswith("overlap='serial'")
+        else:
+            assert f"overlap={ov!r}: no CUDA streams on cpu" in w.overlap_reason
+    for a, b in zip(res[overlap], res["serial"]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    (op, lp), (od, ld) = res[overlap]
+    _check(op, lp, qp, kp, vp, dtype, causal=True)
+    for i, n in enumerate([5, 9, 0]):
+        if n:
+            k, v = _request_kv(cache, indptr, indices, n, i)
+            _check(od[i:i + 1], ld[i:i + 1], qd[i:i + 1], k, v, dtype, causal=True)
+
+
+def test_batch_pod_on_cpu_shares_the_workspace():
+    """Serial on the CPU: no split, both parts plan into the whole float workspace."""
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w, args, _ = _batch_pod(ws, torch.float32, backend="reference")
+    w.run(*args, return_lse=True)
+    assert w.mode == "serial" and "no CUDA streams on cpu" in w.overlap_reason
+    assert w._split is None
+    assert w._prefill._float_workspace_buffer is ws and w._decode._float_workspace_buffer is ws
+
+
+def test_fused_run_reports_fused_mode(triton_pod):
+    dtype = torch.float32
+    indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dtype)
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend="triton",
+                                            overlap="streams")
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=dtype)
+    w.run(qp, kp, vp, qd, cache, causal_p=True)
+    assert w.mode == "fused" and w.overlap_reason is None and w.fused_reason is None
+
+
+def test_halves_split_the_workspace():
+    ws = torch.empty(10 * ALIGN + 100, dtype=torch.uint8)
+    head, tail = _pod._halves(ws)
+    assert head.numel() % ALIGN == 0 and head.numel() + tail.numel() == ws.numel()
+    assert head.data_ptr() == ws.data_ptr() and tail.data_ptr() == ws.data_ptr() + head.numel()
+    f = torch.empty(1024, dtype=torch.float32)  # a float workspace of another dtype: its bytes
+    head, tail = _pod._halves(f)
+    assert head.dtype == torch.uint8 and head.numel() + tail.numel() == 4096
+    assert _pod._halves(torch.empty(64, 64, dtype=torch.uint8)[:, ::2]) is None
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    """Streams "available" on the CPU, the fork faked: the parts run in the concurrent mode's launch order
+    (decode first) on the current stream; records the calls."""
+    calls = []
+
+    def compose(self, prefill, decode, why_serial=None):
+        why = why_serial or self.unavailable()
+        calls.append(why)
+        if why is not None:
+            prefill(), decode()
+            self.mode, self.reason = "serial", why
+        else:
+            decode(), prefill()
+            self.mode, self.reason = "streams", None
+
+    monkeypatch.setattr(_pod._Streams, "unavailable",
+                        lambda self: "overlap='serial'" if self.overlap == "serial" else None)
+    monkeypatch.setattr(_pod._Streams, "compose", compose)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_batch_pod_split_gives_each_part_its_half(fake_streams, backend):
+    """In streams mode each part plans into its half of the float workspace (no shared scratch); the
+    results equal the serial mode's, which shares the whole buffer."""
+    if backend == "triton":
+        from attncore.core import registry
+
+        if "triton" not in registry.entries() or registry.entries()["triton"].unavailable_reasons():
+            pytest.skip("triton backend unavailable")
+    dtype = torch.float32
+    ws = torch.empty(4 << 20, dtype=torch.uint8)
+    w, args, _ = _batch_pod(ws, dtype, backend=backend, fuse=False)
+    head, tail = w._split
+    assert w._prefill._float_workspace_buffer is head and w._decode._float_workspace_buffer is tail
+    assert head.data_ptr() == ws.data_ptr() and tail.data_ptr() == ws.data_ptr() + head.numel()
+    assert w._prefill._planned.meta.workspace is head and w._decode._planned.meta.workspace is tail
+    got = w.run(*args, return_lse=True)
+    assert w.mode == "streams" and w.overlap_reason is None and fake_streams == [None]
+    w2, args2, _ = _batch_pod(torch.empty(4 << 20, dtype=torch.uint8), dtype, backend=backend, fuse=False,
+                              overlap="serial")
+    assert w2._split is None
+    want = w2.run(*args2, return_lse=True)
+    assert w2.mode == "serial"
+    for a, b in zip(got, want):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    w.run(*args, causal_p=True)  # a new prefill mask is planned into the prefill's half
+    assert w._prefill._planned.meta.workspace is head and w.mode == "streams"
+    ws2 = torch.empty(4 << 20, dtype=torch.uint8)
+    w.reset_workspace_buffer(ws2)
+    assert w._split is None  # split again at the next plan, from the new buffer
+
+
+def test_batch_pod_too_small_for_both_falls_back(fake_streams, monkeypatch):
+    """A part whose plan does not fit its half (WorkspaceTooSmall, faked by sizes: the decode needs more
+    than half of the buffer) sends both parts back to the whole buffer, run serially, saying why."""
+    ws = torch.empty(1 << 16, dtype=torch.uint8)
+    need = 40000  # bytes: more than half the buffer, less than all of it
+    real = attncore.BatchDecodeWithPagedKVCacheWrapper.plan
+
+    def plan(self, *a, **kw):
+        have = self._float_workspace_buffer.numel()
+        if have < need:
+            raise WorkspaceTooSmall(f"float_workspace_buffer: fake decode needs {need} bytes, the buffer has {have}")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(attncore.BatchDecodeWithPagedKVCacheWrapper, "plan", plan)
+    w, args, _ = _batch_pod(ws, torch.float32, backend="reference")
+    assert w._split is None
+    assert w._prefill._float_workspace_buffer is ws and w._decode._float_workspace_buffer is ws
+    w.run(*args)
+    assert w.mode == "serial" and fake_streams[-1] is not None
+    assert "too small for both parts side by side" in w.overlap_reason and "needs 40000 bytes" in w.overlap_reason
+    need = 1 << 20  # too small for the whole buffer too: the error reaches the caller, naming the buffer
+    with pytest.raises(WorkspaceTooSmall, match="float_workspace_buffer: fake decode needs"):
+        _batch_pod(ws, torch.float32, backend="reference")
+
+
+def test_batch_pod_prefill_mask_too_big_for_its_half_falls_back(fake_streams, monkeypatch):
+    """A prefill re-plan at run time (a new causal_p) that does not fit its half moves both parts back to
+    the whole buffer."""
+    ws = torch.empty(1 << 16, dtype=torch.uint8)
+    real = attncore.BatchPrefillWithPagedKVCacheWrapper.plan
+
+    def plan(self, *a, **kw):
+        if kw.get("causal") and self._float_workspace_buffer.numel() < ws.numel():
+            raise WorkspaceTooSmall("float_workspace_buffer: fake causal prefill needs the whole buffer")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(attncore.BatchPrefillWithPagedKVCacheWrapper, "plan", plan)
+    w, args, _ = _batch_pod(ws, torch.float32, backend="reference")
+    assert w._split is not None
+    w.run(*args)
+    assert w.mode == "streams"
+    w.run(*args, causal_p=True)
+    assert w._split is None and w.mode == "serial" and "fake causal prefill" in w.overlap_reason
+
+
+def test_explain_mentions_streams():
+    base = AttentionProblem(op="single_prefill", num_qo_heads=8, num_kv_heads=2, head_dim_qk=64, head_dim_vo=64)
+    p = pod_problem("pod", base, base.replace(op="batch_decode", page_size=16, mask="causal"))
+    assert "side CUDA stream" in explain(p).note
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _pd(prefill=1024, batch=32, kv=2048, seed=3):
+    dev, dtype = "cuda", torch.bfloat16
+    torch.manual_seed(seed)
+    indptr, indices, last, cache = _paged([kv] * (batch - 2) + [0, 1], 16, 8, 128, dtype, device=dev)
+    qp = torch.randn(prefill, 32, 128, dtype=dtype, device=dev)
+    kp, vp = (torch.randn(prefill, 8, 128, dtype=dtype, device=dev) for _ in range(2))
+    qd = torch.randn(batch, 32, 128, dtype=dtype, device=dev)
+    return indptr, indices, last, cache, qp, kp, vp, qd
+
+
+def _flat(res):
+    out = []
+    for r in res:
+        out += list(r) if isinstance(r, tuple) else [r]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lse", [False, True])
+def test_streams_equal_serial_bitwise_gpu(lse):
+    """PD-like shapes in bf16 (32/8 heads, d128, page 16, kv-0 and kv-1 decode rows): the concurrent mode
+    runs (side stream) and gives the serial mode's bits, with and without LSEs."""
+    indptr, indices, last, cache, qp, kp, vp, qd = _pd()
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    res, sides = {}, None
+    for ov in ("streams", "serial"):
+        w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", fuse=False, overlap=ov)
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+        res[ov] = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=lse, return_lse_d=lse)
+        assert w.mode == ov, w.overlap_reason
+        if ov == "streams":
+            sides = list(w._streams._side.values())
+            assert len(sides) == 1 and sides[0] != torch.cuda.current_stream()
+            assert sides[0].priority == torch.cuda.current_stream().priority
+            w.run(qp, kp, vp, qd, cache, causal_p=True)
+            assert list(w._streams._side.values()) == sides  # created once, reused
+    torch.cuda.synchronize()
+    for a, b in zip(_flat(res["streams"]), _flat(res["serial"])):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lse", [False, True])
+def test_batch_pod_streams_equal_serial_bitwise_gpu(lse):
+    dev, dtype = "cuda", torch.bfloat16
+    torch.manual_seed(4)
+    ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
+    idd, xd, ld, cd = _paged([2048] * 30 + [0, 1], 16, 8, 128, dtype, device=dev)
+    qo_p = torch.tensor([0, 1024, 1324], dtype=torch.int32, device=dev)
+    qo_d = torch.arange(33, dtype=torch.int32, device=dev)
+    qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype, device=dev)
+    res = {}
+    for ov in ("streams", "serial"):
+        w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
+                                                     fuse=False, overlap=ov)
+        w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, 32, 8, 128, 16, q_data_type=dtype)
+        res[ov] = w.run(qp, cp, qd, cd, causal_p=True, return_lse=lse)
+        assert w.mode == ov, w.overlap_reason
+        assert (w._split is not None) == (ov == "streams")
+    torch.cuda.synchronize()
+    for a, b in zip(_flat(res["streams"]), _flat(res["serial"])):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_streams_graph_capture_replay_after_replan_gpu():
+    """The fork/join is captured in a CUDA graph; a re-plan (new decode lengths, same batch size) and a
+    replay give what an eager serial run of the same plan gives, bit for bit."""
+    dev, dtype = "cuda", torch.bfloat16
+    batch = 16
+    indptr, indices, last, cache, qp, kp, vp, qd = _pd(prefill=512, batch=batch, kv=1024)
+    bufs = dict(paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buffer=torch.empty(cache.shape[0], dtype=torch.int32, device=dev),
+                paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device=dev))
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", True, fuse=False, overlap="streams", **bufs)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=dtype)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the default stream, as torch's graph recipe asks
+        w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        (out_p, (out_d, lse_d)) = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
+    assert w.mode == "streams"
+    # re-plan: shorter requests (same batch size, pages from the same cache)
+    lens = [int(x) for x in torch.randint(0, 1024, (batch,))]
+    pages = [(n + 15) // 16 for n in lens]
+    indptr2 = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    indices2 = indices[:int(indptr2[-1])].contiguous()
+    last2 = torch.tensor([(n - 1) % 16 + 1 if n else 0 for n in lens], dtype=torch.int32, device=dev)
+    w.plan(indptr2, indices2, last2, 32, 8, 128, 16, q_data_type=dtype)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = attncore.PODWithPagedKVCacheWrapper(ws.clone(), "NHD", True, fuse=False, overlap="serial",
+                                              **{k: v.clone() for k, v in bufs.items()})
+    ref.plan(indptr2, indices2, last2, 32, 8, 128, 16, q_data_type=dtype)
+    want_p, (want_d, want_l) = ref.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
+    assert ref.mode == "serial"
+    assert torch.equal(out_p, want_p) and torch.equal(out_d, want_d) and torch.equal(lse_d, want_l)
+
+
+@pytest.mark.gpu
+def test_streams_memory_flat_gpu():
+    """Repeated concurrent runs whose results are dropped leave the allocated memory where it was (no block
+    kept alive, none lost to the side stream)."""
+    indptr, indices, last, cache, qp, kp, vp, qd = _pd(prefill=512, batch=16, kv=1024)
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+                                            fuse=False)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    for _ in range(3):
+        w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
+    torch.cuda.synchronize()
+    assert w.mode == "streams"
+    base = torch.cuda.memory_allocated()
+    for _ in range(20):
+        r = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
+        del r
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
