@@ -1,27 +1,24 @@
 """POD (prefill-on-decode): a prefill and a decode batch in one call, in one of three modes (``mode``).
 
-* ``"fused"``: a backend claiming the fused op (``pod`` / ``batch_pod``: both parts in one launch,
-  ``attncore.core.problem.pod_problem``) runs them; ``fuse=False`` skips it.  The parts are composed
-  instead (the backends chosen for a single or batch prefill and a batch decode) when no backend claims
-  it, when ``auto``'s pick ranks below the reference (Triton's interpreter on the CPU), or when its plan()
-  declines the batch (``PODDeclined``: fused would not win); ``fused_reason`` says which.
-* ``"streams"``: composed, at the same time: the decode part on a side stream forked from the current
-  stream (one per device and priority per wrapper, with the current stream's priority), the prefill on
-  the current stream, joined back before run() returns, so the bandwidth-bound decode overlaps the
-  compute-bound prefill.  CUDA-graph capture records the fork and join.  ``overlap="auto"`` (default)
-  or ``"streams"``.
-* ``"serial"``: composed, one after the other on the current stream: ``overlap="serial"``, on a device
-  without streams (the CPU), under torch.compile (``COMPILED_SERIAL``), or when the caller's float
-  workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
+* ``"fused"``: a backend's fused op (``pod`` / ``batch_pod``, ``attncore.core.problem.pod_problem``) runs
+  both parts in one launch; ``fuse=False`` skips it.  The parts are composed (the backends chosen for a
+  single or batch prefill and a batch decode) when no backend claims it, when ``auto``'s pick ranks below
+  the reference (Triton's interpreter on the CPU), or when its plan() declines the batch (``PODDeclined``:
+  fused would not win); ``fused_reason`` says which, ``backend`` names what ran.
+* ``"streams"`` (``overlap="auto"``, the default, or ``"streams"``): composed at the same time, the prefill
+  on the current stream, the decode on a side stream forked from it (one per device and priority per
+  wrapper, at the current stream's priority) and joined back before run() returns, so the bandwidth-bound
+  decode overlaps the compute-bound prefill.  CUDA-graph capture records the fork and the join.
+* ``"serial"``: composed one after the other on the current stream: ``overlap="serial"``, on a device
+  without streams (the CPU), under torch.compile (no fork in a compiled region), or when the caller's
+  float workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
 
-``backend`` names what ran.  Unlike FlashInfer, LSEs are returned when asked for, and decode-side ``*_d``
-arguments either match the plan (``None`` means "as planned") or raise: they are never silently ignored.
-Workspaces: parts that run at the same time never share scratch.  The single POD's prefill uses the
-one-call workspace and its decode the caller's; the batch POD splits the caller's float workspace in two
-halves (prefill, decode) in streams mode and shares it whole when the parts run in turn.  Int workspaces are
-plan-scoped, so each plan has its own: the caller's goes to the decode part, the fused plan's work list
-lives in the wrapper's own (``INT_WORKSPACE_BYTES``, allocated on the first fused plan), the batch
-prefill part keeps its wrapper's.
+LSEs are returned when asked for (FlashInfer drops them); decode-side ``*_d`` arguments either match the
+plan (``None``: as planned) or raise.  Workspaces: parts that run at the same time never share scratch.
+The single POD's prefill uses the one-call workspace, its decode the caller's; the batch POD gives each
+part half of the caller's float workspace in streams mode, the whole of it to both when they run in turn.
+Int workspaces are plan-scoped, so each plan has its own: the caller's goes to the decode part, the fused
+plan's work list to the wrapper's own (``INT_WORKSPACE_BYTES``), the batch prefill part keeps its wrapper's.
 """
 
 from __future__ import annotations
@@ -105,11 +102,10 @@ class _Fuser:
         return res
 
 
+# Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed in a
+# compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
 OVERLAPS = ("auto", "streams", "serial")
-# Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed
-# inside a compiled region here (Dynamo's stream support does not cover the side stream's lifetime and the
-# join a captured graph needs), so the compiled path keeps the eager mode's plans and runs the parts in turn.
-COMPILED_SERIAL = "under torch.compile the composed parts run one after the other (no stream fork when traced)"
+PREFILL_FIRST = True  # the launch order in streams mode (see _Streams.compose; scripts/gpu_pod_streams.sh times both)
 
 
 def _check_overlap(overlap) -> str:
@@ -118,11 +114,14 @@ def _check_overlap(overlap) -> str:
     return overlap
 
 
+def _fp8(args: RunArgs) -> bool:
+    return args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+
+
 def _ready(planned, args: RunArgs) -> None:
     """Plan the run-time variant ``planned.run(args)`` will use now, on the current stream: a lazy plan
     (LSE, sinks, fp8 scales not planned) uploads its tables, which must not happen on the side stream."""
-    fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
-    planned.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+    planned.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=_fp8(args))
 
 
 class _Streams:
@@ -142,8 +141,7 @@ class _Streams:
         if self.overlap == "serial":
             return "overlap='serial': the composed parts run one after the other"
         if self.device.type != "cuda":
-            return (f"overlap={self.overlap!r}: no CUDA streams on {self.device.type}: the composed parts run "
-                    f"one after the other")
+            return f"overlap={self.overlap!r}: no CUDA streams on {self.device.type}: the parts run in turn"
         return None
 
     def side(self, cur) -> "torch.cuda.Stream":
@@ -151,33 +149,39 @@ class _Streams:
         let the decode starve behind the prefill; a high one would preempt the caller's other work)."""
         key = (cur.device.index, cur.priority)
         s = self._side.get(key)
-        if s is None:
+        while s is None or s == cur:  # torch hands out pooled streams: never fork onto the current one
             s = self._side[key] = torch.cuda.Stream(device=cur.device, priority=cur.priority)
         return s
 
     def compose(self, prefill, decode, why_serial: Optional[str] = None) -> None:
         """Run the parts (callables that launch them; everything they write is allocated already).
 
-        Memory: the outputs (out, lse) and every input were allocated on the current stream before the
-        fork, and the current stream waits for the side stream before this returns (the join).  The caching
-        allocator hands a freed block back only to the stream it was allocated on, so any later reuse of
-        those blocks is queued on the current stream after the join: after the decode has read or written
-        them; no record_stream is needed.  What the decode allocates itself under the side stream is
-        freed to the side stream's pool, whose later users queue after it.  Under CUDA-graph capture the
-        side stream joins the capture through the fork's event and leaves it at the join."""
+        Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
+        are the caller's, used as if on the current stream; the current stream waits for the side stream
+        before this returns (the join).  The caching allocator hands a freed block back only to the stream
+        it was allocated on (or after the events of record_stream, recorded later on the current stream),
+        so any reuse is queued after the join: after the decode read or wrote it; no record_stream is
+        needed.  What the decode allocates under the side stream goes back to the side stream's pool,
+        whose later users queue after it.  Under CUDA-graph capture the side stream joins the capture
+        through the fork's event and leaves it at the join."""
         why = why_serial or self.unavailable()
         if why is not None:
-            prefill()
-            decode()
+            prefill(), decode()
             self.mode, self.reason = "serial", why
             return
         cur = torch.cuda.current_stream(self.device)
         side = self.side(cur)
-        side.wait_stream(cur)  # fork: the side stream sees what the current stream queued (inputs, outputs)
+        side.wait_stream(cur)  # fork, before the prefill is queued: the decode must not wait for it
         try:
-            with torch.cuda.stream(side):  # the decode first: the longer, bandwidth-bound part starts at once
+            # the prefill first: its CTAs (large shared memory, one or two per SM) take their SMs, and the
+            # light decode CTAs fill what is left beside them; decode first would fill every SM with decode
+            # CTAs that stay for its whole run, leaving the prefill to start after it
+            if PREFILL_FIRST:
+                prefill()
+            with torch.cuda.stream(side):
                 decode()
-            prefill()
+            if not PREFILL_FIRST:
+                prefill()
         finally:
             cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
         self.mode, self.reason = "streams", None
@@ -208,9 +212,8 @@ def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> R
 
 def _variant(problem, args: RunArgs):
     """The problem of a part as this run needs it (LSE, fp8 scales), as ``_api.Planned.run`` derives it."""
-    fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
     return problem.replace(return_lse=problem.return_lse or args.lse is not None,
-                           fp8_scales=problem.fp8_scales or fp8, sinks=problem.sinks or args.sinks is not None)
+                           fp8_scales=problem.fp8_scales or _fp8(args), sinks=problem.sinks or args.sinks is not None)
 
 
 def _result(args: RunArgs):
@@ -229,7 +232,7 @@ class _Modes:
     def mode(self) -> Optional[str]:
         """How the last eager run ran: ``"fused"`` (one launch), ``"streams"`` (the parts composed on two
         CUDA streams at the same time), ``"serial"`` (composed, one after the other); None before a run.
-        Under torch.compile the composed parts run one after the other (``COMPILED_SERIAL``)."""
+        Under torch.compile the composed parts run one after the other (and ``mode`` is not updated)."""
         return self._streams.mode
 
     @property

@@ -112,8 +112,8 @@ def test_halves_split_the_workspace():
 
 @pytest.fixture
 def fake_streams(monkeypatch):
-    """Streams "available" on the CPU, the fork faked: the parts run in the concurrent mode's launch order
-    (decode first) on the current stream; records the calls."""
+    """Streams "available" on the CPU, the fork faked: the parts run in turn on the current stream;
+    records the calls."""
     calls = []
 
     def compose(self, prefill, decode, why_serial=None):
@@ -123,7 +123,7 @@ def fake_streams(monkeypatch):
             prefill(), decode()
             self.mode, self.reason = "serial", why
         else:
-            decode(), prefill()
+            prefill(), decode()
             self.mode, self.reason = "streams", None
 
     monkeypatch.setattr(_pod._Streams, "unavailable",
