@@ -242,15 +242,20 @@ def test_workspace_too_small_names_the_bytes_cpu():
 
 
 def test_eager_plan_takes_its_scratch_from_the_workspaces_cpu():
-    """Eager mode: exact-size tables and partials, carved from the caller's buffers, at the same
-    addresses plan after plan; the launch grid is the live count (no count pointer)."""
+    """Eager mode: exact-size tables and partials, carved from the caller's buffers (the tables right before
+    the batch's index tables, sent with them in one copy: attncore.core.uploads); the launch grid is the live
+    count (no count pointer)."""
     p = _problem("batch_decode", cuda_graph=False, return_lse=True)
     ws, iws = torch.zeros(8 << 20, dtype=torch.uint8), torch.zeros(1 << 16, dtype=torch.uint8)
     with cpu_patches():
         plans = [_plan(CudaFa2Backend(), p, _meta(p, [1] * n, [3000] * n, 2000, workspace=ws, int_workspace=iws))
                  for n in (1, 2, 7)]
     for plan in plans:
-        assert plan.work.data_ptr() == plans[0].work.data_ptr() == plan.counts.data_ptr() + 256
+        assert plan.work.data_ptr() == plan.counts.data_ptr() + 256
+        assert iws.data_ptr() <= plan.counts.data_ptr() and plan.meta.staged.sent
+        end = max(t.data_ptr() + 4 * t.numel() for t in (plan.work, plan.merge_table, plan.alibi_slopes)
+                  if t is not None)  # the tables' end: the index tables follow within one alignment step
+        assert 0 <= plan.meta.qo_indptr.data_ptr() - end < 256
         assert plan.base.num_work == plan.num_items and not plan.base.work_count
         assert plan.needs_merge and plan.merge_base.num_rows == plan.merge_rows and not plan.merge_base.merge_count
         assert ws.data_ptr() <= plan.part_o.data_ptr() < ws.data_ptr() + ws.numel()

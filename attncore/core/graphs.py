@@ -9,9 +9,9 @@ state whose buffer died, or whose key (an address) now belongs to another buffer
 state keeps a caller's memory alive.  Bounded: the oldest states go first.
 
 Tables: a plan writes its int tables into a host image laid out like their span of the int workspace
-and sends it in one non-blocking copy from pinned memory (``send_tables``): no device sync.  The pinned
-buffer comes from torch's caching host allocator, which records the copy's stream and reuses the block
-only once the copy ran (the same fact ``_api.index_tables`` relies on), so no event or ring is kept here.
+and sends it, with the batch's staged index tables, in one non-blocking copy from pinned memory
+(attncore.core.uploads): no device sync.  The pinned buffer comes from torch's caching host allocator,
+which records the copy's stream and reuses the block only once the copy ran, so no event or ring is kept.
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Optional
 
-import numpy as np
 import torch
-
-from attncore.core.workspace import WorkspaceLayout
 
 
 def anchor(meta) -> torch.Tensor:
@@ -74,41 +71,3 @@ class GraphStates:
 
     def __len__(self) -> int:
         return len(self.states)
-
-
-# ------------------------------------------------------------------------------ table upload
-_NP = {torch.int32: np.dtype(np.int32), torch.float32: np.dtype(np.float32), torch.uint8: np.dtype(np.uint8),
-       torch.int64: np.dtype(np.int64)}
-
-
-def host_views(layout: WorkspaceLayout) -> tuple:
-    """(a zeroed numpy host image of ``layout``, {region: numpy view}): writing a Python list or tuple of
-    rows into a view is one conversion, no tensor made per table (host time)."""
-    raw = np.zeros(layout.nbytes, dtype=np.uint8)
-    return raw, {name: np.ndarray(shape, dtype=_NP[dtype], buffer=raw, offset=off)
-                 for name, shape, dtype, off in layout.regions}
-
-
-def span(layout: WorkspaceLayout, dev_views: dict, memo: Optional[dict] = None) -> torch.Tensor:
-    """The uint8 device span of ``layout`` (views carved from one buffer), from its first region on;
-    ``memo``: the caller's (``BatchMeta.memo``), keeping it per address and size."""
-    base = dev_views[layout.regions[0][0]]
-    key = ("span", base.data_ptr(), base.device, layout.nbytes)
-    hit = memo.get(key) if memo is not None else None
-    if hit is None:
-        hit = torch.as_strided(base.view(-1).view(torch.uint8), (layout.nbytes,), (1,))
-        if memo is not None:
-            memo[key] = hit
-    return hit
-
-
-def staged(image: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host image as the tensor to send to ``device``: pinned for CUDA (one copy into memory of torch's
-    caching host allocator), else the image itself."""
-    t = torch.from_numpy(image)
-    return t.pin_memory() if device.type == "cuda" else t
-
-
-def send(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy a staged host image to its device span: non-blocking from pinned memory (no device sync)."""
-    dst.copy_(src, non_blocking=True)
