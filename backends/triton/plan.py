@@ -157,8 +157,9 @@ _OWNERS: "weakref.WeakValueDictionary[Tuple[torch.device, int], Upload]" = weakr
 
 
 class Upload:
-    """The host image of a plan's tables (pinned on CUDA: attncore.core.graphs) and where it goes (one
-    contiguous span of the int workspace)."""
+    """The host image of a plan's tables (pinned on CUDA: attncore.core.uploads) and where it goes (one
+    contiguous span of the int workspace: the tables, then the batch's index tables when they were staged), so
+    a re-send restores both."""
 
     def __init__(self, image, dst: torch.Tensor, key: Optional[tuple]) -> None:
         self.dst = dst  # uint8 view of the device span
