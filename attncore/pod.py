@@ -371,6 +371,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         self._streams = _Streams(overlap, self._decode._device)
         self._ws = float_workspace_buffer
         self._split: Optional[tuple] = None  # (prefill's, decode's) workspace views while the parts are split
+        self._half = _halves(float_workspace_buffer)  # made once per buffer: a plan memo is keyed by them
         self._split_reason: Optional[str] = None  # why the parts share the workspace (so run serially)
 
     @property
@@ -388,7 +389,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         takes the caller's: the prefill part and the fused plan keep their own."""
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
         self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
-        self._ws, self._split = float_workspace_buffer, None
+        self._ws, self._split, self._half = float_workspace_buffer, None, _halves(float_workspace_buffer)
 
     def plan(self, qo_indptr_p: Tensor, kv_indptr_p: Tensor, kv_indices_p: Tensor, last_page_len_p: Tensor,
              qo_indptr_d: Tensor, kv_indptr_d: Tensor, kv_indices_d: Tensor, last_page_len_d: Tensor,
@@ -438,7 +439,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         ``overlap_reason`` says so."""
         why = self._streams.unavailable()
         if why is None:
-            split = self._split or _halves(self._ws)
+            split = self._half
             if split is None:
                 why = "float_workspace_buffer: not contiguous, so not split between the parts; they run in turn"
             else:
