@@ -1131,7 +1131,6 @@ single_prefill cuda sm90 window
 single_prefill cuda sm90 softcap
 single_prefill cuda sm90 alibi
 single_prefill cuda sm90 rope
-single_prefill cuda sm90 d256
 single_prefill cuda sm90 d192x128
 batch_prefill_ragged cuda sm90 kv-e4m3
 batch_prefill_ragged cuda sm90 kv-e4m3-out-e4m3
@@ -1140,7 +1139,6 @@ batch_prefill_ragged cuda sm90 window
 batch_prefill_ragged cuda sm90 softcap
 batch_prefill_ragged cuda sm90 alibi
 batch_prefill_ragged cuda sm90 rope
-batch_prefill_ragged cuda sm90 d256
 batch_prefill_ragged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 kv-e4m3
 batch_prefill_paged cuda sm90 kv-e4m3-out-e4m3
@@ -1314,6 +1312,8 @@ batch_pod cuda sm90 causal-lse
 batch_pod cuda sm90 lse
 """,
     'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 40 > reference 0': """
+single_prefill cuda sm90 d256
+batch_prefill_ragged cuda sm90 d256
 single_prefill cuda sm90 base ATTNCORE_FA2_SM90=0
 single_prefill cuda sm90 causal ATTNCORE_FA2_SM90=0
 single_prefill cuda sm90 d64 ATTNCORE_FA2_SM90=0
