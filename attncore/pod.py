@@ -5,13 +5,14 @@
   single or batch prefill and a batch decode) when no backend claims it, when ``auto``'s pick ranks below
   the reference (Triton's interpreter on the CPU), or when its plan() declines the batch (``PODDeclined``:
   fused would not win); ``fused_reason`` says which, ``backend`` names what ran.
-* ``"streams"`` (``overlap="auto"``, the default, or ``"streams"``): composed at the same time, the prefill
-  on the current stream, the decode on a side stream forked from it (one per device and priority per
-  wrapper, at the current stream's priority) and joined back before run() returns, so the bandwidth-bound
-  decode overlaps the compute-bound prefill.  CUDA-graph capture records the fork and the join.
-* ``"serial"``: composed one after the other on the current stream: ``overlap="serial"``, on a device
-  without streams (the CPU), under torch.compile (no fork in a compiled region), or when the caller's
-  float workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
+* ``"streams"`` (``overlap="streams"``): composed at the same time, the prefill on the current stream, the
+  decode on a side stream forked from it (one per device and priority per wrapper, at the current stream's
+  priority) and joined back before run() returns, so that the bandwidth-bound decode may overlap the
+  compute-bound prefill.  CUDA-graph capture records the fork and the join.
+* ``"serial"``: composed one after the other on the current stream: ``overlap="serial"``, ``overlap="auto"``
+  (the default: ``attncore.core.streams.AUTO_STREAMS``: streams were measured not to gain), on a device
+  without streams (the CPU), under torch.compile (no fork in a compiled region), or when the caller's float
+  workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
 
 LSEs are returned when asked for (FlashInfer drops them); decode-side ``*_d`` arguments either match the
 plan (``None``: as planned) or raise.  Workspaces: parts that run at the same time never share scratch.
@@ -37,9 +38,10 @@ from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
-from attncore.core.workspace import ALIGN, WorkspaceTooSmall
+from attncore.core.streams import _halves, _Streams
+from attncore.core.workspace import WorkspaceTooSmall
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
-from attncore.core.single_prefill import plan_single, run_single
+from attncore.core.single_prefill import plan_single
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
 Tensor = torch.Tensor
@@ -102,18 +104,6 @@ class _Fuser:
         return res
 
 
-# Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed in a
-# compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
-OVERLAPS = ("auto", "streams", "serial")
-PREFILL_FIRST = True  # the launch order in streams mode (see _Streams.compose; scripts/gpu_pod_streams.sh times both)
-
-
-def _check_overlap(overlap) -> str:
-    if overlap.__class__ is not str or overlap not in OVERLAPS:
-        raise ValueError(f"overlap: got {overlap!r}, expected one of 'auto', 'streams', 'serial'")
-    return overlap
-
-
 def _fp8(args: RunArgs) -> bool:
     return args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
 
@@ -122,80 +112,6 @@ def _ready(planned, args: RunArgs) -> None:
     """Plan the run-time variant ``planned.run(args)`` will use now, on the current stream: a lazy plan
     (LSE, sinks, fp8 scales not planned) uploads its tables, which must not happen on the side stream."""
     planned.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=_fp8(args))
-
-
-class _Streams:
-    """How one POD wrapper runs its composed parts: the decode part on a side stream forked from the
-    current stream (``"streams"``) or both in turn on the current stream (``"serial"``).  ``mode`` and
-    ``reason`` describe the last run (``reason``: why composed parts ran serially; None otherwise)."""
-
-    def __init__(self, overlap, device: torch.device):
-        self.overlap = _check_overlap(overlap)
-        self.device = device
-        self._side: dict = {}  # (device index, priority) -> the side stream, created once and reused
-        self.mode: Optional[str] = None
-        self.reason: Optional[str] = None
-
-    def unavailable(self) -> Optional[str]:
-        """Why the composed parts cannot run on two streams here (None: they can)."""
-        if self.overlap == "serial":
-            return "overlap='serial': the composed parts run one after the other"
-        if self.device.type != "cuda":
-            return f"overlap={self.overlap!r}: no CUDA streams on {self.device.type}: the parts run in turn"
-        return None
-
-    def side(self, cur) -> "torch.cuda.Stream":
-        """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
-        let the decode starve behind the prefill; a high one would preempt the caller's other work)."""
-        key = (cur.device.index, cur.priority)
-        s = self._side.get(key)
-        while s is None or s == cur:  # torch hands out pooled streams: never fork onto the current one
-            s = self._side[key] = torch.cuda.Stream(device=cur.device, priority=cur.priority)
-        return s
-
-    def compose(self, prefill, decode, why_serial: Optional[str] = None) -> None:
-        """Run the parts (callables that launch them; everything they write is allocated already).
-
-        Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
-        are the caller's, used as if on the current stream; the current stream waits for the side stream
-        before this returns (the join).  The caching allocator hands a freed block back only to the stream
-        it was allocated on (or after the events of record_stream, recorded later on the current stream),
-        so any reuse is queued after the join: after the decode read or wrote it; no record_stream is
-        needed.  What the decode allocates under the side stream goes back to the side stream's pool,
-        whose later users queue after it.  Under CUDA-graph capture the side stream joins the capture
-        through the fork's event and leaves it at the join."""
-        why = why_serial or self.unavailable()
-        if why is not None:
-            prefill(), decode()
-            self.mode, self.reason = "serial", why
-            return
-        cur = torch.cuda.current_stream(self.device)
-        side = self.side(cur)
-        side.wait_stream(cur)  # fork, before the prefill is queued: the decode must not wait for it
-        try:
-            # the prefill first: its CTAs (large shared memory, one or two per SM) take their SMs, and the
-            # light decode CTAs fill what is left beside them; decode first would fill every SM with decode
-            # CTAs that stay for its whole run, leaving the prefill to start after it
-            if PREFILL_FIRST:
-                prefill()
-            with torch.cuda.stream(side):
-                decode()
-            if not PREFILL_FIRST:
-                prefill()
-        finally:
-            cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
-        self.mode, self.reason = "streams", None
-
-
-def _halves(ws: Tensor) -> Optional[tuple]:
-    """The caller's float workspace as (head, tail) uint8 views, split at a 256-byte multiple: the
-    prefill part's and the decode part's scratch when they run at the same time; None when the buffer
-    is not contiguous (no byte views of it)."""
-    if not ws.is_contiguous():
-        return None
-    b = ws.view(-1).view(torch.uint8)
-    h = b.numel() // 2 // ALIGN * ALIGN
-    return b[:h], b[h:]
 
 
 def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> RunArgs:
@@ -249,8 +165,9 @@ class PODWithPagedKVCacheWrapper(_Modes):
                  paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto",
                  fuse: bool = True, overlap: str = "auto"):
         """``fuse`` (attncore): False always composes the parts (benchmarks time the composed paths so).
-        ``overlap`` (attncore): how composed parts run: ``"auto"``/``"streams"`` on two CUDA streams
-        (the decode on a side stream) where the device has streams, ``"serial"`` one after the other.
+        ``overlap`` (attncore): how composed parts run: ``"streams"`` on two CUDA streams (the decode on a
+        side stream) where the device has streams, ``"serial"`` one after the other, ``"auto"`` as measured
+        (``attncore.core.streams.AUTO_STREAMS``: serial).
         The single prefill's scratch is the one-call workspace, the decode's the caller's: they never
         share one, so running them at the same time needs no split of the caller's workspace."""
         self._decode = BatchDecodeWithPagedKVCacheWrapper(
@@ -359,9 +276,9 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto",
                  fuse: bool = True, overlap: str = "auto"):
         """``fuse`` (attncore): False always composes the parts.  ``overlap`` (attncore): how composed parts
-        run: ``"auto"``/``"streams"`` on two CUDA streams where the device has them and the float workspace
-        holds both parts' scratch side by side (each part plans into its half), ``"serial"`` one after the
-        other, sharing the whole float workspace."""
+        run: ``"streams"`` on two CUDA streams where the device has them and the float workspace holds both
+        parts' scratch side by side (each part plans into its half), ``"serial"`` one after the other, sharing
+        the whole float workspace, ``"auto"`` as measured (``attncore.core.streams.AUTO_STREAMS``: serial)."""
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._plan_args: Optional[tuple] = None

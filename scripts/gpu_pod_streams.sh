@@ -12,17 +12,17 @@ PLOT=""; python3 -c "import matplotlib" 2> /dev/null && PLOT="--plot $OUT/pod_sw
 stamp "installed"
 timeout 150 python3 -m pytest -q -m gpu tests/test_pod_streams.py tests/test_pod_fused.py > "$OUT/tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
-# streams mode's launch order (attncore.pod.PREFILL_FIRST) on PD1/PD2: which to keep
+# streams mode's launch order (attncore.core.streams.PREFILL_FIRST) on PD1/PD2: which to keep
 cat > /tmp/pod_order.py <<'PY'
 import torch
 import attncore
-from attncore import pod
+from attncore.core import streams
 from attncore.cli import bench_pod
 from attncore.cli.bench import _timer
 t = _timer("cuda")
 print(f"{'streams order':<16} {'PD1 ms':>8} {'PD2 ms':>8}")
 for first in (True, False):
-    pod.PREFILL_FIRST = first
+    streams.PREFILL_FIRST = first
     ms = []
     for w in bench_pod.POD_WORKLOADS:
         run, wr = bench_pod._setup(w, "cuda", torch.bfloat16, attncore, dict(fuse=False, overlap="streams"))

@@ -325,7 +325,7 @@ def test_streams_memory_flat_gpu():
     kept alive, none lost to the side stream)."""
     indptr, indices, last, cache, qp, kp, vp, qd = _pd(prefill=512, batch=16, kv=1024)
     w = attncore.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
-                                            fuse=False)
+                                            fuse=False, overlap="streams")
     w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
     for _ in range(3):
         w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
@@ -337,3 +337,17 @@ def test_streams_memory_flat_gpu():
         del r
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == base
+
+
+def test_auto_composes_serially_as_measured(monkeypatch):
+    """overlap="auto" on a GPU runs the composed parts in turn (AUTO_STREAMS: two streams were measured not to
+    gain) and says why; "streams" still forks.  The device is faked: only the choice is tested here."""
+    from attncore.core import streams
+
+    for ov, want in (("auto", streams.AUTO_SERIAL), ("streams", None), ("serial", "overlap='serial'")):
+        st = streams._Streams(ov, torch.device("cuda", 0))
+        why = st.unavailable()
+        assert (why is None) if want is None else why.startswith(want), (ov, why)
+    monkeypatch.setattr(streams, "AUTO_STREAMS", True)
+    assert streams._Streams("auto", torch.device("cuda", 0)).unavailable() is None
+    assert "no CUDA streams on cpu" in streams._Streams("auto", torch.device("cpu")).unavailable()

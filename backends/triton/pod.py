@@ -75,16 +75,16 @@ GPU_CONFIG = {"prefill": (64, 32, 8, 2), "decode": (16, 64, 8, 2)}
 MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower than serial by more than 2%)
 
 
-# Where the fused launch won, measured (`attncore bench --pod-sweep`, H100, bf16, 32/8 heads, d128, page
-# 16, 2026-11-24 06:20 UTC): fused / composed-serial speedup 2.63 (prefill 512 + decode 8 x 1k), 2.95
-# (512 + 8 x 4k), 2.07 (512 + 32 x 1k), 1.59 (512 + 128 x 1k), 1.14 (2k + 8 x 1k); everywhere else it lost
-# (median 0.70, 0.28-0.33 at prefill 8k: the one-CTA-per-SM kernel runs the prefill at a third of the
-# composed kernels' rate) and the cost model above did not tell the two apart (it fused 6 points, 5 of them
-# losing, down to 0.46).  On a GPU, auto fuses only inside this region; elsewhere plan() declines.
+# Where the fused launch won, measured (`attncore bench --pod-sweep`, H100, bf16, 32/8 heads, d128, page 16).
+# 2026-11-24 06:20 UTC: fused / composed-serial 2.63 (prefill 512 + decode 8 x 1k), 2.95 (512 + 8 x 4k), 2.07
+# (512 + 32 x 1k), 1.59 (512 + 128 x 1k), 1.14 (2k + 8 x 1k), losing everywhere else (median 0.70, 0.28-0.33 at
+# prefill 8k: the one-CTA-per-SM kernel runs the prefill at a third of the composed kernels' rate).  12:26 UTC,
+# with the composed path's host time cut since (issue 15: serial PD1 0.552 -> 0.452 ms): only 512 + 8 x 1k still
+# wins (1.42); 512 + 8 x 4k 0.69, 512 + 32 x 1k 0.89, 512 + 128 x 1k 0.79, 2k + 8 x 1k 0.46 (median 0.465).  The
+# cost model above does not tell these apart, so on a GPU auto fuses only inside this region; elsewhere plan()
+# declines.
 MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
-    (512, None, 1024),
-    (512, 8, 4096),
-    (2048, 8, 1024),
+    (512, 8, 1024),
 )
 
 
@@ -98,8 +98,7 @@ def _outside_measured_wins(batch: "PODBatch") -> Optional[str]:
             return None
     return (f"prefill {p_tokens} tokens + decode {b} x up to {kv} keys is outside the measured region where the "
             f"fused launch beat the composed parts (MEASURED_WINS in backends/triton/pod.py: prefill <= 512 "
-            f"tokens with decode kv <= 1024 or batch <= 8 and kv <= 4096, or prefill <= 2048 with decode batch "
-            f"<= 8 and kv <= 1024)")
+            f"tokens with decode batch <= 8 and kv <= 1024)")
 
 
 @dataclass
