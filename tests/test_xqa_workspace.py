@@ -276,28 +276,3 @@ def test_graph_capacity_follows_the_memory_not_the_view():
     with pytest.raises(ValueError, match="captured layout"):
         xplan.make_plan(g, _meta([9000, 40], ws=ws, iws=iws[:], bt=bt, seq=seq, fixed=512), LIB, CPU)
     del a
-
-
-def test_batch_decode_sends_its_counters_with_the_staged_index_tables():
-    # host index tensors are staged (attncore.core.uploads): the plan carves its counters right before them and
-    # sends both in one copy, whose zeros reset the counters (the caller's buffer held 0xFF)
-    from attncore.core import uploads
-
-    b, ps, lens = 2, 16, [5000, 17]
-    npages = [-(-n // ps) for n in lens]
-    indptr = torch.tensor([0, npages[0], sum(npages)], dtype=torch.int32)
-    indices = torch.randperm(sum(npages)).to(torch.int32)
-    last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, npages)], dtype=torch.int32)
-    iws = torch.full((1 << 16,), 0xFF, dtype=torch.uint8)
-    meta = BatchMeta.paged(list(range(b + 1)), indptr, indices, last, ps, device="cpu",
-                           params=AttnParams(sm_scale=0.1, causal=True), decode=True, workspace=_ws(),
-                           int_workspace=iws, memo={})
-    st = meta.staged
-    assert isinstance(st, uploads.Staged) and not st.sent
-    p = xplan.make_plan(_problem("batch_decode"), meta, LIB, CPU)
-    assert p.num_splits > 1 and st.sent, "sent by the plan, in the copy with its counters"
-    assert (p.counters == 0).all()
-    assert _inside(p.counters, iws)
-    end = p.counters.data_ptr() + 4 * p.counters.numel()
-    assert 0 <= st.region.data_ptr() - end < 256, "the counters sit right before the index tables: one short span"
-    assert meta.kv_indices.tolist() == indices.tolist() and meta.kv_lens.tolist() == lens

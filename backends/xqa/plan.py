@@ -34,7 +34,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from attncore.core import uploads
 from attncore.core.backend import BatchMeta
 from attncore.core.problem import AttentionProblem
 from attncore.core.workspace import WorkspaceLayout
@@ -229,24 +228,14 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     iws = meta.int_workspace
     if iws is None and ilay.regions:
         iws = own_buffer("int", dev, ilay.nbytes + 256)
-    # the batch's index tables still on the host (never in graph mode, whose counters keep their address):
-    # the counters go right before them and both are sent in one copy, the counters' zeros included
-    staged = meta.staged if not problem.cuda_graph and meta.int_workspace is not None and ilay.regions else None
-    if staged is not None:
-        iws = uploads.tables_buffer(iws, staged, ilay.nbytes, meta.memo)
     ib = ilay.carve(iws, "int_workspace_buffer", device=dev, memo=meta.memo) if ilay.regions else {}
-    if staged is not None:
-        first = ib[ilay.regions[0][0]]
-        image, size = uploads.merged_image(staged, first, ilay.nbytes)  # zeros: counters and stub
-        uploads.send_image(image, uploads.merged_span(first, size, meta.memo))
     if need_stub:
         page_table = ib["page_table_stub"]
 
     params = XqaParams()
     counters = ib.get("counters")
     if counters is not None:
-        if staged is None:  # else zeroed by the copy above
-            counters.zero_()  # a memset on the stream (capturable): the caller's buffer may hold anything
+        counters.zero_()  # a memset on the stream (capturable): the caller's buffer may hold anything
         params.ws_counters = counters.data_ptr()
         params.ws_partial_lse = fb["part_lse"].data_ptr()
         params.ws_partial_o = fb["part_o"].data_ptr()
