@@ -1,7 +1,8 @@
 """``attncore bench --latency``: host time per call of tiny problems (issue 15 item 1).
 
-Each cell is the wall time per call over ``calls`` calls of one API entry point on a tiny problem, the
-device synchronised once at the end (so a host that stays ahead of the GPU shows its own cost): the
+Each cell is the wall time per call of one API entry point on a tiny problem: ``calls`` calls in ``BLOCKS``
+blocks, the device synchronised at the end of each block (so a host that stays ahead of the GPU shows its
+own cost), the median block's time per call (one stall or collection pause moves one block only): the
 one-call ``single_prefill`` and ``single_decode``, a batch decode ``plan()`` and ``run()``, a paged
 prefill ``plan()`` and ``run()``.  Rows: one per backend (``auto`` first), and FlashInfer's when asked
 for and importable, driven through the same code.  A backend that does not serve an op gets ``n/a``
@@ -10,6 +11,7 @@ with the reason.  On the CPU the problems are smaller and the calls fewer (the T
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -60,17 +62,24 @@ def _cells(api, device: str, backend_kw: dict) -> Dict[str, Callable[[], object]
     }
 
 
+BLOCKS = 5
+
+
 def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     for _ in range(3):  # warm-up: JIT builds, autotuning, caches
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
+    n = max(calls // BLOCKS, 1)
+    per_call = []
+    for _ in range(BLOCKS if calls >= BLOCKS else 1):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(per_call)
 
 
 def _row(api, device: str, backend_kw: dict, calls: int) -> Dict[str, object]:
@@ -114,6 +123,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
             progress(f"latency: attncore {n}")
         rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls)
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
+            "blocks": BLOCKS if calls >= BLOCKS else 1,
             "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows}
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer
@@ -127,8 +137,9 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
 
 def format_latency(info: dict) -> str:
     cols = info["columns"]
-    lines = [f"host time per call, us (wall time over {info['calls']} calls, device synced at the end; "
-             f"{info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    blocks = info.get("blocks", 1)
+    lines = [f"host time per call, us ({info['calls']} calls: the median of {blocks} blocks, the device synced after "
+             f"each; {info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     notes = []
     for name, row in info["rows"].items():
         cells = []
