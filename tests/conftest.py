@@ -30,3 +30,20 @@ def clean_registry(monkeypatch):
     for name in list(registry._manual):
         registry.unregister_backend(name)
     registry.reload()
+
+
+@pytest.fixture
+def triton_pod():
+    """The registered Triton backend, fusing every batch (the cost model is the GPU's)."""
+    from attncore.core import registry
+
+    entry = registry.entries().get("triton")
+    if entry is None or entry.unavailable_reasons():
+        pytest.skip("triton backend unavailable")
+    b = entry.backend
+    if not hasattr(b, "_pod"):
+        pytest.skip("the triton backend registered has no fused POD op")
+    old = b._pod
+    b._pod = ("always",) + old[1:]
+    yield b
+    b._pod = old

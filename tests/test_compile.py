@@ -157,7 +157,6 @@ def test_paged_prefill_return_lse(backend, compiler):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ragged_prefill_out_and_lse_given(backend):
-    qo, kv = (4, 2), (7, 2)
     w = attncore.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", backend=backend)
     qo_indptr = torch.tensor([0, 4, 6], dtype=torch.int32)
     kv_indptr = torch.tensor([0, 7, 9], dtype=torch.int32)

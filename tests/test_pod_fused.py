@@ -12,21 +12,6 @@ from attncore.core.problem import AttentionProblem, PODBatch, PODDeclined, pod_p
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 
 
-@pytest.fixture
-def triton_pod():
-    """The registered Triton backend, fusing every batch (the cost model is the GPU's)."""
-    entry = registry.entries().get("triton")
-    if entry is None or entry.unavailable_reasons():
-        pytest.skip("triton backend unavailable")
-    b = entry.backend
-    if not hasattr(b, "_pod"):
-        pytest.skip("the triton backend registered has no fused POD op")
-    old = b._pod
-    b._pod = ("always",) + old[1:]
-    yield b
-    b._pod = old
-
-
 def _paged(kv_lens, page, hkv, d, dtype, layout="NHD", device="cpu"):
     pages = [(n + page - 1) // page for n in kv_lens]
     indptr = torch.tensor([0] + torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)

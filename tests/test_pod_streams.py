@@ -14,7 +14,7 @@ from attncore.core.problem import AttentionProblem, pod_problem
 from attncore.core.selector import explain
 from attncore.core.workspace import ALIGN, WorkspaceTooSmall
 
-from tests.test_pod_fused import _check, _paged, _request_kv, triton_pod  # noqa: F401 (a fixture)
+from tests.test_pod_fused import _check, _paged, _request_kv
 
 HQ, HKV, D, PAGE = 4, 2, 32, 4
 

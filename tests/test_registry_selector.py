@@ -183,7 +183,6 @@ class _EP:
 
 
 def test_broken_plugin_is_isolated(clean_registry, monkeypatch):
-    broken = types.ModuleType("attncore_broken_plugin")
     sys.modules.pop("attncore_broken_plugin", None)
     monkeypatch.setitem(sys.modules, "attncore_broken_plugin", None)  # import raises ImportError
     good = types.ModuleType("attncore_good_plugin")
