@@ -38,7 +38,7 @@ from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
-from attncore.core.streams import _halves, _Streams
+from attncore.core.streams import halves, Streams
 from attncore.core.workspace import WorkspaceTooSmall
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.core.single_prefill import plan_single
@@ -177,7 +177,7 @@ class PODWithPagedKVCacheWrapper(_Modes):
         self._kv_layout = kv_layout
         self._prefill_backend: Optional[str] = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
-        self._streams = _Streams(overlap, self._decode._device)
+        self._streams = Streams(overlap, self._decode._device)
 
     @property
     def backend(self) -> Optional[str]:
@@ -285,10 +285,10 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         self._decode_plan = None  # plan()'s decode-side call, made again when the workspace split changes
         self._prefill_key = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
-        self._streams = _Streams(overlap, self._decode._device)
+        self._streams = Streams(overlap, self._decode._device)
         self._ws = float_workspace_buffer
         self._split: Optional[tuple] = None  # (prefill's, decode's) workspace views while the parts are split
-        self._half = _halves(float_workspace_buffer)  # made once per buffer: a plan memo is keyed by them
+        self._half = halves(float_workspace_buffer)  # made once per buffer: a plan memo is keyed by them
         self._split_reason: Optional[str] = None  # why the parts share the workspace (so run serially)
 
     @property
@@ -306,7 +306,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         takes the caller's: the prefill part and the fused plan keep their own."""
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
         self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
-        self._ws, self._split, self._half = float_workspace_buffer, None, _halves(float_workspace_buffer)
+        self._ws, self._split, self._half = float_workspace_buffer, None, halves(float_workspace_buffer)
 
     def plan(self, qo_indptr_p: Tensor, kv_indptr_p: Tensor, kv_indices_p: Tensor, last_page_len_p: Tensor,
              qo_indptr_d: Tensor, kv_indptr_d: Tensor, kv_indices_d: Tensor, last_page_len_d: Tensor,

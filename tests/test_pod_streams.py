@@ -101,13 +101,13 @@ def test_fused_run_reports_fused_mode(triton_pod):
 
 def test_halves_split_the_workspace():
     ws = torch.empty(10 * ALIGN + 100, dtype=torch.uint8)
-    head, tail = _pod._halves(ws)
+    head, tail = _pod.halves(ws)
     assert head.numel() % ALIGN == 0 and head.numel() + tail.numel() == ws.numel()
     assert head.data_ptr() == ws.data_ptr() and tail.data_ptr() == ws.data_ptr() + head.numel()
     f = torch.empty(1024, dtype=torch.float32)  # a float workspace of another dtype: its bytes
-    head, tail = _pod._halves(f)
+    head, tail = _pod.halves(f)
     assert head.dtype == torch.uint8 and head.numel() + tail.numel() == 4096
-    assert _pod._halves(torch.empty(64, 64, dtype=torch.uint8)[:, ::2]) is None
+    assert _pod.halves(torch.empty(64, 64, dtype=torch.uint8)[:, ::2]) is None
 
 
 @pytest.fixture
@@ -126,9 +126,9 @@ def fake_streams(monkeypatch):
             prefill(), decode()
             self.mode, self.reason = "streams", None
 
-    monkeypatch.setattr(_pod._Streams, "unavailable",
+    monkeypatch.setattr(_pod.Streams, "unavailable",
                         lambda self: "overlap='serial'" if self.overlap == "serial" else None)
-    monkeypatch.setattr(_pod._Streams, "compose", compose)
+    monkeypatch.setattr(_pod.Streams, "compose", compose)
     return calls
 
 
@@ -345,9 +345,9 @@ def test_auto_composes_serially_as_measured(monkeypatch):
     from attncore.core import streams
 
     for ov, want in (("auto", streams.AUTO_SERIAL), ("streams", None), ("serial", "overlap='serial'")):
-        st = streams._Streams(ov, torch.device("cuda", 0))
+        st = streams.Streams(ov, torch.device("cuda", 0))
         why = st.unavailable()
         assert (why is None) if want is None else why.startswith(want), (ov, why)
     monkeypatch.setattr(streams, "AUTO_STREAMS", True)
-    assert streams._Streams("auto", torch.device("cuda", 0)).unavailable() is None
-    assert "no CUDA streams on cpu" in streams._Streams("auto", torch.device("cpu")).unavailable()
+    assert streams.Streams("auto", torch.device("cuda", 0)).unavailable() is None
+    assert "no CUDA streams on cpu" in streams.Streams("auto", torch.device("cpu")).unavailable()

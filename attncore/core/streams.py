@@ -15,7 +15,7 @@ Tensor = torch.Tensor
 # Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed in a
 # compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
 OVERLAPS = ("auto", "streams", "serial")
-PREFILL_FIRST = True  # the launch order in streams mode (see _Streams.compose; scripts/gpu_pod_streams.sh times both)
+PREFILL_FIRST = True  # the launch order in streams mode (see Streams.compose; scripts/gpu_pod_streams.sh times both)
 # What overlap="auto" does on a GPU.  Measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16 32/8
 # heads d128 page 16): streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median of
 # 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32: the
@@ -26,19 +26,19 @@ AUTO_SERIAL = ("overlap='auto': serial, as measured (two streams: a median 1.005
                "to 0.57x beside short decodes; pass overlap='streams' to run the parts on two streams)")
 
 
-def _check_overlap(overlap) -> str:
+def check_overlap(overlap) -> str:
     if overlap.__class__ is not str or overlap not in OVERLAPS:
         raise ValueError(f"overlap: got {overlap!r}, expected one of 'auto', 'streams', 'serial'")
     return overlap
 
 
-class _Streams:
+class Streams:
     """How one POD wrapper runs its composed parts: the decode part on a side stream forked from the
     current stream (``"streams"``) or both in turn on the current stream (``"serial"``).  ``mode`` and
     ``reason`` describe the last run (``reason``: why composed parts ran serially; None otherwise)."""
 
     def __init__(self, overlap, device: torch.device):
-        self.overlap = _check_overlap(overlap)
+        self.overlap = check_overlap(overlap)
         self.device = device
         self._side: dict = {}  # (device index, priority) -> the side stream, created once and reused
         self.mode: Optional[str] = None
@@ -83,9 +83,9 @@ class _Streams:
         side = self.side(cur)
         side.wait_stream(cur)  # fork, before the prefill is queued: the decode must not wait for it
         try:
-            # the prefill first: its CTAs (large shared memory, one or two per SM) take their SMs, and the
-            # light decode CTAs fill what is left beside them; decode first would fill every SM with decode
-            # CTAs that stay for its whole run, leaving the prefill to start after it
+            # the prefill first, so that its CTAs (large shared memory, one or two per SM) take their SMs and
+            # the light decode CTAs fill what is left beside them (decode first measured the same on the
+            # H100: PD1 0.445 vs 0.446 ms, BENCHMARKS 2f)
             if PREFILL_FIRST:
                 prefill()
             with torch.cuda.stream(side):
@@ -97,7 +97,7 @@ class _Streams:
         self.mode, self.reason = "streams", None
 
 
-def _halves(ws: Tensor) -> Optional[tuple]:
+def halves(ws: Tensor) -> Optional[tuple]:
     """The caller's float workspace as (head, tail) uint8 views, split at a 256-byte multiple: the
     prefill part's and the decode part's scratch when they run at the same time; None when the buffer
     is not contiguous (no byte views of it)."""
