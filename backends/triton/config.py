@@ -136,7 +136,9 @@ def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[Dens
     extra = [DenseConfig(128, 64, 4, 3, True, True, True), DenseConfig(64, 64, 4, 3, True, True, True),
              DenseConfig(128, 128, 4, 2, True, True, True)]
     if problem.head_dim_qk != 128:
-        extra.append(ws)
+        # d64: also d256's best shape (8 warps), unmeasured at d64 so far: the generic kernel's 128x64 on 8
+        # warps ran P2 d64 1.05x faster than the dense default in the one sweep that had it (BENCHMARKS 2f)
+        extra += [ws, DenseConfig(128, 64, 8, 2, False), DenseConfig(128, 64, 8, 3, False, True, True)]
     return out + extra if sweep else out
 
 
