@@ -21,7 +21,8 @@ from attncore.core import fp8_query as _fp8_query
 from attncore.core import multi_item as _multi_item
 from attncore.core import ops as _ops
 from attncore.core import params as _params
-from attncore.core.backend import BatchMeta, prefetch_paged
+from attncore.core.backend import BatchMeta
+from attncore.core.page_table import prefetch_paged
 from attncore.core.single_prefill import plan_single, run_single, single_compat, split_head_scales
 from attncore.core.wrapper import _BatchWrapper, _check_split, _run_positional
 from attncore.page import unpack_paged_kv_cache

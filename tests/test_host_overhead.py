@@ -11,7 +11,8 @@ import torch
 
 import attncore
 from attncore.core import checks, graphs, plan_cache, selector
-from attncore.core.backend import AttnParams, BatchMeta, _SMALL_TABLE
+from attncore.core.backend import AttnParams, BatchMeta
+from attncore.core.page_table import _SMALL_TABLE
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 
 H, HKV, D, PAGE = 4, 2, 16, 4

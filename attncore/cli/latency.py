@@ -65,14 +65,20 @@ def _cells(api, device: str, backend_kw: dict) -> Dict[str, Callable[[], object]
 BLOCKS = 5
 
 
+def _blocks(calls: int) -> int:
+    """How many blocks ``calls`` calls are timed in (fewer calls than ``BLOCKS``: one block of them all)."""
+    return BLOCKS if calls >= BLOCKS else 1
+
+
 def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     for _ in range(3):  # warm-up: JIT builds, autotuning, caches
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
-    n = max(calls // BLOCKS, 1)
+    blocks = _blocks(calls)
+    n = calls // blocks
     per_call = []
-    for _ in range(BLOCKS if calls >= BLOCKS else 1):
+    for _ in range(blocks):
         t = time.perf_counter()
         for _ in range(n):
             fn()
@@ -123,7 +129,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
             progress(f"latency: attncore {n}")
         rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls)
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
-            "blocks": BLOCKS if calls >= BLOCKS else 1,
+            "blocks": _blocks(calls),
             "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows}
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer

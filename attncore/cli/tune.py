@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from itertools import product
 from typing import Callable, Dict, List, Optional, Sequence
@@ -269,8 +270,6 @@ def load_cached(device: str, path=None) -> Optional[Dict]:
     """The cached table of this machine's ``device``, or the table in ``path`` (None if there is none or
     it is unreadable).  A ``path`` measured on another device, or in another format, is an error: merging
     into it would replace it (``merge``)."""
-    from pathlib import Path
-
     name = device_identity(device)["device"]
     p = tables.cache_path(name) if path is None else Path(path)
     try:
@@ -286,8 +285,6 @@ def load_cached(device: str, path=None) -> Optional[Dict]:
 def save(table: Dict, *, fresh: bool = False, path=None):
     """Write ``table`` (merged into the device's cached table unless ``fresh``) to the cache, or to
     ``path``; return (path, the table written).  The selector re-reads its tables afterwards."""
-    from pathlib import Path
-
     path = Path(path) if path is not None else tables.cache_path(table["device"])
     old = None
     if not fresh and path.exists():

@@ -28,7 +28,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from attncore.core import checks as _checks
-from attncore.core import page_table as _page_table
 from attncore.core import uploads
 from attncore.core.page_table import _check_seq_lens, _host_ints, _paged_kv_lens, _read_page_table, _seq_lens_int32
 from attncore.core.capabilities import Capabilities, Reason, check
@@ -78,9 +77,6 @@ class AttnParams:
                              "('none', 'causal' or 'custom', resolved from the problem's mask)")
 
 
-# page_table.py holds the constructors' page-table reads and length checks; these two stay importable from here
-prefetch_paged = _page_table.prefetch_paged
-_SMALL_TABLE = _page_table._SMALL_TABLE
 
 
 @dataclass

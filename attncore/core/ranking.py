@@ -273,7 +273,6 @@ def rule_rank(backend, problem: AttentionProblem) -> RuleRank:
     return RuleRank(0, None, passed, note="no row of the rule table matched; ranked 0")  # pragma: no cover
 
 
-
 # ------------------------------------------------------------------------------- measured tables
 def _time(e: Dict, name: str) -> Optional[float]:
     t = (e.get("times_ms") or {}).get(name)

@@ -159,10 +159,9 @@ def build(tiles: Sequence[RowTile], qo_lens: Sequence[int], *, chunk: Optional[i
             order = sorted(range(len(costs)), key=costs.__getitem__, reverse=True)
             items, costs = [items[i] for i in order], [costs[i] for i in order]
         return Schedule(items=items, costs=costs, num_splits=num_splits, part_off=[0] * B, part_rows=0, chunk=chunk)
-    if chunk:
-        for t in tiles:
-            ext = t.kv_hi - t.kv_lo
-            num_splits[t.req] = max(num_splits[t.req], -(-ext // chunk) if ext > 0 else 1)
+    for t in tiles:
+        ext = t.kv_hi - t.kv_lo
+        num_splits[t.req] = max(num_splits[t.req], -(-ext // chunk) if ext > 0 else 1)
     part_off, rows = [0] * B, 0
     for i in range(B):
         if num_splits[i] > 1:

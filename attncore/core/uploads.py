@@ -194,6 +194,19 @@ def merged_image(staged: Optional[Staged], first: torch.Tensor, nbytes: int) -> 
     return raw, size
 
 
+def carve_tables(layout, buffer: Optional[torch.Tensor], staged: Optional[Staged], device: torch.device,
+                 memo: Optional[dict] = None) -> Tuple[dict, np.ndarray, dict, torch.Tensor]:
+    """A backend's int tables (``layout``, a ``WorkspaceLayout``) carved from ``buffer`` right before the batch's
+    ``staged`` index tables (``tables_buffer``), for one copy of both: (the device views, the zeroed host image
+    with the staged tables at its end, its numpy view per table, the device span to send the image to).  The
+    staged tables are marked sent: the caller fills the views and sends the image (``send_image``)."""
+    tabs = layout.carve(tables_buffer(buffer, staged, layout.nbytes, memo), "int_workspace_buffer", device=device,
+                        memo=memo)
+    first = tabs[layout.regions[0][0]]
+    image, size = merged_image(staged, first, layout.nbytes)
+    return tabs, image, layout_views(layout, image), merged_span(first, size, memo)
+
+
 def merged_span(first: torch.Tensor, size: int, memo: Optional[dict] = None) -> torch.Tensor:
     """The uint8 device span of ``size`` bytes from ``first`` (a view carved from a workspace); ``memo``: the
     caller's (``BatchMeta.memo``), keeping it per address and size."""

@@ -59,7 +59,7 @@ class CudaFa2Backend(Backend):
     aliases = ("fa2",)
     description = "FA2-style CUDA kernels (mma.sync, cp.async), JIT-built per specialization, sm80+"
     capabilities = CAPABILITIES
-    sends_index_tables = True  # one copy with its own tables (plan.upload, attncore.core.uploads)
+    sends_index_tables = True  # one copy with its own tables (plan.make_plan, attncore.core.uploads)
 
     # split-KV policy knobs (tests may lower them)
     min_split_chunk = 256

@@ -120,17 +120,6 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
     return s
 
 
-def upload(layout: WorkspaceLayout, dev_views: dict, fill, dev: torch.device, memo: Optional[dict],
-           staged=None) -> None:
-    """Write the int tables into a host image (``fill(numpy views)``) and copy the whole span of ``layout``
-    to ``dev_views`` in one non-blocking copy; with the batch's ``staged`` index tables (carved right after
-    the layout: attncore.core.uploads) in that same copy."""
-    first = dev_views[layout.regions[0][0]]
-    image, size = uploads.merged_image(staged, first, layout.nbytes)
-    fill(uploads.layout_views(layout, image))
-    uploads.send_image(image, uploads.merged_span(first, size, memo))
-
-
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
     """(the work items of this batch on ``lib``'s tile, its row tiles): attncore.core.schedule, the
     schedule the Triton backend uses too."""
@@ -201,19 +190,15 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         ibuf = graph.own_int
     # the batch's index tables still on the host (never in graph mode): the tables go right before them
     staged = meta.staged if graph is None and ibuf is not None else None
-    if staged is not None:
-        ibuf = uploads.tables_buffer(ibuf, staged, ilay.nbytes, meta.memo)
-    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=dev, memo=meta.memo)
-
-    def fill(h):  # numpy views of the host image: one conversion per table
-        h["counts"][:] = (n_items, n_merge)
-        s.write_work(h["work"])
-        if n_merge:
-            h["merge"][:n_merge] = merge
-        if "alibi" in h:
-            h["alibi"][:] = alibi_slopes(Hq).float().numpy()
-
-    upload(ilay, tabs, fill, dev, meta.memo, staged)
+    # the tables on the host (numpy views of one image: one conversion per table), then one copy
+    tabs, image, h, span = uploads.carve_tables(ilay, ibuf, staged, dev, meta.memo)
+    h["counts"][:] = (n_items, n_merge)
+    s.write_work(h["work"])
+    if n_merge:
+        h["merge"][:n_merge] = merge
+    if "alibi" in h:
+        h["alibi"][:] = alibi_slopes(Hq).float().numpy()
+    uploads.send_image(image, span)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
     return Fa2Plan(

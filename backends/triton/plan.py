@@ -350,14 +350,8 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     # one copy sends both (attncore.core.uploads)
     staged = meta.staged if graph is None and shared else None
     owner = (device, ibuf.data_ptr()) if shared else None  # any plan into this workspace overwrites the tables
-    if staged is not None:
-        ibuf = uploads.tables_buffer(ibuf, staged, ilay.nbytes, meta.memo)
-    tabs = ilay.carve(ibuf, "int_workspace_buffer", device=device, memo=meta.memo)
-
     # the tables on the host (numpy views of one image: one conversion per table), then one copy
-    first = tabs["counts"]
-    image, size = uploads.merged_image(staged, first, ilay.nbytes)
-    h = uploads.layout_views(ilay, image)
+    tabs, image, h, span = uploads.carve_tables(ilay, ibuf, staged, device, meta.memo)
     h["counts"][:3] = (n_items, n_merge, int(heads_first))
     s.write_work(h["work"])
     if n_merge:
@@ -371,7 +365,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
             h[f"dense_{bm}"][:] = items
     if "kv_start" in h and B:
         h["kv_start"][:B] = [x * problem.page_size for x in meta.kv_indptr_host[:-1]]
-    plan.upload = Upload(image, uploads.merged_span(first, size, meta.memo), owner)
+    plan.upload = Upload(image, span, owner)
     plan.counts, plan.work = tabs["counts"], tabs["work"]
     plan.merge_table, plan.slopes = tabs.get("merge"), tabs.get("slopes")
     if xqa_width is not None:
