@@ -16,6 +16,9 @@
 #   COMPAT_SEED=S        another deterministic sample (default 0)
 #   COMPAT_COVER=0|1     1 (default): also every value of every parameter at least once
 #   COMPAT_JOBS=J        test files run as J concurrent pytest processes on the one GPU (default 3)
+#   COMPAT_SPLIT="F:N .." file F runs as N processes, each 1/N of its selected cases (compat_sample's
+#                        --compat-shard; logs <stem>.s<I>of<N>.*, one row in the table);
+#                        default "test_batch_prefill_kernels.py:4", the file with the most cases
 #   COMPAT_FILE_TIMEOUT  seconds per file before SIGINT (pytest then reports what ran; default 500)
 #   COMPAT_DEADLINE      seconds from the start by which every file has stopped, so that the table is
 #                        printed inside a 600 s device call (default 540); a file that would get
@@ -129,11 +132,23 @@ if [ "$COLLECT_ONLY" = 1 ]; then
   exit $rc
 fi
 
-# 3. One pytest process per file, JOBS at a time
+# 3. One pytest process per file (or per shard of a split file), JOBS at a time
 mkdir -p "$WORK"
-for f in "${FILES[@]}"; do rm -f "$WORK/${f%.py}".{jsonl,rc,xml,log,log.gz}; done
-run_one() {
-  local f=$1 stem=${1%.py} start rc limit
+for f in "${FILES[@]}"; do rm -f "$WORK/${f%.py}".{jsonl,rc,xml,log,log.gz} "$WORK/${f%.py}".s*of*.*; done
+JOBLIST=()
+for f in "${FILES[@]}"; do
+  n=1
+  for s in ${COMPAT_SPLIT-test_batch_prefill_kernels.py:4}; do [ "${s%%:*}" = "$f" ] && n=${s##*:}; done
+  if [ "$n" -gt 1 ]; then
+    for ((i = 0; i < n; i++)); do JOBLIST+=("$f:$i/$n"); done
+  else
+    JOBLIST+=("$f")
+  fi
+done
+run_one() {  # $1: FILE or FILE:I/N (one shard)
+  local f=${1%%:*} shard="" stem=${1%%:*} start rc limit
+  stem=${stem%.py}
+  if [ "$f" != "$1" ]; then shard=${1##*:}; stem="$stem.s${shard%/*}of${shard#*/}"; fi
   start=$(date +%s)
   limit=$(( DEADLINE - (start - t0) - 15 ))   # 15 s for pytest to wind down after SIGINT
   [ "$limit" -gt "$FILE_TIMEOUT" ] && limit=$FILE_TIMEOUT
@@ -143,17 +158,17 @@ run_one() {
   fi
   # shellcheck disable=SC2086
   timeout -s INT -k 10 "$limit" "$PY" -m pytest -q -rf --tb="$TB" "${COMMON[@]}" \
-    --compat-log "$WORK/$stem.jsonl" --junitxml "$WORK/$stem.xml" ${COMPAT_PYTEST_ARGS:-} "$f" \
-    > "$WORK/$stem.log" 2>&1
+    --compat-log "$WORK/$stem.jsonl" --junitxml "$WORK/$stem.xml" ${shard:+--compat-shard "$shard"} \
+    ${COMPAT_PYTEST_ARGS:-} "$f" > "$WORK/$stem.log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" > "$WORK/$stem.rc"
-  echo "[$(( $(date +%s) - t0 )) s] $f: rc $rc, $(grep -E '(passed|failed|error|skipped|deselected|no tests ran)' "$WORK/$stem.log" | tail -1)"
+  echo "[$(( $(date +%s) - t0 )) s] $1: rc $rc, $(grep -E '(passed|failed|error|skipped|deselected|no tests ran)' "$WORK/$stem.log" | tail -1)"
   if [ "$(stat -c %s "$WORK/$stem.log")" -gt 1000000 ]; then gzip -f "$WORK/$stem.log"; fi
 }
 export -f run_one
 export PY WORK FILE_TIMEOUT DEADLINE TB t0 COMPAT_PYTEST_ARGS
 export COMMON_STR="${COMMON[*]}"
-printf '%s\n' "${FILES[@]}" | xargs -P "$JOBS" -I{} bash -c 'COMMON=($COMMON_STR); run_one "$1"' _ {}
+printf '%s\n' "${JOBLIST[@]}" | xargs -P "$JOBS" -I{} bash -c 'COMMON=($COMMON_STR); run_one "$1"' _ {}
 stamp "all files done"
 
 # 4. The table

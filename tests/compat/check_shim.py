@@ -190,6 +190,28 @@ def test_known_unsupported_and_the_report(tmp_path):
     assert "TIMED OUT" in res.stdout
 
 
+def test_shards_partition_the_sample_and_the_report_folds_them(tmp_path):
+    ids = lambda r: [x for x in r.stdout.splitlines() if "::" in x]  # noqa: E731
+    whole = ids(_run_pytest(tmp_path, "--collect-only", "-q", "--compat-sample", "5"))
+    parts = [ids(_run_pytest(tmp_path, "--collect-only", "-q", "--compat-sample", "5", "--compat-shard", f"{i}/3"))
+             for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(whole) and all(parts)
+    assert not set(parts[0]) & set(parts[1])
+    bad = _run_pytest(tmp_path, "--collect-only", "-q", "--compat-shard", "3/3")
+    assert bad.returncode != 0 and "--compat-shard: expected I/N" in bad.stdout + bad.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(2):
+        r = _run_pytest(tmp_path, "-q", "--compat-shard", f"{i}/2", "--compat-log", str(work / f"test_grid.s{i}of2.jsonl"))
+        (work / f"test_grid.s{i}of2.rc").write_text(f"{r.returncode} {i + 1}\n")
+    out = tmp_path / "summary.json"
+    subprocess.run([sys.executable, str(HERE / "compat_report.py"), "--work", str(work), "--json", str(out),
+                    "test_grid.py"], capture_output=True, text=True)
+    g = json.loads(out.read_text())["files"][0]
+    assert (g["collected"], g["selected"], g["passed"], g["failed"], g["not_run"]) == (31, 31, 30, 1, 0)
+    assert (g["rc"], g["seconds"], g["shards"]) == (1, 2, 2)
+
+
 def test_report_signature_groups_numbers():
     assert compat_report.signature("Mismatched elements: 3 / 4096 (0.1%)\nmore") == \
         compat_report.signature("Mismatched elements: 17 / 8192 (0.2%)")

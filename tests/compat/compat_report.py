@@ -22,12 +22,45 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 
 
-def read_file(work: Path, name: str) -> dict:
+def stems(work: Path, name: str) -> list:
+    """The log stems of one test file: ``<stem>``, or its shards ``<stem>.s<I>of<N>`` when the script
+    split the file over processes (COMPAT_SPLIT)."""
     stem = name[:-3] if name.endswith(".py") else name
-    collected = selected = None
+    shards = sorted(p.name[:-len(".rc")] for p in work.glob(f"{stem}.s*of*.rc"))
+    return shards or [stem]
+
+
+def read_file(work: Path, name: str) -> dict:
+    collected = None
+    selected = 0
     outcome = OrderedDict()
     messages = {}
-    log = work / f"{stem}.jsonl"
+    rcs, seconds = [], []
+    for stem in stems(work, name):
+        collected, selected = _read_log(work / f"{stem}.jsonl", name, outcome, messages, collected, selected)
+        rcf = work / f"{stem}.rc"
+        if rcf.exists():
+            parts = rcf.read_text().split()
+            rcs.append(int(parts[0]))
+            if len(parts) > 1:
+                seconds.append(int(parts[1]))
+    # the worst exit status of the shards (a timeout or a failure shows), their longest run
+    rc = max(rcs, key=lambda r: (r in (124, 137) or r < 0, r != 0, r)) if rcs else None
+    counts = Counter(outcome.values())
+    done = sum(counts.values())
+    return {
+        "file": name, "collected": collected, "selected": selected,
+        "passed": counts["passed"], "failed": counts["failed"], "errors": counts["error"],
+        "skipped": counts["skipped"], "not_run": max((selected or 0) - done, 0),
+        "rc": rc, "seconds": max(seconds) if seconds else None,
+        "timed_out": any(r in (124, 137) or r < 0 for r in rcs), "not_started": 125 in rcs,
+        "shards": len(rcs),
+        "outcomes": outcome, "messages": messages,
+    }
+
+
+def _read_log(log: Path, name: str, outcome: dict, messages: dict, collected, selected):
+    """Fold one process's JSON lines into ``outcome``/``messages``; returns (collected, selected so far)."""
     if log.exists():
         for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
@@ -36,7 +69,7 @@ def read_file(work: Path, name: str) -> dict:
                 continue  # a line cut short by a kill
             if r.get("event") == "collection":
                 s = r["files"].get(name, {"collected": 0, "selected": 0})
-                collected, selected = s["collected"], s["selected"]
+                collected, selected = s["collected"], selected + s["selected"]
             elif r.get("event") == "test":
                 key, when, out = r["key"], r["when"], r["outcome"]
                 prev = outcome.get(key)
@@ -51,21 +84,7 @@ def read_file(work: Path, name: str) -> dict:
                         messages[key] = r.get("message", "")
                 elif out == "passed" and when == "call" and prev is None:
                     outcome[key] = "passed"
-    rc, seconds = None, None
-    rcf = work / f"{stem}.rc"
-    if rcf.exists():
-        parts = rcf.read_text().split()
-        rc, seconds = int(parts[0]), int(parts[1]) if len(parts) > 1 else None
-    counts = Counter(outcome.values())
-    done = sum(counts.values())
-    return {
-        "file": name, "collected": collected, "selected": selected,
-        "passed": counts["passed"], "failed": counts["failed"], "errors": counts["error"],
-        "skipped": counts["skipped"], "not_run": max((selected or 0) - done, 0),
-        "rc": rc, "seconds": seconds, "timed_out": rc in (124, 137) or (rc is not None and rc < 0),
-        "not_started": rc == 125,
-        "outcomes": outcome, "messages": messages,
-    }
+    return collected, selected
 
 
 def signature(msg: str) -> str:

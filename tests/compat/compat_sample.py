@@ -66,6 +66,8 @@ def pytest_addoption(parser):
     default_known = _HERE / "known_unsupported.txt"
     g.addoption("--compat-known", default=_env("COMPAT_KNOWN", str(default_known) if default_known.exists() else ""),
                 metavar="PATH", help="known-unsupported list (pattern | reason per line)")
+    g.addoption("--compat-shard", default=_env("COMPAT_SHARD", ""), metavar="I/N",
+                help="after sampling, keep only every N-th selected item starting at I (one file over N processes)")
     g.addoption("--compat-log", default=_env("COMPAT_LOG", ""), metavar="PATH",
                 help="append a JSON line per collection and per test phase to PATH")
 
@@ -118,6 +120,16 @@ def sample(items, n: int, k: int, seed: int, cover: bool, cap: int = 0):
     return [it for it in items if id(it) in keep]
 
 
+def shard(items, spec: str):
+    """``items`` kept by shard ``spec`` ("I/N": every N-th from the I-th)."""
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+        assert 0 <= i < n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--compat-shard: expected I/N with 0 <= I < N, got {spec!r}")
+    return items[i::n]
+
+
 def glob_regex(pattern: str):
     """A compiled regex for a known-unsupported pattern: ``*`` and ``?`` wild, everything else literal."""
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z",
@@ -160,6 +172,15 @@ def pytest_collection_modifyitems(session, config, items):
         stats["collected"] += len(its)
         stats["selected"] += len(chosen)
         stats["functions"][fn.split("::", 1)[1]] = [len(its), len(chosen)]
+    spec = config.getoption("--compat-shard")
+    if spec:  # the counts become this process's share
+        kept = shard(kept, spec)
+        keep_ids = {id(it) for it in kept}
+        for fn, its in groups.items():
+            stats = per_file[fn.split("::")[0]]
+            stats["functions"][fn.split("::", 1)[1]][1] = sum(1 for it in its if id(it) in keep_ids)
+        for stats in per_file.values():
+            stats["selected"] = sum(v[1] for v in stats["functions"].values())
     keep_ids = {id(it) for it in kept}
     deselected = [it for it in items if id(it) not in keep_ids]
     if deselected:
