@@ -116,8 +116,8 @@ def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[Dens
     """Configs of the dense kernel, best measured first (H100, triton 3.6, 2026-11-22,
     backends/triton/bench/triton.md, session 4).  Head dim 128: 128x64 tiles in one warp-specialized loop
     that masks only the diagonal / tail tiles (P1 causal 480, non-causal 525 TFLOP/s); the same
-    loop without warp specialization on 64x64 tiles next (448 / 508), which is also the head dim 64
-    default (P2 d64 355; specialized: 332-362 by stages).  run() falls back down the list, then to
+    loop without warp specialization on 64x64 tiles next (448 / 508).  Head dim 64: that loop on
+    128x64 tiles and 8 warps (P2 d64 0.190 ms vs 0.196 on 64x64).  run() falls back down the list, then to
     the generic kernel, if a config fails to compile.  Only one-loop forms are specialized: with
     Triton 3.6 a specialized loop followed (or preceded) by another loop crashes the compiler.  Head dim
     256: 128x64 tiles on 8 warps, two loops (P2 d256 458 TFLOP/s vs the generic kernel's 406).
@@ -132,13 +132,16 @@ def dense_candidates(problem, causal: bool, *, sweep: bool = False) -> List[Dens
         out = [DenseConfig(128, 64, 8, 2, False), DenseConfig(128, 64, 8, 2, False, True, True), plain]
         return out + [DenseConfig(128, 64, 8, 2, True, True, True), DenseConfig(64, 32, 4, 3, False, True, True)] \
             if sweep else out
-    out = [ws, plain, two_loops] if problem.head_dim_qk == 128 else [plain, two_loops]
+    if problem.head_dim_qk == 128:
+        out = [ws, plain, two_loops]
+    else:
+        # d64, H100 sweeps of 2026-11-24 (sessions 9 and 10, P2 d64 causal): 128x64 tiles on 8 warps, 3 stages,
+        # one loop 0.190 ms against 64x64 on 4 warps 0.195-0.196 (the generic kernel's 128x64x8: 0.186-0.187)
+        out = [DenseConfig(128, 64, 8, 3, False, True, True), plain, two_loops]
     extra = [DenseConfig(128, 64, 4, 3, True, True, True), DenseConfig(64, 64, 4, 3, True, True, True),
              DenseConfig(128, 128, 4, 2, True, True, True)]
     if problem.head_dim_qk != 128:
-        # d64: also d256's best shape (8 warps), unmeasured at d64 so far: the generic kernel's 128x64 on 8
-        # warps ran P2 d64 1.05x faster than the dense default in the one sweep that had it (BENCHMARKS 2f)
-        extra += [ws, DenseConfig(128, 64, 8, 2, False), DenseConfig(128, 64, 8, 3, False, True, True)]
+        extra += [ws, DenseConfig(128, 64, 8, 2, False)]
     return out + extra if sweep else out
 
 
