@@ -63,8 +63,10 @@ class Streams:
             s = self._side[key] = torch.cuda.Stream(device=cur.device, priority=cur.priority)
         return s
 
-    def compose(self, prefill, decode, why_serial: Optional[str] = None) -> None:
+    def compose(self, prefill, decode, why_serial: Optional[str] = None, prefill_first: Optional[bool] = None) -> None:
         """Run the parts (callables that launch them; everything they write is allocated already).
+        ``prefill_first``: the launch order on two streams (None: ``PREFILL_FIRST``; measurement scripts
+        time both, scripts/gpu_pod_coresident.py).
 
         Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
         are the caller's, used as if on the current stream; the current stream waits for the side stream
@@ -86,11 +88,12 @@ class Streams:
             # the prefill first, so that its CTAs (large shared memory, one or two per SM) take their SMs and
             # the light decode CTAs fill what is left beside them (decode first measured the same on the
             # H100: PD1 0.445 vs 0.446 ms, BENCHMARKS 2f)
-            if PREFILL_FIRST:
+            first = PREFILL_FIRST if prefill_first is None else bool(prefill_first)
+            if first:
                 prefill()
             with torch.cuda.stream(side):
                 decode()
-            if not PREFILL_FIRST:
+            if not first:
                 prefill()
         finally:
             cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
