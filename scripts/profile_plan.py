@@ -4,6 +4,13 @@ Triton backend goes through its interpreter (set TRITON_INTERPRET=1, as the test
 the same Python as on a GPU.
 
     TRITON_INTERPRET=1 python scripts/profile_plan.py --op decode --backend triton --batch 64 [--profile]
+    python scripts/profile_plan.py --op decode --fake-cuda-fa2 --batch 64 [--profile]
+
+``--fake-cuda-fa2`` (CPU only) plans on cuda_fa2 with the CPU fakes of ``tests/test_cuda_fa2.py``
+(``cpu_patches``: the device, the library's tile shape and the stream faked; the problem says an sm90 CUDA
+device and the backend is available): the schedule, the tables and the params structs are the real ones,
+so plan()'s Python is timed as on a GPU, without the pinned copy (CPU figures, not GPU ones).  run() is not
+timed in that mode.
 
 run() on the interpreter is dominated by the interpreted kernel, so ``--stub-kernels`` (default on
 the CPU for triton) times run() with the kernel launches replaced by no-ops after the first run: what
@@ -13,9 +20,12 @@ is left is attncore's own host work per run() (checks, launch-cache lookup, tabl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
+import os
 import pstats
+import sys
 import time
 
 import torch
@@ -23,9 +33,10 @@ import torch
 import attncore
 
 
-def build(op: str, backend: str, batch: int, device: str):
-    """(plan, run) zero-argument callables of one tiny problem (inputs and wrapper made once)."""
-    if device == "cuda":  # the sizes of `attncore bench --latency` on a GPU (attncore/cli/latency.py)
+def build(op: str, backend: str, batch: int, device: str, gpu_sizes: bool = False):
+    """(plan, run) zero-argument callables of one tiny problem (inputs and wrapper made once); ``gpu_sizes``:
+    the GPU's sizes on any device (the cuda_fa2 fakes: its head dims start at 64)."""
+    if device == "cuda" or gpu_sizes:  # the sizes of `attncore bench --latency` on a GPU (attncore/cli/latency.py)
         hq, hkv, d, page, pages_per_req, qo, dt = 32, 8, 128, 16, 8, 16, torch.bfloat16
     else:
         hq, hkv, d, page, pages_per_req, qo, dt = 4, 2, 32, 4, 4, 4, torch.float16
@@ -50,6 +61,22 @@ def build(op: str, backend: str, batch: int, device: str):
             w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=dt,
                    kv_data_type=dt)
     return w, plan, (lambda: w.run(q, cache))
+
+
+def fake_cuda_fa2() -> contextlib.ExitStack:
+    """cuda_fa2's plan() on the CPU: tests/test_cuda_fa2.py's cpu_patches, the problem's device read as an
+    sm90 GPU and the backend made available (selection then runs as on the GPU)."""
+    import unittest.mock as um
+
+    from attncore.core import _api, registry
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from test_cuda_fa2 import cpu_patches
+
+    stack = cpu_patches()
+    stack.enter_context(um.patch.object(_api, "device_info", lambda d: ("cuda", (9, 0))))
+    stack.enter_context(um.patch.object(registry.entries()["cuda_fa2"], "_available", []))
+    return stack
 
 
 def stub_kernels(w) -> int:
@@ -103,7 +130,21 @@ def main() -> None:
     ap.add_argument("--stub-kernels", choices=("auto", "on", "off"), default="auto",
                     help="run() without the triton kernel launches (auto: on for triton on the CPU)")
     ap.add_argument("--profile", action="store_true", help="cProfile top-20 of plan() and run()")
+    ap.add_argument("--fake-cuda-fa2", action="store_true",
+                    help="CPU: plan() on cuda_fa2 with tests/test_cuda_fa2.py's fakes (plan only)")
     a = ap.parse_args()
+    if a.fake_cuda_fa2:
+        if a.device != "cpu":
+            ap.error("--fake-cuda-fa2 is for the CPU (on a GPU, pass --backend cuda_fa2)")
+        a.backend = "cuda_fa2"
+        with fake_cuda_fa2():
+            w, plan, _ = build(a.op, a.backend, a.batch, a.device, gpu_sizes=True)
+            t_plan = timed(plan, a.reps)
+            print(f"{a.op} cuda_fa2 (CPU fakes) batch {a.batch} on cpu: plan {t_plan:.1f} us "
+                  f"(config {w._planned._primary[1].config})")
+            if a.profile:
+                print("---- plan()\n" + profile(plan, a.reps))
+        return
     w, plan, run = build(a.op, a.backend, a.batch, a.device)
     t_plan = timed(plan, a.reps)
     plan()

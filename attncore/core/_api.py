@@ -20,7 +20,7 @@ from attncore.core import params as _params
 from attncore.core import selector
 from attncore.core import tables
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs
-from attncore.core.checks import SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES, check_choice, check_tensor
+from attncore.core.checks import SUPPORTED_KV_DTYPES, SUPPORTED_Q_DTYPES, check_choice, check_tensor, plain_key
 from attncore.core.problem import LAYOUTS, POS_ENCODINGS, AttentionProblem, device_info, dtype_name
 
 log = logging.getLogger("attncore")
@@ -39,10 +39,31 @@ def _scale_out(out, o_heads):
 
 
 # ----------------------------------------------------------------------------- argument checks
+_PARAMS: Dict[tuple, AttnParams] = {}  # make_params' memo by plain_key (AttnParams is frozen: shared safely)
+
+
 def make_params(*, head_dim: int, sm_scale, logits_soft_cap, window_left, pos_encoding_mode: str, rope_scale,
                 rope_theta) -> AttnParams:
     """The plan-time scalars, each checked by its rule in ``attncore.core.params``, and RoPE's even head dim
-    (the mask is the batch's: ``BatchMeta.mask``)."""
+    (the mask is the batch's: ``BatchMeta.mask``).  Memoized by value and type of every argument (host time:
+    a serving loop re-plans with the same scalars every step); a value that is not a plain scalar is checked
+    every time, and an error is never memoized."""
+    key = plain_key(head_dim, sm_scale, logits_soft_cap, window_left, pos_encoding_mode, rope_scale, rope_theta)
+    hit = _PARAMS.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    params = _make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                          window_left=window_left, pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale,
+                          rope_theta=rope_theta)
+    if key is not None:
+        if len(_PARAMS) > 1024:
+            _PARAMS.clear()
+        _PARAMS[key] = params
+    return params
+
+
+def _make_params(*, head_dim: int, sm_scale, logits_soft_cap, window_left, pos_encoding_mode: str, rope_scale,
+                 rope_theta) -> AttnParams:
     check_choice("pos_encoding_mode", pos_encoding_mode, POS_ENCODINGS)
     params = AttnParams(
         sm_scale=_params.sm_scale(sm_scale, head_dim),

@@ -22,6 +22,7 @@ kv lengths and the mask from the batch instead of deriving them.  See
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -152,8 +153,15 @@ class BatchMeta:
 
     @property
     def qo_lens_host(self) -> List[int]:
+        """Each request's query rows (read-only: made once per ``qo_indptr_host`` list, host time: plan() reads
+        it several times)."""
         p = self.qo_indptr_host
-        return [p[i + 1] - p[i] for i in range(self.batch_size)]
+        hit = self.__dict__.get("_qo_lens")
+        if hit is not None and hit[0] is p and len(hit[1]) == self.batch_size:
+            return hit[1]
+        lens = list(map(operator.sub, p[1:self.batch_size + 1], p[:self.batch_size]))
+        self.__dict__["_qo_lens"] = (p, lens)
+        return lens
 
     def host_kv_lens(self) -> List[int]:
         """Each request's KV length as Python ints.  Filled at construction, except for block tables

@@ -71,6 +71,19 @@ def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtype=None, device
     return t
 
 
+_PLAIN_KEY = (type(None), bool, int, float, str, torch.dtype)
+
+
+def plain_key(*values) -> Optional[tuple]:
+    """A memo key of plain scalars (None, bool, int, float, str, torch.dtype): the values and their types, so
+    ``True``, ``1`` and ``1.0`` are different keys (each meets its own check); None when a value is not plain (a
+    tensor, a numpy scalar): such a call is not memoized and runs every check."""
+    for x in values:
+        if x.__class__ not in _PLAIN_KEY:
+            return None
+    return values + tuple([x.__class__ for x in values])
+
+
 def norm_device(d: torch.device) -> torch.device:
     """``d`` as a torch.device, a CUDA one with its index (the current device when it has none)."""
     if not isinstance(d, torch.device):  # host time: torch.device(d) costs ~2 us even when d is one

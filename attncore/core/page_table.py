@@ -4,6 +4,7 @@ KV lengths from page counts and last-page lengths, and xqa's ``seq_lens``, check
 
 from __future__ import annotations
 
+import operator
 from typing import List
 
 import torch
@@ -22,7 +23,8 @@ def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-_SMALL_TABLE = 4096  # host page tables up to this many ids are read as Python ints (cheaper than tensor ops)
+_TINY_TABLE = 64  # host page tables up to this many ids are read as Python ints (cheaper than numpy calls)
+_SMALL_TABLE = 4096  # up to this many, their min and max through numpy (cheaper than tensor ops), else torch
 
 
 def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
@@ -43,10 +45,13 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
         return ip, lp, indices if k == n else indices[:k], (lo, hi) if k else empty, ex
     ip, lp, *ex = _checks.read_host([indptr, last, *extra])
     k = min(max(ip[-1], 0), n) if ip else 0
-    if k <= _SMALL_TABLE:
+    if k <= _TINY_TABLE:
         used = (indices if k == n else indices[:k]).tolist()
         return ip, lp, used, (min(used), max(used)) if k else empty, ex
     used = indices if k == n else indices[:k]
+    if k <= _SMALL_TABLE:  # through numpy (a view of the host tensor): no Python int per id
+        v = used.numpy()
+        return ip, lp, used, (int(v.min()), int(v.max())), ex
     lo, hi = torch.aminmax(used)
     return ip, lp, used, (int(lo), int(hi)), ex
 
@@ -68,6 +73,11 @@ def prefetch_paged(qo_indptr, kv_indptr, kv_indices, kv_last_page_len) -> tuple:
 def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: int, name: str) -> List[int]:
     """Each request's KV length from its page count and last page (semantics.md, "Page table"),
     checking ``last_page_len`` (``name`` in errors)."""
+    b = len(kv_indptr_host) - 1
+    if b > 0 and len(last_host) == b:  # every request has pages and a valid last page: no loop in Python (host time)
+        npages = list(map(operator.sub, kv_indptr_host[1:], kv_indptr_host[:-1]))
+        if min(npages) > 0 and min(last_host) >= 1 and max(last_host) <= page_size:
+            return [(n - 1) * page_size + lp for n, lp in zip(npages, last_host)]
     kv_lens = []
     for i in range(len(kv_indptr_host) - 1):
         npages = kv_indptr_host[i + 1] - kv_indptr_host[i]

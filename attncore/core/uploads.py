@@ -113,20 +113,14 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     region, views, rest = hit
     on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
     staged = None
-    if len(on_device) < len(parts):  # host data: one list and one conversion (small), else through numpy
-        if sum(sizes) <= 4096 and not on_device:
-            flat: list = []
-            for x in parts:
-                flat += x if x.__class__ is list else x.tolist()
-            arr = np.array(flat, dtype=np.int32)
-        else:
-            arr, a = np.zeros(region.numel(), dtype=np.int32), 0
-            for x, n in zip(parts, sizes):
-                if x.__class__ is list:
-                    arr[a:a + n] = x
-                elif x.device.type == "cpu":
-                    arr[a:a + n] = x.numpy()
-                a += n
+    if len(on_device) < len(parts):  # host data into one array: lists by np.fromiter, host tensors as numpy
+        arr, a = (np.zeros if on_device else np.empty)(region.numel(), dtype=np.int32), 0
+        for x, n in zip(parts, sizes):
+            if x.__class__ is list:
+                arr[a:a + n] = np.fromiter(x, np.int32, n)
+            elif x.device.type == "cpu":
+                arr[a:a + n] = x.numpy()
+            a += n
         staged = Staged(arr, region)
         if device.type == "cpu":  # readable at once, as before (a merged copy later rewrites the same bytes)
             region.numpy()[:] = arr

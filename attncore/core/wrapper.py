@@ -124,6 +124,32 @@ class _BatchWrapper:
         in CUDA-graph mode when the chosen backend writes one (runs with and without it share the plan)."""
         return_lse, sinks, fp8_scales = _run_features(features)
         self._run_cache = {}
+        # the problem of a plan signature, memoized (host time: a serving loop re-plans the same signature with
+        # new lengths every step): keyed by every argument it is built from, by value and type (plain_key), and
+        # the batch's mask and params; the layout, device and graph mode are the wrapper's own
+        key = _checks.plain_key(op, q_data_type, kv_data_type, o_data_type, num_qo_heads, num_kv_heads, head_dim,
+                                head_dim_vo, page_size, q_len_per_req, return_lse, sinks, fp8_scales)
+        memo = self._plan_memo()
+        hit = memo.get(("problem", key, meta.mask, meta.params)) if key is not None else None
+        if hit is None:
+            hit = self._build_problem(op, meta, q_data_type, kv_data_type, o_data_type, num_qo_heads, num_kv_heads,
+                                      head_dim, head_dim_vo, page_size, q_len_per_req, return_lse, sinks, fp8_scales)
+            if key is not None:
+                memo[("problem", key, meta.mask, meta.params)] = hit
+        problem, q_dtype = hit
+        compute = problem.q_dtype
+        make = _api.Planned if compute is q_dtype else functools.partial(_fp8_query.plan, q_dtype=q_dtype,
+                                                                           out_name="o_data_type")
+        self._planned = make(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
+                             prefer_lse=self._use_cuda_graph and return_lse is None, who=type(self).__name__)
+        if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
+            self._op_handle = _ops.register(self)
+        self._compile_spec = (self._op_handle, problem.num_qo_heads, problem.head_dim_vo, problem.out_dtype)
+
+    def _build_problem(self, op, meta, q_data_type, kv_data_type, o_data_type, num_qo_heads, num_kv_heads, head_dim,
+                       head_dim_vo, page_size, q_len_per_req, return_lse, sinks, fp8_scales) -> tuple:
+        """(the problem of a plan, the caller's q dtype): dtype names parsed, kv/out default to q, an fp8 q
+        computed in its upcast dtype (fp8_query)."""
         q_dtype = _checks.to_dtype(q_data_type, "q_data_type")
         out_dtype = _checks.to_dtype(o_data_type, "o_data_type", q_dtype)
         compute = _fp8_query.compute_dtype(q_dtype, out_dtype)  # an fp8 q is upcast to it (fp8_query)
@@ -134,13 +160,7 @@ class _BatchWrapper:
             kv_layout=self._kv_layout,
             mask=meta.mask, params=meta.params, q_len_per_req=q_len_per_req, cuda_graph=self._use_cuda_graph,
             return_lse=bool(return_lse), sinks=sinks, fp8_scales=fp8_scales)
-        make = _api.Planned if compute is q_dtype else functools.partial(_fp8_query.plan, q_dtype=q_dtype,
-                                                                           out_name="o_data_type")
-        self._planned = make(problem, meta, self._requested_backend, graph=self._use_cuda_graph,
-                             prefer_lse=self._use_cuda_graph and return_lse is None, who=type(self).__name__)
-        if not _ops.owns(self._op_handle, self):  # a copied wrapper gets its own handle
-            self._op_handle = _ops.register(self)
-        self._compile_spec = (self._op_handle, problem.num_qo_heads, problem.head_dim_vo, problem.out_dtype)
+        return problem, q_dtype
 
     def _require_plan(self) -> _api.Planned:
         if self._planned is None:

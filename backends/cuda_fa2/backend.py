@@ -46,6 +46,9 @@ CAPABILITIES = (
 )
 
 
+_KEYS: dict = {}  # CudaFa2Backend.key_for's memo
+
+
 def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
     if dt == torch.float8_e4m3fn:
         return "e4m3"
@@ -134,6 +137,17 @@ class CudaFa2Backend(Backend):
         """The kernel specialization of a problem (also what ``attncore build`` and the prebuild script
         predict from problems alone): its mask is the one a batch of the problem gets,
         ``BatchMeta.resolve_mask`` (decode without a mask is causal)."""
+        # memoized (host time: plan() asks for one or two keys per batch): by everything the key reads
+        prefetch = config == "decode" and 0 < page_size <= 4
+        memo = (problem, config, prefetch, bool(self.sm90_pipe), bool(self.sm90_ws), tuple(self.tune))
+        key = _KEYS.get(memo)
+        if key is None:
+            if len(_KEYS) > 1024:
+                _KEYS.clear()
+            key = _KEYS[memo] = self._key_for(problem, config, prefetch)
+        return key
+
+    def _key_for(self, problem: AttentionProblem, config: str, prefetch: bool):
         from attncore.backends.cuda_fa2.specs import Fa2Key
 
         mask = BatchMeta.resolve_mask(problem.mask, decode=problem.op in DECODE_OPS)
@@ -141,7 +155,7 @@ class CudaFa2Backend(Backend):
         return Fa2Key(config, dt, _kv_name(problem.kv_dtype, problem.q_dtype), problem.head_dim_qk, mask,
                       softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
                       rope=problem.pos_encoding == "ROPE_LLAMA",
-                      prefetch=config == "decode" and 0 < page_size <= 4,
+                      prefetch=prefetch,
                       pipe=config == "prefill90" and bool(self.sm90_pipe),
                       ws=config == "prefill90" and bool(self.sm90_ws),
                       tune=tuple(self.tune))
@@ -163,7 +177,7 @@ class CudaFa2Backend(Backend):
         G, Hkv = problem.group_size, problem.num_kv_heads
         paged = meta.kv_indices is not None
         page_size = meta.page_size if paged else 0
-        config = "decode" if max([n * G for n in qo_lens] or [0]) <= 16 else "prefill"
+        config = "decode" if max(qo_lens, default=0) * G <= 16 else "prefill"
         sm90_why = ["decode tile"] if config == "decode" else self.sm90_reasons(problem, meta, dev)
         if self.force_config and self.force_config != "prefill90":
             sm90_why = sm90_why + [f"force_config {self.force_config}"]

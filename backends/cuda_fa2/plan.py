@@ -16,6 +16,7 @@ that needs more is an error naming the capacity.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
@@ -131,6 +132,25 @@ def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_spl
     return sched.build(tiles, qo_lens, chunk=chunk), tiles
 
 
+@functools.lru_cache(maxsize=256)
+def _layouts(cap_part: int, heads: int, head_dim: int, cap_items: int, cap_merge: int, alibi: bool
+             ) -> Tuple[WorkspaceLayout, WorkspaceLayout]:
+    """(the float workspace's layout: the split partials; the int workspace's: the tables) of a plan, by their
+    sizes; made once per sizes (host time) and never changed after."""
+    flay = WorkspaceLayout("cuda_fa2")
+    if cap_part:
+        flay.add("part_o", (cap_part, heads, head_dim), torch.float32)
+        flay.add("part_lse", (cap_part, heads), torch.float32)
+    ilay = WorkspaceLayout("cuda_fa2")
+    ilay.add("counts", (2,), torch.int32)
+    ilay.add("work", (cap_items, WORK_COLS), torch.int32)
+    if cap_merge:
+        ilay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
+    if alibi:
+        ilay.add("alibi", (heads,), torch.float32)
+    return flay, ilay
+
+
 def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.device, choose_lib) -> Fa2Plan:
     """The plan of one batch.  ``choose_lib()`` -> (library, config, sm90 reasons): the kernel chosen
     for this batch (backend.py); in graph mode only the first plan of a caller calls it."""
@@ -165,10 +185,8 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
 
     # float workspace: the split partials (run-scoped)
     parts = {}
+    flay, ilay = _layouts(cap_part, Hq, D, cap_items, cap_merge, bool(lib.key.alibi))
     if cap_part:
-        flay = WorkspaceLayout("cuda_fa2")
-        flay.add("part_o", (cap_part, Hq, D), torch.float32)
-        flay.add("part_lse", (cap_part, Hq), torch.float32)
         fbuf = meta.workspace
         if fbuf is None and graph is not None:  # a captured graph keeps writing here: one buffer per caller
             if graph.own_float is None:
@@ -176,13 +194,6 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
             fbuf = graph.own_float
         parts = flay.carve(fbuf, "float_workspace_buffer", device=dev, memo=meta.memo)
     # int workspace: the tables (plan-scoped), one upload
-    ilay = WorkspaceLayout("cuda_fa2")
-    ilay.add("counts", (2,), torch.int32)
-    ilay.add("work", (cap_items, WORK_COLS), torch.int32)
-    if cap_merge:
-        ilay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
-    if lib.key.alibi:
-        ilay.add("alibi", (Hq,), torch.float32)
     ibuf = meta.int_workspace
     if ibuf is None and graph is not None:
         if graph.own_int is None or graph.own_int.numel() < ilay.nbytes + ALIGN:

@@ -1,0 +1,272 @@
+"""plan()'s host-time memos (issue 15 item 1): the plan-time scalars (``_api.make_params``), a wrapper's problem
+of a plan signature (``_BatchWrapper._plan_with``), cuda_fa2's kernel keys and workspace layouts, a batch's
+query lengths; and the faster host paths (page table through numpy, index tables through ``np.fromiter``, the
+KV lengths without a loop).  Each memo: a hit, and a miss when any argument it is keyed by changes, with every
+check still made (no argument accepted and ignored, errors never memoized)."""
+
+import numpy as np
+import pytest
+import torch
+
+import attncore
+from attncore.core import _api, selector, uploads
+from attncore.core.backend import AttnParams, BatchMeta
+from attncore.core.checks import plain_key
+from attncore.core.page_table import _TINY_TABLE, _paged_kv_lens, _read_page_table
+from attncore.testing.golden import golden_and_baseline, max_error, tolerance
+
+H, HKV, D, PAGE = 4, 2, 16, 4
+P = dict(head_dim=64, sm_scale=None, logits_soft_cap=None, window_left=-1, pos_encoding_mode="NONE",
+         rope_scale=None, rope_theta=None)
+
+
+def _table(b, seed=0, max_pages=3):
+    g = torch.Generator().manual_seed(seed)
+    npages = torch.randint(1, max_pages + 1, (b,), generator=g)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), npages.cumsum(0)]).to(torch.int32)
+    n = int(indptr[-1])
+    return indptr, torch.randperm(n, generator=g).to(torch.int32), torch.randint(1, PAGE + 1, (b,), generator=g).to(
+        torch.int32)
+
+
+# ----------------------------------------------------------------------------- plain_key / make_params
+def test_plain_key_tells_types_apart_and_refuses_tensors():
+    assert plain_key(1, "a", None, torch.float16) == plain_key(1, "a", None, torch.float16)
+    assert plain_key(True) != plain_key(1) and plain_key(1) != plain_key(1.0)
+    assert plain_key(torch.tensor(1.0)) is None and plain_key(np.float32(1.0)) is None
+
+
+def test_make_params_memo_hit_and_miss():
+    a, b = _api.make_params(**P), _api.make_params(**P)
+    assert a is b  # a hit: the same (frozen) object
+    for name, value in (("head_dim", 128), ("sm_scale", 0.5), ("logits_soft_cap", 3.0), ("window_left", 7),
+                        ("pos_encoding_mode", "ALIBI"), ("rope_scale", 2.0), ("rope_theta", 5e5)):
+        c = _api.make_params(**{**P, name: value})
+        assert c is not a
+        field = {"head_dim": "sm_scale", "pos_encoding_mode": "pos_encoding_mode"}.get(name, name)
+        expect = 1 / 128 ** 0.5 if name == "head_dim" else value
+        assert getattr(c, field) == expect
+
+
+def test_make_params_checks_every_call():
+    _api.make_params(**{**P, "window_left": 1})  # memoized under the int 1 ...
+    for _ in range(2):  # ... so True (a bool, refused) is not served from it; errors are never memoized
+        with pytest.raises(ValueError, match=r"window_left: got True"):
+            _api.make_params(**{**P, "window_left": True})
+        with pytest.raises(ValueError, match=r"sm_scale: got -1"):
+            _api.make_params(**{**P, "sm_scale": -1})
+        with pytest.raises(ValueError, match=r"head_dim: got 63, ROPE_LLAMA needs an even head_dim"):
+            _api.make_params(**{**P, "head_dim": 63, "pos_encoding_mode": "ROPE_LLAMA"})
+    t = _api.make_params(**{**P, "sm_scale": np.float64(0.25)})  # not plain: checked and built, not memoized
+    assert t.sm_scale == 0.25
+    with pytest.raises(ValueError, match=r"sm_scale: got"):
+        _api.make_params(**{**P, "sm_scale": np.float64(-0.25)})
+
+
+# ----------------------------------------------------------------------------- the wrapper's problem memo
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_replan_reuses_the_problem_and_misses_on_any_change(backend):
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend=backend)
+    base = dict(q_data_type=torch.float16)
+    w.plan(*_table(3, seed=1), H, HKV, D, PAGE, **base)
+    first = w.problem
+    w.plan(*_table(5, seed=2), H, HKV, D, PAGE, **base)  # new lengths and batch size, same signature
+    assert w.problem is first and w._planned.meta.batch_size == 5
+    changes = [  # (plan() change, what the problem must then say)
+        (dict(q_data_type="float32"), lambda p: p.q_dtype == torch.float32),
+        (dict(kv_data_type=torch.float32), lambda p: p.kv_dtype == torch.float32),
+        (dict(o_data_type=torch.float32), lambda p: p.out_dtype == torch.float32),
+        (dict(logits_soft_cap=5.0), lambda p: p.soft_cap),
+        (dict(window_left=3), lambda p: p.window_left == 3),
+        (dict(pos_encoding_mode="ALIBI"), lambda p: p.pos_encoding == "ALIBI"),
+        (dict(return_lse=True), lambda p: p.return_lse),
+        (dict(sinks=True), lambda p: p.sinks),
+        (dict(fp8_scales=True), lambda p: p.fp8_scales),
+        (dict(q_len_per_req=2), lambda p: p.q_len_per_req == 2),
+    ]
+    for change, ok in changes:
+        try:
+            w.plan(*_table(3, seed=3, max_pages=3), H, HKV, D, PAGE, **{**base, **change})
+        except selector.BackendSelectionError as e:  # refused on this backend: refused for the changed value
+            assert "fp32" in str(e) or "float32" in str(e), (change, str(e))
+        else:
+            assert w.problem is not first and ok(w.problem), change
+        w.plan(*_table(3, seed=4), H, HKV, D, PAGE, **base)
+        assert w.problem is first  # back to the first signature: a hit again
+    w.plan(*_table(3, seed=5), 2 * H, HKV, D, PAGE, **base)
+    assert w.problem.num_qo_heads == 2 * H
+    w.plan(*_table(3, seed=5), H, H, D, PAGE, **base)
+    assert w.problem.num_kv_heads == H
+    w.plan(*_table(3, seed=5), H, HKV, 2 * D, PAGE, **base)
+    assert w.problem.head_dim_qk == 2 * D
+    w.plan(*_table(3, seed=5), H, HKV, D, 2 * PAGE, **base)
+    assert w.problem.page_size == 2 * PAGE
+
+
+def test_replan_still_checks_after_a_hit():
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend="reference")
+    w.plan(*_table(3), H, HKV, D, PAGE, q_data_type=torch.float16)
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"q_data_type: got 'float17'"):
+            w.plan(*_table(3), H, HKV, D, PAGE, q_data_type="float17")
+        with pytest.raises(TypeError, match=r"return_lse: got 1, expected None or a bool"):
+            w.plan(*_table(3), H, HKV, D, PAGE, q_data_type=torch.float16, return_lse=1)
+        with pytest.raises(TypeError, match=r"q_data_type: got int64"):
+            w.plan(*_table(3), H, HKV, D, PAGE, q_data_type=torch.int64)
+    indptr, indices, last = _table(3)
+    bad = last.clone()
+    bad[1] = PAGE + 1
+    with pytest.raises(ValueError, match=r"last_page_len: got last_page_len\[1\] = 5"):
+        w.plan(indptr, indices, bad, H, HKV, D, PAGE, q_data_type=torch.float16)
+    # the sinks tensor in plan() plans "with sinks", as a bool would
+    w.plan(indptr, indices, last, H, HKV, D, PAGE, q_data_type=torch.float16, sinks=torch.zeros(H))
+    assert w.problem.sinks
+
+
+def test_replan_prefill_mask_misses():
+    w = attncore.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend="reference")
+    qo = torch.tensor([0, 2, 3, 5], dtype=torch.int32)
+    w.plan(qo, *_table(3), H, HKV, D, PAGE, causal=True, q_data_type=torch.float16)
+    causal = w.problem
+    w.plan(qo, *_table(3, seed=2), H, HKV, D, PAGE, causal=True, q_data_type=torch.float16)
+    assert w.problem is causal
+    w.plan(qo, *_table(3, seed=2), H, HKV, D, PAGE, causal=False, q_data_type=torch.float16)
+    assert w.problem.mask == "none" and w.problem is not causal
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_replans_with_new_lengths_stay_correct(backend):
+    """A serving loop's re-plans (same signature, new lengths and batch sizes) each give this step's result."""
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend=backend)
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(40, 2, PAGE, HKV, D, generator=g).half()
+    for step, b in enumerate((3, 3, 5, 1)):
+        indptr, indices, last = _table(b, seed=10 + step, max_pages=4)
+        w.plan(indptr, indices, last, H, HKV, D, PAGE, q_data_type=torch.float16)
+        q = torch.randn(b, H, D, generator=g).half()
+        out = w.run(q, cache)
+        for i in range(b):
+            pages = indices[int(indptr[i]):int(indptr[i + 1])].long()
+            n = (len(pages) - 1) * PAGE + int(last[i])
+            k = cache[pages, 0].reshape(-1, HKV, D)[:n]
+            v = cache[pages, 1].reshape(-1, HKV, D)[:n]
+            go, _, bo, _ = golden_and_baseline(q[i:i + 1], k, v, dtype=torch.float16, causal=True)
+            assert max_error(out[i:i + 1].double(), go) <= tolerance(bo, go, torch.float16)
+
+
+# ----------------------------------------------------------------------------- cuda_fa2's memos (no GPU needed)
+def test_cuda_fa2_key_for_memo_follows_every_knob(monkeypatch):
+    from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+    from attncore.core.problem import AttentionProblem
+
+    b = CudaFa2Backend()
+    p = AttentionProblem(op="batch_decode", device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                         kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=8, num_kv_heads=2,
+                         head_dim_qk=128, head_dim_vo=128, page_size=16)
+    k = b.key_for(p, "decode", 16)
+    assert b.key_for(p, "decode", 16) is k
+    assert b.key_for(p, "decode", 4).prefetch and not k.prefetch
+    assert b.key_for(p.replace(soft_cap=True), "decode", 16).softcap
+    assert b.key_for(p.replace(q_dtype=torch.float16, kv_dtype=torch.float16), "decode", 16).dtype == "fp16"
+    pf = p.replace(op="batch_prefill_paged", mask="causal")
+    assert b.key_for(pf, "prefill90", 16).ws
+    monkeypatch.setattr(CudaFa2Backend, "sm90_ws", False)
+    assert not b.key_for(pf, "prefill90", 16).ws
+    monkeypatch.setattr(CudaFa2Backend, "sm90_pipe", True)
+    assert b.key_for(pf, "prefill90", 16).pipe
+    monkeypatch.setattr(CudaFa2Backend, "tune", (("cta_q", 64),))
+    assert b.key_for(pf, "prefill90", 16).tune == (("cta_q", 64),)
+
+
+def test_cuda_fa2_layouts_by_sizes():
+    from attncore.backends.cuda_fa2.plan import _layouts
+
+    f, i = _layouts(0, 8, 128, 4, 0, False)
+    assert _layouts(0, 8, 128, 4, 0, False) == (f, i) and _layouts(0, 8, 128, 4, 0, False)[1] is i
+    assert f.regions == [] and [r[0] for r in i.regions] == ["counts", "work"] and i.regions[1][1] == (4, 5)
+    f2, i2 = _layouts(6, 8, 128, 9, 3, True)
+    assert [r[0] for r in f2.regions] == ["part_o", "part_lse"] and f2.regions[0][1] == (6, 8, 128)
+    assert [r[0] for r in i2.regions] == ["counts", "work", "merge", "alibi"] and i2.regions[2][1] == (3, 4)
+
+
+def test_cuda_fa2_replans_on_the_cpu_fakes():
+    """The wrapper's re-plans through cuda_fa2's real plan() (device, library and stream faked): the work table
+    of every step is that step's, other sizes get other layouts."""
+    import os
+    import sys
+    import unittest.mock as um
+
+    from attncore.core import registry
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_cuda_fa2 import cpu_patches
+
+    with cpu_patches() as stack:
+        stack.enter_context(um.patch.object(_api, "device_info", lambda d: ("cuda", (9, 0))))
+        stack.enter_context(um.patch.object(registry.entries()["cuda_fa2"], "_available", []))
+        w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8), backend="cuda_fa2")
+        for b, seed in ((4, 0), (4, 1), (7, 2)):
+            indptr, indices, last = _table(b, seed=seed, max_pages=3)
+            w.plan(indptr, indices, last, 8, 2, 128, PAGE, q_data_type=torch.bfloat16)
+            plan = w._planned._primary[1]
+            kv = w._planned.meta.kv_lens_host
+            work = plan.work[:plan.num_items].tolist()
+            assert sorted((r[0], r[3]) for r in work) == sorted(enumerate(kv))  # one item per request, its length
+            assert plan.counts.tolist()[0] == plan.num_items == b
+
+
+# ----------------------------------------------------------------------------- faster host paths
+def test_qo_lens_follow_the_indptr_list():
+    meta = BatchMeta.ragged(qo_indptr_host=[0, 2, 5], kv_indptr_host=[0, 3, 9], device="cpu",
+                            params=AttnParams(1.0))
+    assert meta.qo_lens_host == [2, 3] and meta.qo_lens_host is meta.qo_lens_host
+    meta.qo_indptr_host = [0, 1, 5]  # a new list: new lengths
+    assert meta.qo_lens_host == [1, 4]
+
+
+@pytest.mark.parametrize("b", [1, 3, 40])
+def test_paged_kv_lens_fast_path_equals_the_loop(b):
+    g = torch.Generator().manual_seed(b)
+    npages = torch.randint(0, 4, (b,), generator=g).tolist()
+    indptr = [0]
+    for n in npages:
+        indptr.append(indptr[-1] + n)
+    last = [int(x) if n else 0 for x, n in zip(torch.randint(1, PAGE + 1, (b,), generator=g), npages)]
+    want = [(n - 1) * PAGE + lp if n else 0 for n, lp in zip(npages, last)]
+    assert _paged_kv_lens(indptr, last, PAGE, "last") == want
+    full = [max(n, 1) for n in npages]  # every request with pages: the path without a loop
+    indptr = [0]
+    for n in full:
+        indptr.append(indptr[-1] + n)
+    last = [max(x, 1) for x in last]
+    assert _paged_kv_lens(indptr, last, PAGE, "last") == [(n - 1) * PAGE + lp for n, lp in zip(full, last)]
+    for bad, msg in ((0, r"last\[0\] = 0, expected 1 <= last_page_len"), (PAGE + 1, r"last\[0\] = 5")):
+        with pytest.raises(ValueError, match=msg):
+            _paged_kv_lens(indptr, [bad] + last[1:], PAGE, "last")
+
+
+@pytest.mark.parametrize("pages", [3, _TINY_TABLE + 1, 700])
+def test_page_table_read_sizes(pages):
+    """Tiny tables as Python ints, larger ones through numpy: the same min/max, ids and index tables."""
+    indptr = torch.tensor([0, 1, pages], dtype=torch.int32)
+    indices = torch.randperm(pages + 9)[:pages + 2].to(torch.int32)  # more entries than used
+    last = torch.tensor([2, 3], dtype=torch.int32)
+    ip, lp, used, (lo, hi), _ = _read_page_table(indptr, indices, last)
+    assert ip == [0, 1, pages] and lp == [2, 3]
+    ids = indices[:pages]
+    assert (lo, hi) == (int(ids.min()), int(ids.max()))
+    assert (used if isinstance(used, list) else used.tolist()) == ids.tolist()
+    iw = torch.zeros(1 << 16, dtype=torch.uint8)
+    meta = BatchMeta.paged([0, 1, 2], indptr, indices, last, PAGE, device="cpu", params=AttnParams(1.0),
+                           int_workspace=iw, memo={})
+    assert meta.kv_indices.tolist() == ids.tolist() and meta.max_page_id == hi
+    assert meta.kv_lens.tolist() == [2, (pages - 2) * PAGE + 3] == meta.kv_lens_host
+
+
+def test_index_tables_mixed_parts_and_overflow():
+    iw = torch.zeros(4096, dtype=torch.uint8)
+    t = torch.tensor([7, 8, 9], dtype=torch.int32)
+    views, rest, staged = uploads.index_tables(iw, torch.device("cpu"), [[0, 1], t, [5]], memo={})
+    assert [v.tolist() for v in views] == [[0, 1], [7, 8, 9], [5]] and staged.data.tolist() == [0, 1, 7, 8, 9, 5]
+    with pytest.raises(OverflowError, match="out of bounds for int32"):
+        uploads.index_tables(iw, torch.device("cpu"), [[0, 2 ** 31]], memo={})
