@@ -143,7 +143,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
-        qo_host = [i * q_len_per_req for i in range(b + 1)]
+        qo_host = list(range(0, (b + 1) * q_len_per_req, q_len_per_req))
         meta = BatchMeta.paged(qo_host, indptr, indices, last_page_len, page_size, device=self._device, params=params,
                                decode=True, q_len_per_req=q_len_per_req, names=("indptr", "indices", "last_page_len"),
                                non_blocking=non_blocking, buffers=self._graph_buffers if self._use_cuda_graph else None,

@@ -270,3 +270,41 @@ def test_index_tables_mixed_parts_and_overflow():
     assert [v.tolist() for v in views] == [[0, 1], [7, 8, 9], [5]] and staged.data.tolist() == [0, 1, 7, 8, 9, 5]
     with pytest.raises(OverflowError, match="out of bounds for int32"):
         uploads.index_tables(iw, torch.device("cpu"), [[0, 2 ** 31]], memo={})
+
+
+def test_carve_tables_memo_hit_and_miss():
+    """A re-plan of the same layout into the same buffer reuses the device views and span; another buffer,
+    another layout or other staged index tables carve anew; the image always carries this plan's tables."""
+    from attncore.core.workspace import WorkspaceLayout
+
+    lay = WorkspaceLayout("t")
+    lay.add("counts", (2,), torch.int32)
+    lay.add("work", (3, 5), torch.int32)
+    iw, memo = torch.zeros(1 << 16, dtype=torch.uint8), {}
+    dev = torch.device("cpu")
+
+    def staged(values):
+        views, rest, st = uploads.index_tables(iw, dev, [values], memo=memo)
+        return rest, st
+
+    rest, st = staged([1, 2, 3])
+    tabs, image, h, span = uploads.carve_tables(lay, rest, st, dev, memo)
+    assert st.sent and image.view(np.int32)[-3:].tolist() == [1, 2, 3]
+    rest2, st2 = staged([4, 5, 6])  # same sizes: same region, a hit
+    tabs2, image2, h2, span2 = uploads.carve_tables(lay, rest2, st2, dev, memo)
+    assert tabs2 is tabs and span2 is span and image2 is not image and image2.view(np.int32)[-3:].tolist() == [4, 5, 6]
+    h2["work"][:] = 7
+    uploads.send_image(image2, span2)
+    assert tabs2["work"].tolist() == [[7] * 5] * 3 and iw[-12:].view(torch.int32).tolist() == [4, 5, 6]
+    rest3, st3 = staged([1, 2, 3, 4])  # other staged sizes: another region, a miss (same aligned table address)
+    tabs3, image3, _, span3 = uploads.carve_tables(lay, rest3, st3, dev, memo)
+    assert image3.view(np.int32)[-4:].tolist() == [1, 2, 3, 4] and span3.numel() == image3.size
+    assert sum(k[0] == "carve_tables" for k in memo if isinstance(k, tuple)) == 2
+    lay2 = WorkspaceLayout("t")
+    lay2.add("counts", (2,), torch.int32)
+    lay2.add("work", (4, 5), torch.int32)
+    rest4, st4 = staged([1, 2, 3])
+    tabs4, *_ = uploads.carve_tables(lay2, rest4, st4, dev, memo)
+    assert tabs4 is not tabs and tabs4["work"].shape == (4, 5)
+    with pytest.raises(ValueError, match=r"int_workspace_buffer: t needs"):  # the size check on a miss
+        uploads.carve_tables(lay, torch.zeros(64, dtype=torch.uint8), None, dev, memo)

@@ -88,7 +88,10 @@ def choose_chunk(extents: Sequence[int], heads: int, *, slots: int, kv_tile: int
         return -(-n // kv_tile) * kv_tile
 
     lo = up(max(min_chunk, kv_tile))
-    hi = up(max(list(extents) + [lo]))
+    longest = max(extents)
+    if longest <= lo:  # no tile longer than the smallest chunk: nothing to split (host time: no items() pass)
+        return None
+    hi = up(max(longest, lo))
     if items(lo) <= slots:
         chunk = lo
     else:

@@ -113,14 +113,20 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     region, views, rest = hit
     on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
     staged = None
-    if len(on_device) < len(parts):  # host data into one array: lists by np.fromiter, host tensors as numpy
-        arr, a = (np.zeros if on_device else np.empty)(region.numel(), dtype=np.int32), 0
-        for x, n in zip(parts, sizes):
-            if x.__class__ is list:
-                arr[a:a + n] = np.fromiter(x, np.int32, n)
-            elif x.device.type == "cpu":
-                arr[a:a + n] = x.numpy()
-            a += n
+    if len(on_device) < len(parts):  # host data into one array
+        if not on_device and region.numel() <= 256:  # small: one flat list, one conversion
+            flat: list = []
+            for x in parts:
+                flat += x if x.__class__ is list else x.tolist()
+            arr = np.array(flat, dtype=np.int32)
+        else:  # lists by np.fromiter, host tensors as numpy views (no Python int per entry)
+            arr, a = (np.zeros if on_device else np.empty)(region.numel(), dtype=np.int32), 0
+            for x, n in zip(parts, sizes):
+                if x.__class__ is list:
+                    arr[a:a + n] = np.fromiter(x, np.int32, n)
+                elif x.device.type == "cpu":
+                    arr[a:a + n] = x.numpy()
+                a += n
         staged = Staged(arr, region)
         if device.type == "cpu":  # readable at once, as before (a merged copy later rewrites the same bytes)
             region.numpy()[:] = arr
@@ -194,11 +200,25 @@ def carve_tables(layout, buffer: Optional[torch.Tensor], staged: Optional[Staged
     ``staged`` index tables (``tables_buffer``), for one copy of both: (the device views, the zeroed host image
     with the staged tables at its end, its numpy view per table, the device span to send the image to).  The
     staged tables are marked sent: the caller fills the views and sends the image (``send_image``)."""
+    live = staged is not None and not staged.sent
+    key = None
+    if memo is not None and buffer is not None:  # a re-plan of the same sizes: the same views and span (host time)
+        reg = staged.region if live else None
+        key = ("carve_tables", layout, buffer.data_ptr(), buffer.numel(), buffer.dtype, buffer.device,
+               None if reg is None else (reg.data_ptr(), reg.numel()))
+        hit = memo.get(key)
+        if hit is not None:
+            tabs, first, span = hit
+            image, _ = merged_image(staged, first, layout.nbytes)
+            return tabs, image, layout_views(layout, image), span
     tabs = layout.carve(tables_buffer(buffer, staged, layout.nbytes, memo), "int_workspace_buffer", device=device,
                         memo=memo)
     first = tabs[layout.regions[0][0]]
     image, size = merged_image(staged, first, layout.nbytes)
-    return tabs, image, layout_views(layout, image), merged_span(first, size, memo)
+    span = merged_span(first, size, memo)
+    if key is not None:  # layouts are made once per sizes and never changed (the key holds the object)
+        memo[key] = (tabs, first, span)
+    return tabs, image, layout_views(layout, image), span
 
 
 def merged_span(first: torch.Tensor, size: int, memo: Optional[dict] = None) -> torch.Tensor:
