@@ -271,3 +271,25 @@ def test_explain_head_dim_vo_describes_the_problem_and_its_refusals(capsys):
     with pytest.raises(SystemExit) as e:
         main(["explain", "--head-dim-vo", "0"])
     assert e.value.code == 2 and "--head-dim-vo: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_bench_reads_a_decode_against_a_read_of_its_size():
+    """The same-size read (timed like the workload) is measured once per size and shown beside the
+    2 GiB read ceiling."""
+    from attncore.cli import bench
+
+    calls = []
+    memo = {}
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return 0.05
+
+    assert bench.read_at_size(4e6, timer, memo, device="cpu") == 0.05
+    assert bench.read_at_size(4e6, timer, memo, device="cpu") == 0.05 and len(calls) == 1
+    row = {"workload": "D1", "backend": "xqa", "time_ms": 0.1, "TBps": 2.9, "frac_read": 0.96,
+           "frac_read_at_size": 0.5}
+    assert bench._fmt_row(row).endswith("2.900 TB/s (96% of read, 50% of a read of its size)")
+    del row["frac_read_at_size"]
+    assert bench._fmt_row(row).endswith("2.900 TB/s (96% of read)")

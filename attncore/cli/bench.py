@@ -133,6 +133,19 @@ def measure_ceilings(device: str) -> Dict[str, float]:
     return {"read_TBps": read, "copy_TBps": copy, "bf16_matmul_TFLOPs": mm}
 
 
+def read_at_size(nbytes: float, t: Callable[[Callable[[], None]], float], memo: Dict, device: str = "cuda") -> float:
+    """ms of a plain read of ``nbytes`` (an fp32-accumulated sum), timed like the workloads.  do_bench
+    zeroes a 256 MB buffer before each call, so every call starts with up to 50 MB of dirty L2 lines to
+    write back; that costs a short read as much as a short kernel (H100: a 134 MB read runs at 2.15 TB/s
+    against 3.03 for 2 GiB).  A decode's time over this one is its share of what a read of its size gets."""
+    n = int(nbytes) // 2
+    if n not in memo:
+        x = torch.empty(n, device=device, dtype=torch.bfloat16).normal_()
+        memo[n] = t(lambda: x.sum(dtype=torch.float32))
+        del x
+    return memo[n]
+
+
 def _flops(w: Workload) -> float:
     pairs = w.qo * w.kv - (w.qo * (w.qo - 1) / 2 if w.causal else 0)
     return 4.0 * pairs * w.hq * w.d * w.batch
@@ -266,7 +279,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
     if ceil:
         progress("ceilings: read %.2f TB/s, copy %.2f TB/s, bf16 matmul %.0f TFLOP/s" % (
             ceil["read_TBps"], ceil["copy_TBps"], ceil["bf16_matmul_TFLOPs"]))
-    rows = []
+    rows, at_size = [], {}
     for w in wls:
         copies = copies_for(w, device)
         entries = [(n, None) for n in names] + ([("flashinfer", fi)] if fi else [])
@@ -288,6 +301,9 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
                 progress(f"{w.id:10s} {name:10s} ERROR {row['detail']}")
                 continue
             _figures(row, w, ceil)
+            if "TBps" in row and device == "cuda":
+                row["read_at_size_ms"] = read_at_size(_bytes(w), t, at_size)
+                row["frac_read_at_size"] = row["read_at_size_ms"] / row["time_ms"]
             rows.append(row)
             progress(_fmt_row(row))
         if sd is not None:
@@ -334,7 +350,10 @@ def _fmt_row(row: Dict) -> str:
     if "TFLOPs" in row:
         fig = f"{row['TFLOPs']:.1f} TFLOP/s" + (f" ({row['frac_matmul']:.0%} of matmul)" if "frac_matmul" in row else "")
     elif "TBps" in row:
-        fig = f"{row['TBps']:.3f} TB/s" + (f" ({row['frac_read']:.0%} of read)" if "frac_read" in row else "")
+        fig = f"{row['TBps']:.3f} TB/s" + (f" ({row['frac_read']:.0%} of read" if "frac_read" in row else "")
+        if "frac_read_at_size" in row:
+            fig += f", {row['frac_read_at_size']:.0%} of a read of its size"
+        fig += ")" if "frac_read" in row else ""
     chosen = f" [{row['chosen']}]" if row.get("chosen") and row["chosen"] != row["backend"] else ""
     return f"{row['workload']:10s} {row['backend']:10s}{chosen} {row['time_ms']:.3f} ms  {fig}"
 
