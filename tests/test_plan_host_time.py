@@ -308,3 +308,44 @@ def test_carve_tables_memo_hit_and_miss():
     assert tabs4 is not tabs and tabs4["work"].shape == (4, 5)
     with pytest.raises(ValueError, match=r"int_workspace_buffer: t needs"):  # the size check on a miss
         uploads.carve_tables(lay, torch.zeros(64, dtype=torch.uint8), None, dev, memo)
+
+
+# ----------------------------------------------------------------------------- xqa's memos (no GPU needed)
+def test_xqa_key_for_memo_follows_every_knob(monkeypatch):
+    from attncore.backends.xqa.backend import XqaBackend
+    from attncore.core.problem import AttentionProblem
+
+    b = XqaBackend()
+    p = AttentionProblem(op="batch_decode", device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                         kv_dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=8,
+                         head_dim_qk=128, head_dim_vo=128, page_size=16)
+    k = b.key_for(p, 5)  # 20 rows of fp8 KV: one 32-row CTA by default
+    assert b.key_for(p, 5) is k and k.mt == 2
+    assert b.key_for(p, 1).mt == 1  # 4 rows
+    monkeypatch.setattr(XqaBackend, "mt2_for_fp8", False)
+    assert b.key_for(p, 5).mt == 1
+    monkeypatch.setattr(XqaBackend, "tune", (("x", 1),))
+    assert b.key_for(p, 5).tune == (("x", 1),)
+    assert b.key_for(p.replace(kv_dtype=torch.bfloat16), 5).kv != k.kv
+
+
+def test_xqa_layouts_by_sizes():
+    from types import SimpleNamespace
+
+    from attncore.backends.xqa import plan as xplan
+    from attncore.core.problem import AttentionProblem
+
+    p = AttentionProblem(op="xqa_decode", device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                         kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=8,
+                         head_dim_qk=128, head_dim_vo=128, page_size=16)
+    meta = SimpleNamespace(batch_size=3, q_len_per_req=2)
+    a, offs = xplan.float_layout(p, meta, 24, 16, 4)
+    assert xplan.float_layout(p, meta, 24, 16, 4)[0] is a
+    assert [r[0] for r in a.regions] == ["stage", "part_lse", "part_o"] and a.regions[2][1] == (24, 4, 16, 128)
+    assert offs["out"] == (3 * 2 * 32 * 128 * 2, 3 * 2 * 32 * 128 * 2) and "spec_mask" in offs
+    b, offs_b = xplan.float_layout(p.replace(op="batch_decode", out_dtype=torch.float32), meta, 24, 16, 1)
+    assert [r[0] for r in b.regions] == ["stage"] and "spec_mask" not in offs_b
+    assert offs_b["out"][1] == 3 * 2 * 32 * 128 * 4
+    assert xplan.choose_splits(8, 512, 264) == xplan.choose_splits(8, 512, 264) >= 16
+    assert xplan.int_layout(24, 4, True) is xplan.int_layout(24, 4, True)
+    assert [r[0] for r in xplan.int_layout(24, 1, False).regions] == []

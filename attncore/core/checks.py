@@ -62,10 +62,13 @@ def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtype=None, device
         if not ok:
             exp = ", ".join(dtype_name(d) for d in dtype) if isinstance(dtype, tuple) else dtype_name(dtype)
             raise TypeError(f"{name}: got dtype {dtype_name(t.dtype)}, expected {exp}")
-    if device is not None and t.device != torch.device(device):
+    # host time (plan() and run() check several tensors): no torch.device made when one is given, and a shape
+    # without free entries compared as one tuple
+    if device is not None and t.device != (device if device.__class__ is torch.device else torch.device(device)):
         raise ValueError(f"{name}: got a tensor on {t.device}, expected one on {device}")
     if shape is not None:
-        if len(shape) != t.dim() or any(s is not None and s != ts for s, ts in zip(shape, t.shape)):
+        if len(shape) != t.dim() or (t.shape != tuple(shape) if None not in shape else
+                                     any(s is not None and s != ts for s, ts in zip(shape, t.shape))):
             exp = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise ValueError(f"{name}: got shape {list(t.shape)}, expected {exp}{' ' + what if what else ''}")
     return t

@@ -412,12 +412,24 @@ def _int_layout(cap_items: int, cap_merge: int, slopes: int, xqa_indptr: int, de
     return lay
 
 
+_CONFIG_KEYS: Dict[tuple, tuple] = {}  # config.config_key by (problem, rows, device): its str(device) costs us
+
+
 def _pick_config(be, problem, rows_max, device, interp, cc):
+    """``config.pick`` (its cache read here first, with the cache key memoized: host time); a pinned config
+    (``config.set_config``) is in that cache, so it still wins."""
     from attncore.backends.triton import config as _cfg
 
     if be._config is not None:
         return _cfg.LaunchConfig(**be._config)
-    return _cfg.pick(problem, rows_max, device, interpret=interp, cc=cc)
+    memo = (problem, rows_max, device)
+    key = _CONFIG_KEYS.get(memo)
+    if key is None:
+        if len(_CONFIG_KEYS) > 1024:
+            _CONFIG_KEYS.clear()
+        key = _CONFIG_KEYS[memo] = _cfg.config_key(problem, rows_max, device)
+    cfg = _cfg._CACHE.get(key)
+    return cfg if cfg is not None else _cfg.pick(problem, rows_max, device, interpret=interp, cc=cc)
 
 
 def _gather_bytes(be, plan: TritonPlan, qo_lens, kv_host, causal: bool) -> int:

@@ -65,6 +65,8 @@ def _kv_name(dt: torch.dtype) -> str:
     return {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(dt, "same")
 
 
+_KEYS: dict = {}  # key_for's memo
+
 class XqaBackend(Backend):
     name = "xqa"
     description = "XQA-style GQA decode (group rows packed into mma.sync M, paged cp.async, split-KV), sm80/sm90"
@@ -115,6 +117,16 @@ class XqaBackend(Backend):
 
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, q_len: int):
+        """The kernel specialization of a problem; memoized by everything it reads (host time: one per plan)."""
+        memo = (problem, q_len, bool(self.mt2_for_fp8), tuple(self.tune))
+        key = _KEYS.get(memo)
+        if key is None:
+            if len(_KEYS) > 1024:
+                _KEYS.clear()
+            key = _KEYS[memo] = self._key_for(problem, q_len)
+        return key
+
+    def _key_for(self, problem: AttentionProblem, q_len: int):
         from attncore.backends.xqa.specs import XqaKey
 
         rows = problem.group_size * q_len

@@ -26,6 +26,7 @@ API's wrappers do not hand xqa an int workspace of their own yet.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -68,6 +69,7 @@ class XqaPlan:
     stage_offsets: Dict[str, Tuple[int, int]]  # name -> (byte offset, bytes) within ``stage``
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of ints, up to 128 iterations: once per sizes (host time)
 def choose_splits(base_ctas: int, max_tiles: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
     """Split count minimising (waves x tiles per CTA) plus a small merge cost.
 
@@ -156,14 +158,19 @@ def _graph_capacity(int_ws: torch.Tensor, shape: Tuple[int, int, int], splits: i
 def float_layout(problem: AttentionProblem, meta: BatchMeta, units: int, rows: int, splits: int
                  ) -> Tuple[WorkspaceLayout, Dict[str, Tuple[int, int]]]:
     """The float workspace's regions; staging first, so split partials of a re-plan keep their offsets."""
-    n_rows = meta.batch_size * meta.q_len_per_req
-    hq, d = problem.num_qo_heads, problem.head_dim_qk
-    esz = lambda dt: dt.itemsize  # noqa: E731  (host time: no tensor made to ask)
-    parts = [("q", n_rows * hq * d * esz(problem.q_dtype)), ("out", n_rows * hq * d * esz(problem.out_dtype)),
-             ("sinks", hq * 4)]
-    if problem.op == "xqa_decode":  # the mask is a run-time argument: room for it whenever it may come
-        ql = meta.q_len_per_req
-        parts.append(("spec_mask", meta.batch_size * ql * (-(-ql // 32) * 2) * 2))
+    return _float_layout(problem.op == "xqa_decode", meta.batch_size, meta.q_len_per_req, problem.num_qo_heads,
+                         problem.head_dim_qk, problem.head_dim_vo, problem.q_dtype.itemsize,
+                         problem.out_dtype.itemsize, units, rows, splits)
+
+
+@functools.lru_cache(maxsize=256)
+def _float_layout(spec_mask: bool, batch: int, ql: int, hq: int, d: int, dv: int, q_size: int, out_size: int,
+                  units: int, rows: int, splits: int) -> Tuple[WorkspaceLayout, Dict[str, Tuple[int, int]]]:
+    """float_layout by its sizes, made once per sizes (host time); neither result is changed after."""
+    n_rows = batch * ql
+    parts = [("q", n_rows * hq * d * q_size), ("out", n_rows * hq * d * out_size), ("sinks", hq * 4)]
+    if spec_mask:  # the mask is a run-time argument: room for it whenever it may come
+        parts.append(("spec_mask", batch * ql * (-(-ql // 32) * 2) * 2))
     offs, off = {}, 0
     for name, n in parts:
         offs[name] = (off, n)
@@ -172,10 +179,11 @@ def float_layout(problem: AttentionProblem, meta: BatchMeta, units: int, rows: i
     lay.add("stage", (off,), torch.uint8)
     if splits > 1:
         lay.add("part_lse", (units, splits, rows), torch.float32)
-        lay.add("part_o", (units, splits, rows, problem.head_dim_vo), torch.float32)
+        lay.add("part_o", (units, splits, rows, dv), torch.float32)
     return lay, offs
 
 
+@functools.lru_cache(maxsize=256)
 def int_layout(units: int, splits: int, need_stub: bool) -> WorkspaceLayout:
     lay = WorkspaceLayout("xqa")
     if splits > 1:
