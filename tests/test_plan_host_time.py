@@ -349,3 +349,45 @@ def test_xqa_layouts_by_sizes():
     assert xplan.choose_splits(8, 512, 264) == xplan.choose_splits(8, 512, 264) >= 16
     assert xplan.int_layout(24, 4, True) is xplan.int_layout(24, 4, True)
     assert [r[0] for r in xplan.int_layout(24, 1, False).regions] == []
+
+
+# ----------------------------------------------------------------------------- GPU (the task-giver's H100)
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda_fa2", "xqa", "auto"])
+@pytest.mark.parametrize("op", ["decode", "paged"])
+def test_gpu_replans_of_one_signature_hit_the_memos_and_stay_correct(backend, op):
+    """A serving loop's re-plans on a GPU: the same signature and batch size with new lengths each step (every
+    memo hits: the problem, the layouts, the carved views) give each step's result (fp64 golden)."""
+    from attncore.core import registry
+
+    if backend != "auto" and backend not in registry.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    if backend == "xqa" and op == "paged":
+        pytest.skip("xqa serves decode only")
+    dev, dt, d, b = "cuda", torch.float16, 128, 4
+    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=dev)
+    cache = torch.randn(64, 2, PAGE, HKV, d, device=dev, dtype=dt)
+    n = 1 if op == "decode" else 3
+    w = (attncore.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend=backend) if op == "decode"
+         else attncore.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend))
+    first = None
+    for step in range(4):
+        indptr, indices, last = _table(b, seed=20 + step, max_pages=4)
+        kv_lens = [(int(indptr[i + 1] - indptr[i]) - 1) * PAGE + int(last[i]) for i in range(b)]
+        if op == "decode":
+            w.plan(indptr, indices, last, 2 * HKV, HKV, d, PAGE, q_data_type=dt)
+        else:
+            qo = torch.arange(b + 1, dtype=torch.int32) * n
+            w.plan(qo, indptr, indices, last, 2 * HKV, HKV, d, PAGE, q_data_type=dt, causal=True)
+        first = first or w.problem
+        assert w.problem is first
+        q = torch.randn(b * n, 2 * HKV, d, device=dev, dtype=dt)
+        out = w.run(q, cache).cpu()
+        k, v, qc = cache[:, 0].cpu(), cache[:, 1].cpu(), q.cpu()
+        for i in range(b):
+            pages = indices[int(indptr[i]):int(indptr[i + 1])].long()
+            ki = k[pages].reshape(-1, HKV, d)[:kv_lens[i]]
+            vi = v[pages].reshape(-1, HKV, d)[:kv_lens[i]]
+            rows = slice(i * n, (i + 1) * n)
+            go, _, bo, _ = golden_and_baseline(qc[rows], ki, vi, dtype=dt, causal=True)
+            assert max_error(out[rows].double(), go) <= tolerance(bo, go, dt), f"{backend} step {step} request {i}"
