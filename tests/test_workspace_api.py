@@ -102,8 +102,10 @@ def test_too_small_workspace_is_an_error_at_plan_naming_the_bytes(carving, kind)
     with pytest.raises(WorkspaceTooSmall, match=r"int_workspace_buffer: carving_test needs \d+ bytes .*work \[3, 1000\]"):
         _plan(kind, w, 3)
     w.reset_workspace_buffer(torch.empty(1 << 12, dtype=torch.uint8), torch.empty(16, dtype=torch.uint8))
-    with pytest.raises(WorkspaceTooSmall, match=r"int_workspace_buffer: the batch's index tables need \d+ bytes, the "
-                                                r"buffer has 16"):
+    # the index tables (or, where the caller's int32 tensors on the device are read in place, the backend's
+    # own tables in what is left) do not fit: the error names the buffer and the bytes
+    with pytest.raises(WorkspaceTooSmall, match=r"int_workspace_buffer: (the batch's index tables need \d+ bytes .*the "
+                                                r"buffer has 16|carving_test needs \d+ bytes .*the buffer has \d+ )"):
         _plan(kind, w, 3)
 
 

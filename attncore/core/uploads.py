@@ -95,7 +95,12 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     not sent (see the module docstring: the caller keeps the ``Staged`` on its ``BatchMeta``); else the host
     data go in one copy from pinned memory now and device parts are copied on the device after it (no stream
     sync either way).  ``memo``: the caller's dict (``BatchMeta.memo``) keeping the views of the same sizes at
-    the same address."""
+    the same address.
+
+    Tables too large for the buffer (FlashInfer sizes it at 8 MiB: a page table of 2M ids does not fit) are
+    read in place where they already are int32 and contiguous on ``device``, as FlashInfer reads its
+    caller's page table (the caller keeps them unchanged until the last ``run()`` of the plan); the rest
+    must fit, else ``WorkspaceTooSmall`` names the bytes."""
     sizes = tuple([len(x) if x.__class__ is list else x.numel() for x in parts])
     key = ("index_tables", int_workspace.data_ptr(), int_workspace.numel(), int_workspace.device, sizes)
     hit = memo.get(key) if memo is not None else None
@@ -104,8 +109,7 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
         off = int_workspace.numel() - 4 * total
         off -= (int_workspace.data_ptr() + off) % 4
         if off < 0:
-            raise WorkspaceTooSmall(f"int_workspace_buffer: the batch's index tables need {4 * total} bytes, the "
-                                    f"buffer has {int_workspace.numel()}; pass a larger int_workspace_buffer")
+            return _in_place(int_workspace, device, parts, sizes, non_blocking)
         region = int_workspace[off:off + 4 * total].view(torch.int32)
         hit = (region, region.split_with_sizes(sizes), int_workspace[:off])  # host time: one call for every view
         if memo is not None:
@@ -136,6 +140,29 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
     for i in on_device:
         views[i].copy_(parts[i], non_blocking=True)
     return list(views), rest, staged
+
+
+def _in_place(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, sizes: tuple,
+              non_blocking: bool) -> Tuple[List[torch.Tensor], torch.Tensor, Optional[Staged]]:
+    """``index_tables`` when its parts do not all fit: the int32 contiguous tensors already on ``device`` are
+    their own views, the others are carved as usual (or the error names the bytes)."""
+    keep = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device == device
+            and x.dtype == torch.int32 and x.is_contiguous() and x.numel()]
+    rest = [i for i in range(len(parts)) if i not in keep]
+    need = 4 * sum(sizes[i] for i in rest)
+    if not keep or need > int_workspace.numel() - 4:
+        raise WorkspaceTooSmall(
+            f"int_workspace_buffer: the batch's index tables need {4 * sum(sizes)} bytes (without the ones read in "
+            f"place: {need}), the buffer has {int_workspace.numel()}; pass a larger int_workspace_buffer, or the page "
+            f"table as an int32 tensor on {device} (read in place)")
+    views, left, staged = index_tables(int_workspace, device, [parts[i] for i in rest], non_blocking) if rest \
+        else ([], int_workspace, None)
+    out: List[Optional[torch.Tensor]] = [None] * len(parts)
+    for i in keep:
+        out[i] = parts[i]
+    for i, v in zip(rest, views):
+        out[i] = v
+    return out, left, staged
 
 
 def sending_staged(fn):
