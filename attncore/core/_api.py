@@ -158,8 +158,13 @@ class Planned:
         self.who = who
         # FlashInfer's names mapped or refused with their reason, an unknown one listed against the known ones
         # the planned sizes pick the measured bucket (attncore.core.tables); selection is cached per bucket
-        kv = meta.kv_lens_host if meta.kv_lens_host is not None else [meta.max_seq_len or 0] * meta.batch_size
-        self.requested, self.backend = selector.choose(problem, backend, tables.Sizes.of(meta.qo_lens_host, kv))
+        # (a forced backend is chosen whatever the sizes: none computed, host time)
+        if backend is None or backend == "auto":
+            kv = meta.kv_lens_host if meta.kv_lens_host is not None else [meta.max_seq_len or 0] * meta.batch_size
+            sizes = tables.Sizes.of(meta.qo_lens_host, kv)
+        else:
+            sizes = None
+        self.requested, self.backend = selector.choose(problem, backend, sizes)
         if prefer_lse and not problem.return_lse:
             with_lse = problem.replace(return_lse=True)
             if self.backend.supports(with_lse):
