@@ -66,6 +66,14 @@ def _kv_name(dt: torch.dtype) -> str:
 
 
 _KEYS: dict = {}  # key_for's memo
+_PDL: dict = {}  # device -> whether it takes programmatic dependent launch (sm90+), asked once (host time)
+
+
+def _pdl_ok(dev: torch.device) -> bool:
+    ok = _PDL.get(dev)
+    if ok is None:
+        ok = _PDL[dev] = tuple(torch.cuda.get_device_capability(dev)) >= (9, 0)
+    return ok
 
 class XqaBackend(Backend):
     name = "xqa"
@@ -142,7 +150,7 @@ class XqaBackend(Backend):
         dev = cuda_device(meta.device, "xqa")
         lib = binding.get_library(self.key_for(problem, meta.q_len_per_req), dev)
         return make_plan(problem, meta, lib, dev, split_override=self.split_override,
-                         pdl_ok=tuple(torch.cuda.get_device_capability(dev)) >= (9, 0))
+                         pdl_ok=_pdl_ok(dev))
 
     def run(self, plan: XqaPlan, args) -> None:
         from attncore.backends.xqa import binding
