@@ -292,8 +292,9 @@ class BatchMeta:
             dev_indices = uploads.into(buffers, "indices", dev_indices, n_indices)
             dev_last = uploads.into(buffers, "last_page_len", dev_last, n_last)
             dev_kv_lens = uploads.into(buffers, "kv_lens", dev_kv_lens, "kv_lens")
-            if "qo_indptr" in buffers:
-                qo_dev = uploads.into(buffers, "qo_indptr", qo_dev, "qo_indptr")
+            # always: a captured launch keeps this pointer too (a per-plan tensor would be freed and its
+            # memory reused while the graph still reads it: FlashInfer's graph decode test saw wrong outputs)
+            qo_dev = uploads.into(buffers, "qo_indptr", qo_dev, "qo_indptr")
         if decode and q_len_per_req > 1:
             for i, n in enumerate(kv_lens):
                 if 0 < n < q_len_per_req:
