@@ -385,13 +385,17 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
             pm = base.replace(mask="none", return_lse=True, sinks=False)
             if claims(backend, pm):
                 add("merge", pm)
-        # CUDA graphs.
+        # CUDA graphs: the base problem, with LSE, and with each claimed feature, mask and KV dtype in turn
+        # (issue 15: replay equals eager for every feature a backend claims in graph mode).
         pg = base.replace(cuda_graph=True)
         if claims(backend, pg):
             add("cuda_graph", pg, tag="edge")
-            pgl = pg.replace(return_lse=True)
-            if claims(backend, pgl):
-                add("cuda_graph", pgl, tag="edge")
+            variants = [pg.replace(return_lse=True)]
+            variants += [normalize(with_feature(pg, f)) for f in claimed_features if f != "return_lse"]
+            variants += [p.replace(cuda_graph=True) for axis in ("mask", "kv_dtype") for p in axis_values.get(axis, [])]
+            for pv in variants:
+                if pv != pg and claims(backend, pv):
+                    add("cuda_graph", pv, tag="edge")
     if not found_any and not unavailable:
         add("fail", None, cid=f"{name}-no-cases",
             note=f"{name} claims no op the conformance suite can run on {dev} "
