@@ -24,6 +24,8 @@
 #                        printed inside a 600 s device call (default 540); a file that would get
 #                        less than 30 s is not started (reported as NOT STARTED)
 #   COMPAT_TB            pytest --tb style (default short)
+# Cases that fail out of GPU memory (beside the other processes) run again in one process at the end,
+# while the deadline allows; the table counts that outcome ("run again alone").
 #   COMPAT_SDIST         the sdist (default: .anchors/, then ../shared/anchors/, /work/shared/anchors/)
 #   COMPAT_UNPACK_DIR    where the sdist is (or gets) unpacked (default /tmp/fi, as fi_setup.sh does;
 #                        only its tests/ directory is extracted when missing)
@@ -170,6 +172,19 @@ export PY WORK FILE_TIMEOUT DEADLINE TB t0 COMPAT_PYTEST_ARGS
 export COMMON_STR="${COMMON[*]}"
 printf '%s\n' "${JOBLIST[@]}" | xargs -P "$JOBS" -I{} bash -c 'COMMON=($COMMON_STR); run_one "$1"' _ {}
 stamp "all files done"
+
+# 3b. Cases that ran out of GPU memory beside the other processes, again in one process (the report counts
+# their outcome there)
+"$PY" "$COMPAT/compat_report.py" --work "$WORK" --out-of-memory > "$WORK/retry.txt"
+rm -f "$WORK/retry.jsonl"
+left=$(( DEADLINE - ($(date +%s) - t0) - 15 ))
+if [ -s "$WORK/retry.txt" ] && [ "$left" -ge 30 ]; then
+  stamp "$(wc -l < "$WORK/retry.txt") cases out of GPU memory: again, alone"
+  mapfile -t RETRY < "$WORK/retry.txt"
+  timeout -s INT -k 10 "$left" "$PY" -m pytest -q -rf --tb="$TB" "${COMMON[@]}" --compat-sample 1 --compat-cover 0 \
+    --compat-log "$WORK/retry.jsonl" "${RETRY[@]}" > "$WORK/retry.log" 2>&1
+  stamp "retried: rc $?, $(grep -E '(passed|failed|error|skipped)' "$WORK/retry.log" | tail -1)"
+fi
 
 # 4. The table
 "$PY" "$COMPAT/compat_report.py" --work "$WORK" --json "$WORK/summary.json" "${FILES[@]}"

@@ -212,6 +212,33 @@ def test_shards_partition_the_sample_and_the_report_folds_them(tmp_path):
     assert (g["rc"], g["seconds"], g["shards"]) == (1, 2, 2)
 
 
+def test_cases_out_of_memory_are_listed_and_their_retry_counts(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _run_pytest(tmp_path, "-q", "--compat-log", str(work / "test_grid.jsonl"))
+    (work / "test_grid.rc").write_text(f"{r.returncode} 1\n")
+    log = (work / "test_grid.jsonl").read_text()  # test_grid[z-3] failed: make it an out-of-memory failure
+    lines = [json.loads(x) for x in log.splitlines()]
+    for x in lines:
+        if x.get("outcome") == "failed":
+            x["message"] = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    (work / "test_grid.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = [sys.executable, str(HERE / "compat_report.py"), "--work", str(work)]
+    oom = subprocess.run(report + ["--out-of-memory"], capture_output=True, text=True)
+    assert oom.returncode == 0 and oom.stdout.split() == ["test_grid.py::test_grid[z-3]"], oom.stdout + oom.stderr
+    before = subprocess.run(report + ["test_grid.py"], capture_output=True, text=True)
+    assert before.returncode == 1 and "NOT ALL PASSED" in before.stdout
+    # the runner's retry: the case alone passed this time
+    (work / "retry.jsonl").write_text(json.dumps({"event": "test", "key": "test_grid.py::test_grid[z-3]",
+                                                  "when": "call", "outcome": "passed", "duration": 0.1,
+                                                  "message": ""}) + "\n")
+    out = tmp_path / "summary.json"
+    after = subprocess.run(report + ["--json", str(out), "test_grid.py"], capture_output=True, text=True)
+    g = json.loads(out.read_text())["files"][0]
+    assert (g["passed"], g["failed"], g["retried"]) == (31, 0, 1), g
+    assert after.returncode == 0 and "(1 run again alone)" in after.stdout, after.stdout
+
+
 def test_report_signature_groups_numbers():
     assert compat_report.signature("Mismatched elements: 3 / 4096 (0.1%)\nmore") == \
         compat_report.signature("Mismatched elements: 17 / 8192 (0.2%)")
