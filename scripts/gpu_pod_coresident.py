@@ -51,6 +51,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from attncore.cli.bench_pod import POD_WORKLOADS, PODWorkload
+
 # one SM of an H100 (sm_90): what co-resident CTAs share
 SM90 = dict(regs=65536, smem=228 * 1024, cta_reserved=1024, threads=2048, ctas=32)
 
@@ -130,29 +132,18 @@ PAIRS = ["auto+auto", "t128x64w8s3+xqa_st2", "t128x64w8s3+tdec", "t128x64w8s3+xq
 CPU_PAIRS = ["auto+auto", "triton+triton"]
 
 
-@dataclass(frozen=True)
-class Workload:
-    id: str
-    qo: int
-    batch: int
-    kv: int
-    hq: int = 32
-    hkv: int = 8
-    d: int = 128
-    page: int = 16
+# PD1/PD2 as `attncore bench --pod` defines them (one home: attncore/cli/bench_pod.py)
+WORKLOADS = {w.id: w for w in POD_WORKLOADS}
 
 
-WORKLOADS = {"PD1": Workload("PD1", 2048, 64, 4096), "PD2": Workload("PD2", 4096, 32, 4096)}
-
-
-def tiny(w: Workload) -> Workload:
+def tiny(w: PODWorkload) -> PODWorkload:
     return dataclasses.replace(w, qo=24, batch=3, kv=40, hq=4, hkv=2, d=32, page=4)
 
 
 class Inputs:
     """One workload's tensors, the auto-planned parts (their problems and batches) and the golden slices."""
 
-    def __init__(self, w: Workload, device: str, dtype):
+    def __init__(self, w: PODWorkload, device: str, dtype):
         from attncore.core.single_prefill import plan_single
         from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
         from attncore.pod import _paged_args
