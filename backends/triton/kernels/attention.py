@@ -30,8 +30,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from attncore.backends.triton.kernels.launch import fast_launcher
+from attncore.backends.triton.plan import interpreting
 
 LOG2E = 1.4426950408889634
 
@@ -72,6 +74,35 @@ def _kv_rows(KvIndices, page_base, tok, kv_len, stride_kp, stride_ks, stride_vp,
 
 
 @triton.jit
+def _cos_sin_exact(r):
+    return tl.cos(r), tl.sin(r)
+
+
+@triton.jit
+def _cos_sin_fast(r):
+    return libdevice.fast_cosf(r), libdevice.fast_sinf(r)
+
+
+# RoPE's cos/sin: on a GPU the hardware approximations (sin.approx / cos.approx, ~1e-6 absolute
+# error on [-pi, pi]) after the range reduction below.  libdevice's full-range sinf/cosf inline a
+# long reduction per element: with one [BLOCK_N, D/2] angle tile per KV step, inlined in each of the
+# KV loops, they made a first RoPE compile at head dim 256 take 42-49 s (H100, session 10).  The
+# interpreter (CPU tests) has no libdevice: it keeps tl.cos / tl.sin, on the same reduced angles.
+_cos_sin_hw = _cos_sin_exact if interpreting() or not hasattr(libdevice, "fast_sinf") else _cos_sin_fast
+
+
+@triton.jit
+def _cos_sin(ang):
+    """cos and sin of fp32 angles, reduced to [-pi, pi] first (2 pi split in two constants,
+    Cody-Waite: 6.28125 has 8 significant bits, so k * 6.28125 is exact for k < 2**16, positions
+    times frequency up to ~400k; beyond, the fp32 angle itself is already coarser than this)."""
+    k = tl.floor(ang * 0.15915494309189535 + 0.5)
+    r = ang - k * 6.28125
+    r = r - k * 1.9353071795864769e-3
+    return _cos_sin_hw(r)
+
+
+@triton.jit
 def with_sink(lse, seen, l_safe, sink_logit):
     """Fold a natural-log sink logit into each row's softmax denominator: returns the output scale
     (1 / denominator, 0 for a row that saw no key) and the base-2 LSE including the sink.  A NaN
@@ -105,9 +136,7 @@ def _kv_step(
             hm = (offs_h[None, :] < HALF) & (offs_n[:, None] >= 0)
         k1 = tl.load(Kh + k_row[:, None] + offs_h[None, :], mask=hm, other=0.0).to(tl.float32)
         k2 = tl.load(Kh + k_row[:, None] + HALF + offs_h[None, :], mask=hm, other=0.0).to(tl.float32)
-        ang = tok.to(tl.float32)[:, None] * inv_freq[None, :]
-        c = tl.cos(ang)
-        s = tl.sin(ang)
+        c, s = _cos_sin(tok.to(tl.float32)[:, None] * inv_freq[None, :])
         k1r = (k1 * c - k2 * s).to(DT)
         k2r = (k2 * c + k1 * s).to(DT)
         qk = tl.dot(q, tl.trans(k1r), input_precision=DOT_PREC)
@@ -356,9 +385,7 @@ def _attn_item(
         q1 = tl.load(Q + q_row[:, None] + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
         q2 = tl.load(Q + q_row[:, None] + HALF + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
         inv_freq = tl.exp2(-(2.0 * offs_h.to(tl.float32) / HEAD_DIM) * rope_log2_theta) * rope_inv_scale
-        ang = (off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :]
-        c = tl.cos(ang)
-        s = tl.sin(ang)
+        c, s = _cos_sin((off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :])
         q = (q1 * c - q2 * s).to(DT)
         qb = (q2 * c + q1 * s).to(DT)
     else:

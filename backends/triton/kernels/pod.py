@@ -19,7 +19,7 @@ import math
 import triton
 import triton.language as tl
 
-from attncore.backends.triton.kernels.attention import _kv_addr, _kv_loop, _next_pow2, with_sink
+from attncore.backends.triton.kernels.attention import _cos_sin, _kv_addr, _kv_loop, _next_pow2, with_sink
 from attncore.backends.triton.kernels.launch import fast_launcher
 
 WORK_FIELDS = 4  # part, req, row0, hkv
@@ -58,9 +58,7 @@ def _item(
         q1 = tl.load(Q + q_row[:, None] + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
         q2 = tl.load(Q + q_row[:, None] + HALF + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
         inv_freq = tl.exp2(-(2.0 * offs_h.to(tl.float32) / HEAD_DIM) * rope_log2_theta) * rope_inv_scale
-        ang = (off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :]
-        c = tl.cos(ang)
-        s = tl.sin(ang)
+        c, s = _cos_sin((off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :])
         q = (q1 * c - q2 * s).to(DT)
         qb = (q2 * c + q1 * s).to(DT)
     else:
