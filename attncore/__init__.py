@@ -7,7 +7,7 @@ quantization APIs.  Every entry point takes ``backend=`` ("auto" or a backend na
 
 __version__ = "0.1.0"
 
-from attncore import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402
+from attncore import cascade, decode, mla, page, pod, prefill, quantization, rope  # noqa: E402
 from attncore.core.backend import AttnParams, Backend, BatchMeta, RunArgs  # noqa: E402
 from attncore.core.capabilities import Capabilities, Reason  # noqa: E402
 from attncore.cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
@@ -23,6 +23,7 @@ from attncore.decode import (  # noqa: E402
     xqa_batch_decode_with_kv_cache,
 )
 from attncore.core.hooks import hookimpl  # noqa: E402
+from attncore.mla import BatchMLAPagedAttentionWrapper  # noqa: E402
 from attncore.page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens  # noqa: E402
 from attncore.pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: E402
 from attncore.prefill import (  # noqa: E402
@@ -61,5 +62,6 @@ __all__ = [
     "apply_llama31_rope_pos_ids_inplace", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
     "apply_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace",
 ]
+__all__ += ["BatchMLAPagedAttentionWrapper"]
 __all__ += ["BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
             "MultiLevelCascadeAttentionWrapper"]
