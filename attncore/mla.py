@@ -263,6 +263,10 @@ class BatchMLAPagedAttentionWrapper:
             _ref.mla_paged(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr=p.qo_host, kv_indptr=p.kv_indptr_host,
                            kv_indices=p.kv_indices_dev, kv_lens=p.kv_lens_host, causal=p.causal, sm_scale=p.sm_scale,
                            dtype=torch.float32, out=out, lse=lse)
+        elif nnz and ckv_cache.shape[0] == 0:  # no pages at all: every row sees no key (no launch on empty caches)
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
         elif nnz:
             self._run_triton(p, q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
         return (out, lse) if return_lse else out

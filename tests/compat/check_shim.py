@@ -40,7 +40,7 @@ def test_flashinfer_is_the_shim():
     assert flashinfer.registry is attncore.core.registry  # how attncore.bench refuses to time the shim
 
 
-@pytest.mark.parametrize("name", ["cascade", "decode", "page", "pod", "prefill", "quantization", "rope"])
+@pytest.mark.parametrize("name", ["cascade", "decode", "mla", "page", "pod", "prefill", "quantization", "rope"])
 def test_submodules_are_attncore_modules(name):
     mod = importlib.import_module(f"flashinfer.{name}")
     assert mod is importlib.import_module(f"attncore.{name}")

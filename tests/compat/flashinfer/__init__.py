@@ -6,7 +6,7 @@ itself is ``attncore``.  What it does:
 * ``from attncore import *``: the top-level API (wrappers, single-request functions, page and
   quantization utilities, cascade merges, RoPE, ...), the very objects attncore exports.
 * ``flashinfer.<sub>`` and ``import flashinfer.<sub>`` for attncore's submodules of the same name
-  (``decode``, ``prefill``, ``page``, ``quantization``, ``cascade``, ``pod``, ``rope``): these ARE
+  (``decode``, ``prefill``, ``page``, ``quantization``, ``cascade``, ``pod``, ``rope``, ``mla``): these ARE
   attncore's modules (aliases in ``sys.modules``), so a name attncore lacks raises its plain
   ``AttributeError`` and the test that uses it fails.
 * ``flashinfer.jit``: FlashInfer's ahead-of-time warm-up entry points, which are no-ops here
@@ -28,7 +28,7 @@ __attncore_shim__ = True
 from attncore.core import registry  # noqa: E402  how attncore.bench recognises the shim (it refuses to time it as FlashInfer)
 
 #: FlashInfer submodule names that are attncore modules of the same name and purpose.
-ALIASED_SUBMODULES = ("cascade", "decode", "page", "pod", "prefill", "quantization", "rope")
+ALIASED_SUBMODULES = ("cascade", "decode", "mla", "page", "pod", "prefill", "quantization", "rope")
 
 for _name in ALIASED_SUBMODULES:
     _mod = _importlib.import_module(f"attncore.{_name}")
@@ -37,6 +37,7 @@ for _name in ALIASED_SUBMODULES:
 del _name, _mod
 
 from . import jit  # noqa: E402  (FlashInfer's JIT warm-up entry points: no-ops)
+from . import utils  # noqa: E402  (the two hardware queries FlashInfer's tests import from flashinfer.utils)
 
 
 def __getattr__(name: str):
