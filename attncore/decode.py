@@ -16,9 +16,12 @@ from attncore.core import checks as _checks
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
+from attncore.core import plan_cache as _plan_cache
+from attncore.core import selector as _selector
+from attncore.core.single_prefill import single_key
 from attncore.core.backend import BatchMeta, RunArgs
 from attncore.page import unpack_paged_kv_cache
-from attncore.core.wrapper import _BatchWrapper, _run_positional
+from attncore.core.wrapper import _BatchWrapper, _plain, _run_positional
 from attncore.prefill import single_prefill_with_kv_cache
 
 Tensor = torch.Tensor
@@ -67,6 +70,47 @@ def single_decode_with_kv_cache(
     Returns out ``[num_qo_heads, head_dim]`` (and LSE ``[num_qo_heads]`` float32 base 2).
     ``use_tensor_cores`` is a performance hint; attncore's backends choose their own kernels.
     """
+    # a seen signature (every tensor's shape, strides, dtype and device, every scalar, the backend asked for and
+    # what selection reads: the key of single prefill's cache, one dimension less) runs its cached plan at once
+    key = None
+    if (not _ops.compiling() and backend.__class__ is str and (o_dtype is None or o_dtype.__class__ is torch.dtype)
+            and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)):
+        tk = _plan_cache.tkey
+        key = ("single_decode", tk(q), tk(k), tk(v), kv_layout, pos_encoding_mode, sm_scale, window_left,
+               logits_soft_cap, rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale,
+               v_scale, tk(out), tk(lse), o_dtype, _selector.env_key())
+        hit = _plan_cache.ONE_CALL_PLANS.get(key)
+        if hit is not None:
+            planned, scales, out_dtype, dv = hit
+            if out is None:
+                out = torch.empty((q.shape[0], dv), dtype=out_dtype, device=q.device)
+            if return_lse and lse is None:
+                lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device)
+            planned.run(RunArgs(q.unsqueeze(0), k, v, out.unsqueeze(0), lse.unsqueeze(0) if return_lse else None,
+                                None if sinks is None else sinks.float(), *scales))
+            return (out, lse) if return_lse else out
+    res = _single_decode(q, k, v, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+                         window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                         rope_theta=rope_theta, return_lse=return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
+                         k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, o_dtype=o_dtype)
+    if key is not None:  # single prefill cached the plan of the call it made (one row): keep it under this key too
+        q3 = q.unsqueeze(0)
+        entry = _plan_cache.ONE_CALL_PLANS.peek(single_key(
+            q=q3, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=False, kv_layout=kv_layout,
+            pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
+            backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+            out=None if out is None else out.unsqueeze(0), lse=None if lse is None else lse.unsqueeze(0),
+            o_dtype=o_dtype))
+        if entry is not None:
+            planned, scales, out_dtype = entry
+            _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype, v.shape[-1]))
+    return res
+
+
+def _single_decode(q, k, v, *, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                   rope_theta, return_lse, backend, sinks, q_scale, k_scale, v_scale, out, lse, o_dtype):
+    """single_decode_with_kv_cache's checked path: q as one row of single prefill."""
     _checks.check_tensor("q", q, ndim=2, what="([num_qo_heads, head_dim])")
     if out is not None:
         _checks.check_tensor("out", out, shape=list(q.shape), device=q.device,

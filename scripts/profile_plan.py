@@ -63,6 +63,32 @@ def build(op: str, backend: str, batch: int, device: str, gpu_sizes: bool = Fals
     return w, plan, (lambda: w.run(q, cache))
 
 
+def build_one_call(op: str, backend: str, device: str):
+    """A one-call function of the sizes of ``attncore bench --latency`` (attncore/cli/latency.py): a
+    zero-argument callable, and a function returning its cached plan (to stub its launches)."""
+    from attncore.core import plan_cache
+
+    if device == "cuda":
+        hq, hkv, d, qo, kv, dt = 32, 8, 128, 16, 128, torch.bfloat16
+    else:
+        hq, hkv, d, qo, kv, dt = 4, 2, 32, 4, 16, torch.float16
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dt)  # noqa: E731
+    q, k, v, qd = rnd(qo, hq, d), rnd(kv, hkv, d), rnd(kv, hkv, d), rnd(hq, d)
+    if op == "single_prefill":
+        fn = lambda: attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend)  # noqa: E731
+    else:
+        fn = lambda: attncore.single_decode_with_kv_cache(qd, k, v, backend=backend)  # noqa: E731
+
+    def planned():
+        plan_cache.ONE_CALL_PLANS.clear()
+        fn()
+        plans = {id(v[0]): v[0] for v in plan_cache.ONE_CALL_PLANS._d.values()}  # single decode: two keys, one plan
+        (plan,) = plans.values()
+        return plan
+    return fn, planned
+
+
 def fake_cuda_fa2() -> contextlib.ExitStack:
     """cuda_fa2's plan() on the CPU: tests/test_cuda_fa2.py's cpu_patches, the problem's device read as an
     sm90 GPU and the backend made available (selection then runs as on the GPU)."""
@@ -79,10 +105,11 @@ def fake_cuda_fa2() -> contextlib.ExitStack:
     return stack
 
 
-def stub_kernels(w) -> int:
-    """Replace the triton plan's prepared launchers with no-ops (host time of run() without the
-    interpreted kernel); returns how many were replaced."""
-    plan = w._planned
+def stub_kernels(w=None, plan=None) -> int:
+    """Replace the triton plan's (a wrapper's, or ``plan``, an ``attncore.core._api.Planned``) prepared
+    launchers with no-ops (host time of run() without the interpreted kernel); returns how many were
+    replaced."""
+    plan = w._planned if plan is None else plan
     n = 0
     _, p = plan.variant(return_lse=False, sinks=False, fp8_scales=False)
     cache = getattr(p, "launch_cache", None)
@@ -122,7 +149,8 @@ def profile(fn, reps: int, top: int = 20) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", choices=("decode", "paged_prefill"), default="decode")
+    ap.add_argument("--op", choices=("decode", "paged_prefill", "single_prefill", "single_decode"),
+                    default="decode", help="single_*: the one-call function (a plan() and run() in one call)")
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=200)
@@ -144,6 +172,21 @@ def main() -> None:
                   f"(config {w._planned._primary[1].config})")
             if a.profile:
                 print("---- plan()\n" + profile(plan, a.reps))
+        return
+    if a.op.startswith("single"):
+        fn, planned = build_one_call(a.op, a.backend, a.device)
+        p = planned()
+        stubbed = a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu"
+                                              and p.backend_name == "triton")
+        if stubbed:
+            stub_kernels(plan=p)
+        t = timed(fn, a.reps)
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        print(f"{a.op} {a.backend} (chose {p.backend_name}) on {a.device}: call {t:.1f} us"
+              f"{' (kernels stubbed)' if stubbed else ''}")
+        if a.profile:
+            print("---- call\n" + profile(fn, a.reps))
         return
     w, plan, run = build(a.op, a.backend, a.batch, a.device)
     t_plan = timed(plan, a.reps)

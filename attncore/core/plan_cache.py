@@ -43,6 +43,10 @@ class PlanCache:
             self.hits += 1
         return v
 
+    def peek(self, key):
+        """The entry of ``key`` or None, not counted as a hit or a miss."""
+        return self._d.get(key)
+
     def put(self, key, value) -> None:
         self._d[key] = value
         if len(self._d) > self.size:

@@ -21,6 +21,21 @@ from attncore.core.wrapper import _plain
 Tensor = torch.Tensor
 
 
+def single_key(*, q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+               window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend, sinks, q_scale, k_scale,
+               v_scale, out, lse, o_dtype=None, heads=None) -> Optional[tuple]:
+    """``plan_single``'s cache key (``_plan_cache.ONE_CALL_PLANS``), or None where a call is planned every time
+    (see there); ``attncore.decode`` reads a single decode's entry by it after planning one."""
+    if (heads is not None or custom_mask is not None or packed_custom_mask is not None
+            or not _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
+            or backend.__class__ is not str):
+        return None
+    tk = _plan_cache.tkey
+    return (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+            rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
+            tk(lse), o_dtype, _selector.env_key())
+
+
 def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                 causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                 rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
@@ -33,14 +48,12 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
     strides, dtype and device and every scalar the checks below read, the backend asked for and
     ``_selector.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
     call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
-    key = None
-    if (heads is None and custom_mask is None and packed_custom_mask is None
-            and _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
-            and backend.__class__ is str):
-        tk = _plan_cache.tkey
-        key = (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-               rope_scale, rope_theta, bool(return_lse), backend, tk(sinks), q_scale, k_scale, v_scale, tk(out),
-               tk(lse), o_dtype, _selector.env_key())
+    key = single_key(q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                     kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+                     window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                     rope_theta=rope_theta, return_lse=return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
+                     k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, o_dtype=o_dtype, heads=heads)
+    if key is not None:
         hit = _plan_cache.ONE_CALL_PLANS.get(key)
         if hit is not None:
             planned, scales, out_dtype = hit

@@ -6,6 +6,7 @@ run() arguments that every wrapper shares."""
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Optional
 
 import torch
@@ -52,6 +53,7 @@ class _BatchWrapper:
         self._int_workspace_buffer = torch.empty(_api.INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
         # run()'s fast path: {signature of a run's arguments: the checked scales}, emptied by every plan()
         self._run_cache: dict = {}
+        self._kv_views = _KVViews()  # run()'s views of a combined paged cache
         # plan()'s memo (BatchMeta.memo): workspace views by address and layout, the problem and backend of a
         # plan signature (_plan_with); emptied when the workspaces change, bounded
         self._memo: dict = {}
@@ -222,18 +224,19 @@ class _BatchWrapper:
     def _launch(self, q, kv, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
         """run()'s eager path; ``kv``: the paged cache, or (k, v).  A run whose arguments have the signature of
         an earlier run of this plan (shapes, strides, dtypes, devices, scales: what the checks read) skips
-        the checks (host time); every plan() starts afresh."""
+        the checks and goes straight to the backend chosen for it (host time); every plan() starts afresh."""
         planned = self._require_plan()
         key = None
         if _plain(q_scale, k_scale, v_scale):
             tk = _plan_cache.tkey
             kvk = tk(kv) if kv.__class__ is torch.Tensor else tuple(map(tk, kv))
             key = (tk(q), kvk, tk(out), tk(lse), return_lse, tk(sinks), q_scale, k_scale, v_scale)
-            scales = self._run_cache.get(key)
-            if scales is not None:
+            hit = self._run_cache.get(key)
+            if hit is not None:
+                scales, run = hit
                 p = planned.problem
                 if kv.__class__ is torch.Tensor:
-                    k, v = kv.unbind(1) if planned.problem.page_size is not None else kv  # one op: host time
+                    k, v = self._kv_views.of(kv) if p.page_size is not None else kv
                 else:
                     k, v = kv
                 rows = q.shape[0]
@@ -244,8 +247,7 @@ class _BatchWrapper:
                         lse = torch.empty((rows, p.num_qo_heads), dtype=torch.float32, device=self._device)
                 else:
                     lse = None
-                planned.run(RunArgs(q=q, k=k, v=v, out=out, lse=lse, sinks=None if sinks is None else sinks.float(),
-                                    q_scale=scales[0], k_scale=scales[1], v_scale=scales[2]))
+                run(RunArgs(q, k, v, out, lse, None if sinks is None else sinks.float(), *scales))
                 return (out, lse) if return_lse else out
         self._check_q(q)
         k, v = self._check_kv(*kv) if isinstance(kv, (tuple, list)) else self._paged_kv(kv)
@@ -254,8 +256,9 @@ class _BatchWrapper:
         if key is not None:
             if len(self._run_cache) > 64:
                 self._run_cache.clear()
-            self._run_cache[key] = tuple(_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale),
-                                                                         ("v_scale", v_scale)))
+            scales = tuple(_params.scale(n, x) for n, x in (("q_scale", q_scale), ("k_scale", k_scale),
+                                                           ("v_scale", v_scale)))
+            self._run_cache[key] = (scales, _direct_run(planned, return_lse, sinks is not None, scales))
         return res
 
     def _finish(self, q, k, v, *, out, lse, return_lse, sinks, q_scale, k_scale, v_scale):
@@ -299,6 +302,42 @@ class _BatchWrapper:
 
     def run_return_lse(self, *args, **kwargs):
         return self.run(*args, return_lse=True, **kwargs)
+
+
+def _direct_run(planned: _api.Planned, return_lse: bool, sinks: bool, scales: tuple):
+    """What a cached run() calls with its ``RunArgs``: the backend's run bound to the plan variant these
+    features chose (``Planned.variant``, already made by the checked run), or ``Planned.run`` itself where it
+    does more around the backend (an fp8 q's upcast, per-head scales)."""
+    if type(planned) is not _api.Planned or planned.q_upcast is not None or planned.o_heads is not None:
+        return planned.run
+    b, plan = planned.variant(return_lse=return_lse, sinks=sinks, fp8_scales=any(x != 1.0 for x in scales))
+    return lambda args: b.run(plan, args)  # b.run read per call: a backend patched later is still called
+
+
+class _KVViews:
+    """The (k, v) views of the last combined paged cache a wrapper ran on (``unbind(1)`` costs a few us per
+    run()): reused while the same tensor object is passed with the same data pointer (its shape, strides and
+    dtype are in the run key); held through a weak reference, so that the views (which keep the cache's memory
+    alive) are dropped with the cache."""
+
+    __slots__ = ("ref", "ptr", "k", "v", "__weakref__")
+
+    def __init__(self) -> None:
+        self.ref = self.k = self.v = None
+        self.ptr = -1
+
+    def _drop(self, _ref=None) -> None:
+        self.ref = self.k = self.v = None
+
+    def of(self, kv: Tensor):
+        ref = self.ref
+        if ref is not None and ref() is kv and self.ptr == kv.data_ptr():
+            return self.k, self.v
+        k, v = (t.detach() for t in kv.unbind(1))  # detached: a view's _base would keep kv alive
+        me = weakref.ref(self)
+        self.ref = weakref.ref(kv, lambda r: (m := me()) is not None and m.ref is r and m._drop())
+        self.ptr, self.k, self.v = kv.data_ptr(), k, v
+        return k, v
 
 
 # FlashInfer 0.2.14's positional orders of the prefill plan()s after the head sizes (for the messages)
