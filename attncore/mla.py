@@ -209,7 +209,10 @@ class BatchMLAPagedAttentionWrapper:
         block_q = max(1, min(CONFIG["block_m"] // block_h, _pow2(max(max_qo, 1))))
         if block_q * block_h < 16:  # tl.dot needs 16 rows: pad with (masked) tokens
             block_q = 16 // block_h
-        grid = (p.batch, max(-(-max_qo // block_q), 1), -(-p.num_heads // block_h))
+        grid = (-(-p.num_heads // block_h), max(-(-max_qo // block_q), 1), p.batch)  # kernels/mla.py: head blocks first
+        if max(grid[1:]) > 65535:
+            raise ValueError(f"qo_indptr: {p.batch} requests of up to {max_qo} tokens exceed the launch grid's 65535 "
+                             f"requests / query tiles; split the batch")
         if self._use_cuda_graph:
             if self._graph_launch is None:
                 self._graph_launch = (grid, block_q, block_h, p.num_heads)

@@ -18,6 +18,8 @@ Layout choices (sm90, the default config of ``attncore.mla``: 32 rows, BLOCK_N 3
   (masked loads), so whatever the unused slots of the last page hold (NaN) never reaches a result.
 * Online softmax in fp32 in base 2 (scores pre-multiplied by ``sm_scale * log2(e)``); a row that sees
   no key (``kv_len`` 0, or causal with fewer keys than queries) writes 0 and LSE ``-inf``.
+* Grid (head blocks, query tiles, requests): the head blocks of one request are launched next to each
+  other, so its KV comes from HBM about once and from L2 for the other head blocks.
 * Causal is bottom-right aligned: token ``i`` of a request sees positions ``<= kv_len - qo_len + i``;
   the KV loop stops at the last position any row of the tile sees.
 """
@@ -40,9 +42,9 @@ def mla_paged_fwd(
     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    h0 = tl.program_id(0) * BLOCK_H
     q_start = tl.program_id(1) * BLOCK_Q
-    h0 = tl.program_id(2) * BLOCK_H
+    b = tl.program_id(2)
     q_begin = tl.load(QO_INDPTR + b)
     qo_len = tl.load(QO_INDPTR + b + 1) - q_begin
     if q_start >= qo_len:  # the grid covers the longest request (fixed under CUDA graphs)
