@@ -96,12 +96,9 @@ def single_decode_with_kv_cache(
     if key is not None:  # single prefill cached the plan of the call it made (one row): keep it under this key too
         q3 = q.unsqueeze(0)
         entry = _plan_cache.ONE_CALL_PLANS.peek(single_key(
-            q=q3, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=False, kv_layout=kv_layout,
-            pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
-            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta, return_lse=return_lse,
-            backend=backend, sinks=sinks, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-            out=None if out is None else out.unsqueeze(0), lse=None if lse is None else lse.unsqueeze(0),
-            o_dtype=o_dtype))
+            q3, k, v, None, None, False, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+            rope_scale, rope_theta, return_lse, backend, sinks, q_scale, k_scale, v_scale,
+            None if out is None else out.unsqueeze(0), None if lse is None else lse.unsqueeze(0), o_dtype, None))
         if entry is not None:
             planned, scales, out_dtype = entry
             _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype, v.shape[-1]))

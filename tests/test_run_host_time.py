@@ -15,6 +15,14 @@ from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 H, HKV, D, PAGE = 4, 2, 16, 4
 
 
+@pytest.fixture(autouse=True)
+def _fresh_one_call_plans():
+    """Each test starts and ends with an empty one-call plan cache (other files count its misses)."""
+    plan_cache.ONE_CALL_PLANS.clear()
+    yield
+    plan_cache.ONE_CALL_PLANS.clear()
+
+
 def _close(out, q, k, v, **kw):
     go, _, bo, _ = golden_and_baseline(q, k, v, dtype=q.dtype, **kw)
     assert max_error(out.double(), go) <= tolerance(bo, go, q.dtype)
@@ -232,5 +240,50 @@ def test_single_decode_warm_cache_refuses_bad_input_with_the_cold_message():
     cold = {n: err(kw) for n, kw in bad.items()}
     attncore.single_decode_with_kv_cache(q, k, v, backend="reference")  # warm
     attncore.single_decode_with_kv_cache(q, k, v, backend="reference", out=torch.empty(H, D).half())
+    for n, kw in bad.items():
+        assert err(kw) == cold[n], n
+
+
+# ----------------------------------------------------------------------------- single prefill
+def test_single_prefill_hit_runs_without_planning(monkeypatch):
+    q, k, v = torch.randn(5, H, D).half(), torch.randn(9, HKV, D).half(), torch.randn(9, HKV, D).half()
+    attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
+    import attncore.prefill as pre
+
+    monkeypatch.setattr(pre, "plan_single", lambda **kw: pytest.fail("a hit went through plan_single"))
+    m = plan_cache.ONE_CALL_PLANS.misses
+    for _ in range(2):
+        q, k, v = torch.randn_like(q), torch.randn_like(k), torch.randn_like(v)
+        out = attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
+        _close(out, q, k, v, causal=True)
+    assert plan_cache.ONE_CALL_PLANS.misses == m
+
+
+def test_single_prefill_warm_cache_refuses_bad_input_with_the_cold_message():
+    q, k, v = torch.randn(5, H, D).half(), torch.randn(9, HKV, D).half(), torch.randn(9, HKV, D).half()
+    bad = {
+        "q dtype": dict(q=q.to(torch.int16), k=k, v=v),
+        "v dtype": dict(q=q, k=k, v=v.float()),
+        "q last dim strided": dict(q=torch.randn(5, H, 2 * D).half()[..., ::2], k=k, v=v),
+        "k last dim strided": dict(q=q, k=torch.randn(9, HKV, 2 * D).half()[..., ::2], v=v),
+        "out dtype": dict(q=q, k=k, v=v, out=torch.empty(5, H, D)),  # was cached before its check (fixed)
+        "out dtype again": dict(q=q, k=k, v=v, out=torch.empty(5, H, D)),
+        "lse dtype": dict(q=q, k=k, v=v, lse=torch.empty(5, H).half(), return_lse=True),
+        "lse dtype again": dict(q=q, k=k, v=v, lse=torch.empty(5, H).half(), return_lse=True),
+        "causal kv < qo": dict(q=torch.randn(10, H, D).half(), k=k, v=v),
+        "o_dtype unhashable": dict(q=q, k=k, v=v, o_dtype=[torch.float16]),
+    }
+
+    def err(kw):
+        with pytest.raises((TypeError, ValueError)) as e:
+            attncore.single_prefill_with_kv_cache(**kw, causal=True, backend="reference")
+        return e.type, str(e.value)
+
+    plan_cache.ONE_CALL_PLANS.clear()
+    cold = {n: err(kw) for n, kw in bad.items()}
+    for _ in range(2):  # warm every signature close to the bad ones
+        attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
+        attncore.single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference",
+                                              out=torch.empty(5, H, D).half())
     for n, kw in bad.items():
         assert err(kw) == cold[n], n

@@ -21,14 +21,15 @@ from attncore.core.wrapper import _plain
 Tensor = torch.Tensor
 
 
-def single_key(*, q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+def single_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
                window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend, sinks, q_scale, k_scale,
-               v_scale, out, lse, o_dtype=None, heads=None) -> Optional[tuple]:
+               v_scale, out, lse, o_dtype, heads) -> Optional[tuple]:
     """``plan_single``'s cache key (``_plan_cache.ONE_CALL_PLANS``), or None where a call is planned every time
-    (see there); ``attncore.decode`` reads a single decode's entry by it after planning one."""
+    (see there); ``attncore.decode`` reads a single decode's entry by it after planning one.  Positional
+    (host time: the public function computes it per call)."""
     if (heads is not None or custom_mask is not None or packed_custom_mask is not None
             or not _plain(sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_scale, k_scale, v_scale)
-            or backend.__class__ is not str):
+            or backend.__class__ is not str or not (o_dtype is None or o_dtype.__class__ in (torch.dtype, str))):
         return None
     tk = _plan_cache.tkey
     return (tk(q), tk(k), tk(v), causal, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
@@ -36,11 +37,25 @@ def single_key(*, q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, p
             tk(lse), o_dtype, _selector.env_key())
 
 
+def hit_args(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse: bool, sinks) -> RunArgs:
+    """The run's arguments of a cached plan (``hit``: its ``ONE_CALL_PLANS`` entry): the outputs allocated as
+    planned, the scales as checked when it was planned."""
+    scales, out_dtype = hit[1], hit[2]
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=out_dtype, device=q.device)
+    if return_lse:
+        if lse is None:
+            lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    else:
+        lse = None
+    return RunArgs(q, k, v, out, lse, None if sinks is None else sinks.float(), *scales)
+
+
 def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                 causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                 rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
                 v_scale, out: Optional[Tensor], lse: Optional[Tensor], o_dtype=None,
-                heads=None) -> Tuple[_api.Planned, RunArgs]:
+                heads=None, memo_key=None, looked_up: bool = False) -> Tuple[_api.Planned, RunArgs]:
     """Validate a single prefill and plan it; returns the plan and the run's arguments.  Every argument is
     passed by keyword (the public functions, ``attncore.core.ops`` and POD all come here).
 
@@ -48,23 +63,15 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
     strides, dtype and device and every scalar the checks below read, the backend asked for and
     ``_selector.env_key()``.  A custom mask (its values are planned) or a scale given as a tensor (read per
     call) is planned every time, and so are per-head scales (``heads``, attncore.core.head_scales)."""
-    key = single_key(q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
-                     kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
-                     window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-                     rope_theta=rope_theta, return_lse=return_lse, backend=backend, sinks=sinks, q_scale=q_scale,
-                     k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, o_dtype=o_dtype, heads=heads)
-    if key is not None:
-        hit = _plan_cache.ONE_CALL_PLANS.get(key)
+    if looked_up:  # the caller looked ``key`` up and missed
+        key = memo_key
+    else:
+        key = single_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                         window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, backend, sinks, q_scale,
+                         k_scale, v_scale, out, lse, o_dtype, heads)
+        hit = _plan_cache.ONE_CALL_PLANS.get(key) if key is not None else None
         if hit is not None:
-            planned, scales, out_dtype = hit
-            qo_len, hq, _ = q.shape
-            if out is None:
-                out = torch.empty((qo_len, hq, v.shape[-1]), dtype=out_dtype, device=q.device)
-            if return_lse and lse is None:
-                lse = torch.empty((qo_len, hq), dtype=torch.float32, device=q.device)
-            return planned, RunArgs(q=q, k=k, v=v, out=out, lse=lse if return_lse else None,
-                                    sinks=None if sinks is None else sinks.float(), q_scale=scales[0],
-                                    k_scale=scales[1], v_scale=scales[2])
+            return hit[0], hit_args(hit, q, k, v, out, lse, return_lse, sinks)
     _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
     _checks.check_tensor("q", q, ndim=3, dtype=_checks.ACCEPTED_Q_DTYPES, what="([qo_len, num_qo_heads, head_dim])")
     _checks.check_tensor("k", k, ndim=3, dtype=_checks.SUPPORTED_KV_DTYPES)
@@ -110,10 +117,10 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
                                  return_lse=bool(return_lse), sinks=sinks is not None,
                                  fp8_scales=any(x != 1.0 for x in scales))
     planned = _plan_cache.plan_one_call(problem, meta, meta_of, backend, q_dtype=q.dtype, heads=heads)
-    if key is not None:
-        _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
+    if key is not None:  # after every check (out and lse included): an error is never cached
+        _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
                    v_scale=scales[2])
     return planned, args

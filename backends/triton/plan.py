@@ -21,6 +21,7 @@ the capacity is an error naming it; split-KV shrinks (a larger chunk) to fit the
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -151,9 +152,19 @@ def _capacities(nnz_q: int, batch: int, group: int, hkv: int, block_m: int, sms:
 
 
 # ------------------------------------------------------------------------------ table upload
-# which upload last wrote each table span (device, pointer) -> Upload: a plan whose tables another
-# plan overwrote (two plans of one wrapper, a plan cache) re-sends its bytes at run()
-_OWNERS: "weakref.WeakValueDictionary[Tuple[torch.device, int], Upload]" = weakref.WeakValueDictionary()
+# which upload last wrote each table span (device, pointer of the int workspace): a plan whose tables another
+# plan overwrote (two plans of one wrapper, a plan cache) re-sends its bytes at run().  One _Span per key, shared
+# by the uploads into it (weakly held here): run() compares the span's last sender with its own token, a list
+# read instead of a dictionary lookup by (device, pointer) per run (host time).
+class _Span:
+    __slots__ = ("sender", "__weakref__")
+
+    def __init__(self) -> None:
+        self.sender = 0  # the token of the upload that wrote the span last
+
+
+_SPANS: "weakref.WeakValueDictionary[Tuple[torch.device, int], _Span]" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count(1)
 
 
 class Upload:
@@ -164,18 +175,26 @@ class Upload:
     def __init__(self, image, dst: torch.Tensor, key: Optional[tuple]) -> None:
         self.dst = dst  # uint8 view of the device span
         self.key = key  # (device, address of the int workspace) when other plans may write there
-        self.host = uploads.send_image(image, dst)  # uint8: the plan's own copy, sent again by ensure()
+        self.token = next(_TOKENS)
+        self.span: Optional[_Span] = None
         if key is not None:
-            _OWNERS[key] = self
+            span = _SPANS.get(key)
+            if span is None:
+                span = _SPANS[key] = _Span()
+            self.span = span
+        self.host = uploads.send_image(image, dst)  # uint8: the plan's own copy, sent again by ensure()
+        if self.span is not None:
+            self.span.sender = self.token
 
     def send(self) -> None:
         self.dst.copy_(self.host, non_blocking=True)  # from pinned memory on CUDA: no device sync
-        if self.key is not None:
-            _OWNERS[self.key] = self
+        if self.span is not None:
+            self.span.sender = self.token
 
     def ensure(self) -> None:
         """Re-send the tables if another plan wrote over them since."""
-        if self.key is not None and _OWNERS.get(self.key) is not self:
+        span = self.span
+        if span is not None and span.sender != self.token:
             if self.dst.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     "triton: this plan's tables were overwritten by a later plan() into the same int workspace, "
