@@ -1,0 +1,81 @@
+"""Where a step of examples/serving_loop.py goes: wall time per step kind (mixed POD steps, decode
+graph replays) for attncore and, when importable, FlashInfer, in one process; then, for each API, the
+GPU kernels by total time (torch.profiler) and the host functions by own time (cProfile) of one run.
+
+    PYTHONPATH=<repo>[:$FI_ROOT] python3 scripts/profile_serving_loop.py [--flashinfer] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import io
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import serving_loop as sl  # noqa: E402
+
+
+def timed_steps(server):
+    """Wrap the server's step kinds with wall timers (each step ends in a host sync: argmax().tolist())."""
+    acc = collections.defaultdict(list)
+    for kind in ("_mixed_step", "_decode_step"):
+        f = getattr(server, kind)
+
+        def wrap(*a, _f=f, _k=kind, **kw):
+            t = time.perf_counter()
+            r = _f(*a, **kw)
+            torch.cuda.synchronize()
+            acc[_k].append(time.perf_counter() - t)
+            return r
+        setattr(server, kind, wrap)
+    return acc
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--flashinfer", action="store_true")
+    p.add_argument("--top", type=int, default=12)
+    a = p.parse_args()
+    import attncore
+    apis = [("attncore", attncore)]
+    if a.flashinfer:
+        import flashinfer
+        apis.append(("flashinfer", flashinfer))
+    cfg, dev = sl.Config(), torch.device("cuda")
+    model = sl.Model(cfg, dev, "inductor")
+    for name, api in apis:
+        server = sl.Server(api, cfg, model, dev, True)
+        sl.serve(server, False, seed=99)
+        sl.serve(server, False, seed=1)  # captures and compiles of these requests
+        acc = timed_steps(server)
+        r = sl.serve(server, False, seed=1)
+        print(f"{name}: {r['tokens'] / r['seconds']:.0f} tokens/s, {r['seconds'] * 1e3:.0f} ms; " + ", ".join(
+            f"{k[1:-5]} {len(v)} x {1e3 * sum(v) / len(v):.2f} ms" for k, v in acc.items() if v), flush=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sl.serve(server, False, seed=1)
+        rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages()]
+        rows.sort(key=lambda x: -x[1])
+        tot = sum(x[1] for x in rows)
+        print(f"{name}: GPU time {tot / 1e3:.1f} ms in all")
+        for k, t, n in rows[:a.top]:
+            print(f"  {t / 1e3:8.2f} ms {n:6d}x  {k[:100]}")
+        pr = cProfile.Profile()
+        pr.enable()
+        sl.serve(server, False, seed=1)
+        pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
+        print(f"{name}: host functions by own time (cProfile)")
+        print("\n".join(s.getvalue().splitlines()[-a.top - 2:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
