@@ -320,3 +320,59 @@ def test_append_bad_input():
         append_paged_kv_cache(k, k, b, p, cache, indices, indptr, last, kv_layout="nhd")
     with pytest.raises(ValueError, match=r"kv_indices: got page ids in \[0, 9\]"):
         gather_paged_kv(cache, indptr, _t([0, 1, 9]), last)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_one_read_verdict_matches_the_full_checks(device):
+    """append_paged_kv_cache reads every value rule in one device read (``_append_values_ok``) and runs
+    the naming checks only when that says no: the verdict must be False exactly when a check raises,
+    over random valid page tables and tokens and each of them corrupted one way."""
+    from attncore.page.cache import _append_values_ok, _check_append_values
+    from attncore.page.checks import _check_page_table
+
+    g = torch.Generator().manual_seed(5)
+    rnd = lambda n: int(torch.randint(n, (1,), generator=g))  # noqa: E731
+    seen = {True: 0, False: 0}
+    for case in range(300):
+        page_size, num_pages, batch = 1 + rnd(5), 12 + rnd(8), 1 + rnd(3)
+        perm = torch.randperm(num_pages, generator=g)
+        npages = [rnd(4) for _ in range(batch)]
+        indptr = [0]
+        for n in npages:
+            indptr.append(indptr[-1] + n)
+        indices = perm[: indptr[-1]].tolist() + [rnd(num_pages) for _ in range(rnd(3))]  # slack past the end
+        last = [1 + rnd(page_size) if n else 0 for n in npages]
+        lens = [max(n - 1, 0) * page_size + l for n, l in zip(npages, last)]
+        toks = [(r, q) for r in range(batch) for q in range(lens[r]) if rnd(3) == 0]
+        if not toks:
+            toks = [(0, 0)]  # out of range when request 0 is empty: a case for the checks
+        b, p = [t[0] for t in toks], [t[1] for t in toks]
+        indices = indices or [rnd(num_pages)]
+        how = case % 16  # 0 and 9-15: left valid (unless request 0 is empty), 1-8: one corruption each
+        if how == 1:
+            indices[rnd(max(indptr[-1], 1))] = num_pages + rnd(3)
+        elif how == 2:
+            indices[0] = -1
+        elif how == 3:
+            last[rnd(batch)] = page_size + 1
+        elif how == 4:
+            b[rnd(len(b))] = batch
+        elif how == 5:
+            p[rnd(len(p))] = -1
+        elif how == 6:
+            b.append(b[0]), p.append(p[0])  # the same slot twice
+        elif how == 7:
+            indptr[-1] = len(indices) + 1
+        elif how == 8 and batch > 1:
+            indptr[1] = indptr[2] + 1  # a decreasing step
+        t = lambda x: _t(x, device)  # noqa: E731
+        args = (t(indptr), t(indices), t(last), page_size)
+        try:
+            _check_page_table(*args, num_pages)
+            _check_append_values(*args, t(b), t(p), len(b))
+            valid = True
+        except ValueError:
+            valid = False
+        assert _append_values_ok(*args, num_pages, t(b), t(p)) == valid, (case, indptr, indices, last, b, p)
+        seen[valid] += 1
+    assert min(seen.values()) > 50, seen  # both verdicts exercised

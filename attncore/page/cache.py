@@ -149,9 +149,14 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
         Bad dtype, shape, device or page table values (see module doc).
     """
     _check_page_table(kv_indptr, None, kv_last_page_len, page_size)
+    return _seq_lens(kv_indptr, kv_last_page_len, page_size).to(torch.int32)
+
+
+def _seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``get_seq_lens`` without its checks, int64 (callers that checked, or read the values themselves)."""
     npages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
     lens = (npages - 1).clamp(min=0) * page_size + kv_last_page_len.to(torch.int64)
-    return torch.where(npages > 0, lens, torch.zeros_like(lens)).to(torch.int32)
+    return torch.where(npages > 0, lens, torch.zeros_like(lens))
 
 
 def get_batch_indices_positions(
@@ -298,39 +303,80 @@ def append_paged_kv_cache(
             raise ValueError(f"{name}: got device {t.device}; accepted: the cache device {k_cache.device}")
     _tensor(kv_indptr, "kv_indptr", 1, _INDEX_DTYPES, "[batch_size + 1]")
     _same_device(k_cache, "the cache", kv_indptr=kv_indptr)
-    _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
+    _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, values=False)
     if nnz == 0:
+        _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
         return
-    if _check_values():
-        batch = kv_indptr.numel() - 1
-        b = batch_indices.to(torch.int64)
-        p = positions.to(torch.int64)
-        b_lo, b_hi = torch.stack([b.min(), b.max()]).tolist()
-        if b_lo < 0 or b_hi >= batch:
-            raise ValueError(
-                f"batch_indices: got values in [{b_lo}, {b_hi}]; accepted: [0, {batch}) (batch_size)"
-            )
-        kv_len = get_seq_lens(kv_indptr, kv_last_page_len, page_size).to(torch.int64)[b]
-        bad = (p < 0) | (p >= kv_len)
-        if bool(bad.any()):
-            j = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(
-                f"positions: got positions[{j}] = {int(p[j])} for request {int(b[j])} of kv length "
-                f"{int(kv_len[j])}; accepted: 0 <= position < kv length (the page table must include "
-                "the appended tokens)"
-            )
-        page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
-        flat = page * page_size + slot
-        if torch.unique(flat).numel() != nnz:
-            raise ValueError(
-                "positions: got two tokens written to the same cache slot; accepted: distinct "
-                "(batch index, position) pairs"
-            )
-    else:
-        page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+    # Every value rule in one device read; only when one fails, the checks below read again to name it.
+    # (Eight reads per call, each a device sync, stalled a serving step's host on every layer.)
+    if _check_values() and not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages,
+                                                 batch_indices, positions):
+        _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
+        _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions, nnz)
+    page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
     for cache, new in ((k_cache, append_key), (v_cache, append_value)):
         dst, src = _storage_view(cache), _storage_view(new)
         if kv_layout == "NHD":
             dst[page, slot] = src
         else:
             dst[page, :, slot] = src
+
+
+def _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int,
+                      batch_indices, positions) -> bool:
+    """Whether every value rule of ``append_paged_kv_cache`` holds, in one device-to-host read: the page
+    table's (``_check_page_table``) and the tokens' (``_check_append_values``).  Indices are clamped so
+    that no gather reads out of bounds whatever the values; a False sends the caller to those checks."""
+    batch, n_idx = kv_indptr.numel() - 1, kv_indices.numel()
+    if batch == 0 or n_idx == 0:
+        return False
+    ip = kv_indptr.to(torch.int64)
+    npages = ip[1:] - ip[:-1]
+    last = kv_last_page_len.to(torch.int64)
+    ids = kv_indices.to(torch.int64)
+    in_use = torch.arange(n_idx, device=ids.device) < ip[-1]
+    b = batch_indices.to(torch.int64)
+    p = positions.to(torch.int64)
+    bc = b.clamp(0, batch - 1)
+    kv_len = _seq_lens(kv_indptr, kv_last_page_len, page_size)
+    pc = p.clamp(min=0)
+    flat = ids[(ip[bc] + pc // page_size).clamp(0, n_idx - 1)] * page_size + pc % page_size
+    flat = flat.sort().values
+    ok = torch.stack([
+        (ip[0] == 0) & (ip[-1] <= n_idx),
+        (npages >= 0).all(),
+        ((last >= (npages > 0).to(torch.int64)) & (last <= page_size)).all(),
+        (((ids >= 0) & (ids < num_pages)) | ~in_use).all(),
+        ((b >= 0) & (b < batch)).all(),
+        ((p >= 0) & (p < kv_len[bc])).all(),
+        (flat[1:] != flat[:-1]).all(),
+    ])
+    return bool(ok.all())
+
+
+def _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size: int, batch_indices, positions,
+                         nnz: int) -> None:
+    """The tokens' value rules of ``append_paged_kv_cache``, each naming the first violation."""
+    batch = kv_indptr.numel() - 1
+    b = batch_indices.to(torch.int64)
+    p = positions.to(torch.int64)
+    b_lo, b_hi = torch.stack([b.min(), b.max()]).tolist()
+    if b_lo < 0 or b_hi >= batch:
+        raise ValueError(
+            f"batch_indices: got values in [{b_lo}, {b_hi}]; accepted: [0, {batch}) (batch_size)"
+        )
+    kv_len = get_seq_lens(kv_indptr, kv_last_page_len, page_size).to(torch.int64)[b]
+    bad = (p < 0) | (p >= kv_len)
+    if bool(bad.any()):
+        j = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            f"positions: got positions[{j}] = {int(p[j])} for request {int(b[j])} of kv length "
+            f"{int(kv_len[j])}; accepted: 0 <= position < kv length (the page table must include "
+            "the appended tokens)"
+        )
+    page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+    if torch.unique(page * page_size + slot).numel() != nnz:
+        raise ValueError(
+            "positions: got two tokens written to the same cache slot; accepted: distinct "
+            "(batch index, position) pairs"
+        )

@@ -53,12 +53,14 @@ def _check_layout(kv_layout) -> str:
     return kv_layout
 
 
-def _check_indptr(indptr: torch.Tensor, name: str, num_items: Optional[int], items_name: str) -> None:
-    """Shape/dtype of a CSR indptr, and (value check) indptr[0] == 0, non-decreasing, end bound."""
+def _check_indptr(indptr: torch.Tensor, name: str, num_items: Optional[int], items_name: str,
+                  values: bool = True) -> None:
+    """Shape/dtype of a CSR indptr, and (value check) indptr[0] == 0, non-decreasing, end bound.
+    ``values=False``: shapes and dtypes only (a caller that reads the values itself)."""
     _tensor(indptr, name, 1, _INDEX_DTYPES, "[batch_size + 1]")
     if indptr.numel() < 1:
         raise ValueError(f"{name}: got shape {tuple(indptr.shape)}; accepted: [batch_size + 1], at least 1 element")
-    if not _check_values():
+    if not values or not _check_values():
         return
     ip = indptr.to(torch.int64)
     first, last = torch.stack([ip[0], ip[-1]]).tolist()
@@ -83,15 +85,17 @@ def _check_page_table(
     kv_last_page_len: torch.Tensor,
     page_size: int,
     num_pages: Optional[int] = None,
+    values: bool = True,
 ) -> None:
-    """Validate (kv_indptr, kv_indices, kv_last_page_len) against the rules in the module doc."""
+    """Validate (kv_indptr, kv_indices, kv_last_page_len) against the rules in the module doc.
+    ``values=False``: shapes, dtypes and devices only (a caller that reads the values itself)."""
     _check_page_size(page_size)
     _tensor(kv_indptr, "kv_indptr", 1, _INDEX_DTYPES, "[batch_size + 1]")
     if kv_indices is not None:
         _tensor(kv_indices, "kv_indices", 1, _INDEX_DTYPES, "[kv_indptr[-1]]")
         _same_device(kv_indptr, "kv_indptr", kv_indices=kv_indices)
     _check_indptr(
-        kv_indptr, "kv_indptr", None if kv_indices is None else kv_indices.numel(), "kv_indices.numel()"
+        kv_indptr, "kv_indptr", None if kv_indices is None else kv_indices.numel(), "kv_indices.numel()", values
     )
     batch = kv_indptr.numel() - 1
     _tensor(kv_last_page_len, "kv_last_page_len", 1, _INDEX_DTYPES, "[batch_size]")
@@ -101,7 +105,7 @@ def _check_page_table(
             f"(batch_size = kv_indptr.numel() - 1)"
         )
     _same_device(kv_indptr, "kv_indptr", kv_last_page_len=kv_last_page_len)
-    if not _check_values():
+    if not values or not _check_values():
         return
     npages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
     last = kv_last_page_len.to(torch.int64)
