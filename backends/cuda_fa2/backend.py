@@ -49,6 +49,22 @@ CAPABILITIES = (
 _KEYS: dict = {}  # CudaFa2Backend.key_for's memo
 
 
+_CAPABILITY: dict = {}
+
+
+def _capability(dev: torch.device):
+    """``torch.cuda.get_device_capability(dev)``, asked once per device (host time: twice per prefill plan
+    before); keyed by the function too, so a test that patches it is asked afresh."""
+    fn = torch.cuda.get_device_capability
+    key = (dev, fn)
+    cc = _CAPABILITY.get(key)
+    if cc is None:
+        if len(_CAPABILITY) > 64:
+            _CAPABILITY.clear()
+        cc = _CAPABILITY[key] = tuple(fn(dev))
+    return cc
+
+
 def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
     if dt == torch.float8_e4m3fn:
         return "e4m3"
@@ -163,8 +179,9 @@ class CudaFa2Backend(Backend):
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
         """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""
         r = self._problem_sm90_reasons(problem, meta.params.window_left)
-        if torch.cuda.get_device_capability(dev) != (9, 0):
-            r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % torch.cuda.get_device_capability(dev))
+        cc = _capability(dev)
+        if cc != (9, 0):
+            r.append("compute capability %d.%d is not 9.0 (sm_90a build)" % cc)
         return r
 
     def choose_library(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device):
