@@ -51,21 +51,22 @@ def plan(w, b, *, causal, sm_scale=None, dtype=None):
 
 def check(out, lse, b, *, causal, sm_scale=None):
     """Each request against the fp64 reference, within attncore.testing.golden's tolerance rule (the yardstick:
-    the same attention in the input dtype, golden.dtype_attention)."""
-    dtype = b["q_nope"].dtype
+    the same attention in the input dtype, golden.dtype_attention).  Computed where the inputs are (fp64 on a
+    GPU is fast), compared on the CPU."""
+    dtype, dev = b["q_nope"].dtype, b["q_nope"].device
     dc, dp = b["q_nope"].shape[2], b["q_pe"].shape[2]
     sm_scale = sm_scale or 1.0 / math.sqrt(dc + dp)
     qo, kvp = b["qo_indptr"].tolist(), b["kv_indptr"].tolist()
-    cpu = {k: v.cpu() for k, v in b.items()}
     for i, n in enumerate(b["kv_lens"].tolist()):
         q0, q1 = qo[i], qo[i + 1]
         if q0 == q1:
             continue
-        ckv, kpe = ref.gather_request(cpu["ckv"], cpu["kpe"], cpu["kv_indices"][kvp[i]:kvp[i + 1]], n)
-        qn, qp = cpu["q_nope"][q0:q1], cpu["q_pe"][q0:q1]
-        go, gl = ref.mla_request(qn, qp, ckv, kpe, causal=causal, sm_scale=sm_scale, dtype=torch.float64)
+        ckv, kpe = ref.gather_request(b["ckv"], b["kpe"], b["kv_indices"][kvp[i]:kvp[i + 1]], n)
+        qn, qp = b["q_nope"][q0:q1], b["q_pe"][q0:q1]
+        go, gl = (x.cpu() for x in ref.mla_request(qn, qp, ckv, kpe, causal=causal, sm_scale=sm_scale,
+                                                    dtype=torch.float64))
         bo, bl = dtype_attention(torch.cat([qn, qp], -1), torch.cat([ckv, kpe], -1)[:, None], ckv[:, None],
-                                 dtype=dtype, causal=causal, sm_scale=sm_scale)
+                                 dtype=dtype, causal=causal, sm_scale=sm_scale, device=dev)
         err, tol = max_error(out[q0:q1].cpu(), go), tolerance(bo, go, dtype)
         assert err <= tol, f"request {i} (qo {q1 - q0}, kv {n}): out error {err:.3g} > {tol:.3g}"
         if lse is not None:
