@@ -5,7 +5,7 @@ attends to the keys ``concat(ckv, kpe)`` of its request's pages (one latent KV h
 query head), the values are ``ckv``; ``sm_scale`` is the caller's; causal is bottom-right aligned;
 LSE base 2; a row that sees no key gives output 0 and LSE ``-inf``.
 
-Implementations: the Triton kernel ``attncore.backends.triton.kernels.mla`` (CUDA fp16/bf16; the CPU
+Implementations: the Triton kernel ``attncore.kernels.mla`` (CUDA fp16/bf16; the CPU
 through Triton's interpreter, fp16/fp32) and the reference ``attncore.reference.mla`` (torch, float32, any
 device).  MLA is called directly here rather than through the registry / selector: the registry's
 problem model (``AttentionProblem``: Hq/Hkv heads, head_dim_qk/vo, one K and one V cache) has no axis for a
@@ -46,7 +46,7 @@ def _kernel():
     from attncore.backends.triton.plugin import _maybe_enable_interpreter
 
     _maybe_enable_interpreter()  # before the kernel module is first imported (decorated)
-    from attncore.backends.triton.kernels.mla import mla_paged_fwd
+    from attncore.kernels.mla import mla_paged_fwd
 
     return mla_paged_fwd
 
