@@ -154,7 +154,11 @@ class BatchMLAPagedAttentionWrapper:
         qo_h = _checks.check_indptr("qo_indptr", qo_indptr, host=qo_h)
         b = len(qo_h) - 1
         _checks.check_tensor("kv_len_arr", kv_len_arr, shape=[b], what="([batch_size])")
-        kv_h = _checks.check_indptr("kv_indptr", kv_indptr, length=b + 1, host=kv_h)
+        # at least batch_size + 1 entries; those past it are not read, as FlashInfer reads them (its own
+        # test_batch_mla_varlen_page_attention passes two extra entries)
+        if len(kv_h) < b + 1:
+            raise ValueError(f"kv_indptr: got {len(kv_h)} entries, expected at least {b + 1} (batch_size + 1)")
+        kv_h = _checks.check_indptr("kv_indptr", kv_indptr[: b + 1], host=kv_h[: b + 1])
         n_used = kv_h[-1]
         if kv_indices.numel() < n_used:
             raise ValueError(f"kv_indices: got {kv_indices.numel()} entries, expected at least kv_indptr[-1] = {n_used}")

@@ -210,7 +210,8 @@ def test_mla_bad_input():
             w.plan(**a)
 
     bad_plan("kv_len_arr: got kv_len_arr\\[1\\] = 40 for a request of 2 pages", kv_len_arr=torch.tensor([10, 40], dtype=torch.int32))
-    bad_plan("kv_indptr: got 2 entries, expected 3", kv_indptr=b["kv_indptr"][:2])
+    bad_plan("kv_indptr: got 2 entries, expected at least 3", kv_indptr=b["kv_indptr"][:2])
+    bad_plan("kv_indptr: not non-decreasing", kv_indptr=torch.tensor([0, 2, 1], dtype=torch.int32))
     bad_plan("qo_indptr: got dtype int64", TypeError, qo_indptr=b["qo_indptr"].long())
     bad_plan("kv_indices: got 2 entries, expected at least kv_indptr\\[-1\\] = 3", kv_indices=b["kv_indices"][:2])
     bad_plan("kv_indices: got a negative page id", kv_indices=-b["kv_indices"] - 1)
@@ -244,6 +245,20 @@ def test_mla_bad_input():
         w.run(q, qp, ckv, kpe, page_table=torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="profiler_buffer"):
         w.run(q, qp, ckv, kpe, profiler_buffer=torch.zeros(4))
+
+
+def test_mla_kv_indptr_longer_than_the_batch():
+    # FlashInfer reads kv_indptr's first batch_size + 1 entries (the batch is qo_indptr's); its varlen MLA test
+    # passes two more.  The result equals the trimmed table's; the extra entries are not checked or read.
+    b = make_batch([5, 17, 33], [2, 1, 3], heads=16, seed=4)
+    w = new()
+    plan(w, b, causal=True)
+    ref_out, ref_lse = w.run(b["q_nope"], b["q_pe"], b["ckv"], b["kpe"], return_lse=True)
+    longer = dict(b, kv_indptr=torch.cat([b["kv_indptr"], torch.tensor([999, 0], dtype=torch.int32)]))
+    plan(w, longer, causal=True)
+    out, lse = w.run(b["q_nope"], b["q_pe"], b["ckv"], b["kpe"], return_lse=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    check(out, lse, b, causal=True)
 
 
 def test_flashinfer_positional_plan():
