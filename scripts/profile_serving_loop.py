@@ -42,6 +42,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--flashinfer", action="store_true")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"], help="cProfile's order")
+    p.add_argument("--only", default="", help="cProfile: only functions whose file:line(name) matches this regex")
+    p.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler run")
     a = p.parse_args()
     import attncore
     apis = [("attncore", attncore)]
@@ -58,22 +61,22 @@ def main() -> int:
         r = sl.serve(server, False, seed=1)
         print(f"{name}: {r['tokens'] / r['seconds']:.0f} tokens/s, {r['seconds'] * 1e3:.0f} ms; " + ", ".join(
             f"{k[1:-5]} {len(v)} x {1e3 * sum(v) / len(v):.2f} ms" for k, v in acc.items() if v), flush=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            sl.serve(server, False, seed=1)
-        rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages()]
-        rows.sort(key=lambda x: -x[1])
-        tot = sum(x[1] for x in rows)
-        print(f"{name}: GPU time {tot / 1e3:.1f} ms in all")
-        for k, t, n in rows[:a.top]:
-            print(f"  {t / 1e3:8.2f} ms {n:6d}x  {k[:100]}")
+        if not a.no_kernels:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                sl.serve(server, False, seed=1)
+            rows = sorted(((e.key, e.device_time_total, e.count) for e in prof.key_averages()), key=lambda x: -x[1])
+            print(f"{name}: GPU time {sum(x[1] for x in rows) / 1e3:.1f} ms in all")
+            for k, t, n in rows[:a.top]:
+                print(f"  {t / 1e3:8.2f} ms {n:6d}x  {k[:100]}")
         pr = cProfile.Profile()
         pr.enable()
         sl.serve(server, False, seed=1)
         pr.disable()
         s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
-        print(f"{name}: host functions by own time (cProfile)")
-        print("\n".join(s.getvalue().splitlines()[-a.top - 2:]))
+        st = pstats.Stats(pr, stream=s).sort_stats(a.sort)
+        st.print_stats(*([a.only] if a.only else []), a.top)
+        print(f"{name}: host functions by {a.sort} time (cProfile)")
+        print("\n".join(ln for ln in s.getvalue().splitlines() if ln.strip()[:1].isdigit()))
     return 0
 
 
