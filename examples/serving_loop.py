@@ -148,7 +148,7 @@ class Server:
 
     # ------------------------------------------------------------------ one step
     def step(self, waiting: collections.deque, running: List[Request]) -> List[Request]:
-        c, api = self.cfg, self.api
+        c = self.cfg
         chunk_req, chunk = None, []
         if waiting and len(running) < c.max_batch:
             chunk_req = waiting[0]
