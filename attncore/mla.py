@@ -18,7 +18,6 @@ refused with the reason (``attncore.core.registry.resolve``).
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -26,6 +25,7 @@ import torch
 from attncore.core import checks as _checks
 from attncore.core import params as _params
 from attncore.core import registry as _registry
+from attncore.kernels import check_interpreted, interpreting
 from attncore.page.checks import _check_page_size
 from attncore.reference import mla as _ref
 
@@ -36,10 +36,6 @@ _INT = torch.int32
 # program (heads x query tokens), keys per step, warps, pipeline stages.
 CONFIG = {"block_m": 32, "block_n": 32, "num_warps": 8, "num_stages": 2}
 _TRITON_DTYPES = {"cuda": (torch.float16, torch.bfloat16), "cpu": (torch.float16, torch.float32)}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _kernel():
@@ -59,7 +55,7 @@ def _implementation(backend, device: torch.device) -> str:
     else:
         canon = _registry.resolve(name)  # FlashInfer's fa3 / cutlass / trtllm-gen refused here, with the reason
     if canon in ("auto", "cuda_fa2"):
-        return "triton" if device.type == "cuda" or (device.type == "cpu" and _interpreting()) else "reference"
+        return "triton" if device.type == "cuda" or (device.type == "cpu" and interpreting()) else "reference"
     if canon in ("triton", "reference"):
         return canon
     raise ValueError(f"backend={backend!r}: the {canon!r} backend has no MLA kernel; MLA runs on 'triton' "
@@ -284,12 +280,8 @@ class BatchMLAPagedAttentionWrapper:
 
     def _run_triton(self, p: _Plan, q_nope, q_pe, ckv_cache, kpe_cache, out, lse) -> None:
         kernel = _kernel()
-        interpreted = type(kernel).__name__ == "InterpretedFunction"
-        if interpreted != (self.device.type == "cpu"):
-            raise RuntimeError(
-                f"attncore.mla: the Triton kernel was {'interpreted' if interpreted else 'compiled'} at import "
-                f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} then) but the tensors are on {self.device}; "
-                "CPU tensors need TRITON_INTERPRET=1 and CUDA tensors need it unset (or pass backend='reference')")
+        check_interpreted(kernel, self.device, "attncore.mla", "CPU tensors need TRITON_INTERPRET=1 and CUDA "
+                          "tensors need it unset (or pass backend='reference')")
         write_lse = lse is not None
         lse_arg = lse if write_lse else out  # never written (WRITE_LSE False)
         kernel[p.grid](

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from attncore.core import params as _params
+from attncore.kernels import check_interpreted
 from attncore.page.checks import _check_indptr, _check_values, _same_device, _tensor
 
 __all__ = [
@@ -156,10 +156,6 @@ def _check_ragged(indptr, offsets, nnz: int, ref: torch.Tensor) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
 def _kernel():
     from attncore.backends.triton.plugin import _maybe_enable_interpreter
 
@@ -174,13 +170,8 @@ def _launch(q, k, q_out, k_out, *, rotary_dim: int, interleave: bool, pos_ids=No
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q: got device {q.device}; accepted: cuda, or cpu through Triton's interpreter")
     kernel = _kernel()
-    interpreted = type(kernel).__name__ == "InterpretedFunction"
-    if interpreted != (q.device.type == "cpu"):
-        raise RuntimeError(
-            f"attncore.rope: the Triton kernel was {'interpreted' if interpreted else 'compiled'} at import "
-            f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} then) but the tensors are on {q.device}; "
-            "CPU tensors need TRITON_INTERPRET=1 and CUDA tensors need it unset before attncore's rope kernel "
-            "is first used")
+    interpreted = check_interpreted(kernel, q.device, "attncore.rope", "CPU tensors need TRITON_INTERPRET=1 and "
+                                    "CUDA tensors need it unset before attncore's rope kernel is first used")
     if interpreted and q.dtype == torch.bfloat16:
         raise TypeError("q: got dtype torch.bfloat16 on the CPU; accepted there: torch.float16 or torch.float32 "
                         "(Triton's CPU interpreter rounds bfloat16 stores wrongly; bfloat16 runs on CUDA)")

@@ -34,6 +34,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from attncore.kernels import interpreted
+
 _V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -107,10 +109,6 @@ def _kernel():
     return _KERNEL[0]
 
 
-def _interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 def fused_merge_available(device) -> bool:
     """Whether the merges on ``device`` run the fused Triton kernel (compiled on CUDA, interpreted on
     the CPU) rather than the torch fallback."""
@@ -122,7 +120,7 @@ def fused_merge_available(device) -> bool:
     kernel = _kernel()
     if kernel is None:
         return False
-    return _interpreted(kernel) == (device.type == "cpu")
+    return interpreted(kernel) == (device.type == "cpu")
 
 
 def _next_pow2(n: int) -> int:
@@ -138,14 +136,14 @@ def _launch(v, s, out, lse, *, v_b=None, s_b=None, mask=None) -> None:
     lanes = rows * heads
     if lanes == 0:
         return
-    interpreted = _interpreted(kernel)
+    interp = interpreted(kernel)
     target = out
-    if interpreted and out.dtype == torch.bfloat16:
+    if interp and out.dtype == torch.bfloat16:
         # Triton's CPU interpreter rounds bfloat16 stores wrongly: store float32, round with torch
         target = out.float() if mask is not None else torch.empty(out.shape, dtype=torch.float32,
                                                                    device=out.device)
     block_d = max(16, _next_pow2(dim))
-    budget = 8192 if interpreted else 2048  # elements of the [BLOCK_M, BLOCK_D] accumulator
+    budget = 8192 if interp else 2048  # elements of the [BLOCK_M, BLOCK_D] accumulator
     block_m = max(1, min(_next_pow2(lanes), budget // block_d))
     has_b = v_b is not None
     if mask is not None:

@@ -20,8 +20,8 @@ from attncore.backends.triton.plan import GATHER_FLOP_PER_BYTE, TritonPlan, _hea
 from attncore.core.backend import Backend, BatchMeta, RunArgs
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.problem import FP8_DTYPES, AttentionProblem, dtype_name
+from attncore.kernels import interpreting as _interpreting
 
-_interpreting = _plan.interpreting
 _F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
 _E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})

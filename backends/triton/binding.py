@@ -9,12 +9,12 @@ caller.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from attncore.backends.triton.plan import LOG2E, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC, TritonPlan
 from attncore.core.backend import RunArgs
+from attncore.kernels import check_interpreted
 
 
 def _noop(*a) -> None:
@@ -57,12 +57,8 @@ def first_run(plan: TritonPlan, args: RunArgs):
 
     p = plan.problem
     q, k, v = args.q, args.k, args.v
-    interpreted = type(_attn_fwd).__name__ == "InterpretedFunction"
-    if interpreted != (q.device.type == "cpu"):
-        raise RuntimeError(
-            f"triton backend: kernels were {'interpreted' if interpreted else 'compiled'} at import "
-            f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} then) but the tensors are on "
-            f"{q.device}; set TRITON_INTERPRET before attncore's triton kernels are first imported")
+    check_interpreted(_attn_fwd, q.device, "triton backend", "set TRITON_INTERPRET before attncore's triton kernels "
+                      "are first imported", subject="kernels were")
     paged = p.page_size is not None
     # element strides (page, slot/token, head) of K and V
     if paged:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -30,6 +29,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from attncore.core import graphs
+from attncore.kernels import interpreting
 from attncore.core import schedule as sched
 from attncore.core import uploads
 from attncore.core.backend import BatchMeta
@@ -45,10 +45,6 @@ COUNT_FIELDS = 4  # live items, live merge rows, heads-first flag, spare
 GATHER_FLOP_PER_BYTE = 1500  # auto gathers paged prefill above this (break-even ~1000 on an H100)
 PROGRAMS_PER_SM = 4  # graph mode: persistent programs per SM
 DENSE_SCRATCH_PER_PROGRAM = 4096  # bytes per program for the TMA descriptors the dense kernel builds (4 x 128) with room
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 _DEVICE_INFO: Dict[torch.device, Tuple[int, Optional[Tuple[int, int]]]] = {}

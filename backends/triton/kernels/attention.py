@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from attncore.backends.triton.kernels.launch import fast_launcher
-from attncore.backends.triton.plan import interpreting
+from attncore.kernels import interpreting
 
 LOG2E = 1.4426950408889634
 
