@@ -7,7 +7,8 @@
 #   [COMPAT_SAMPLE=20] [COMPAT_JOBS=6] bash scripts/compat_flashinfer.sh [--collect-only] [test_x.py ...]
 # Files default to the 14 of issue 18.  Logs, JSON lines, JUnit XML and summary.json go to
 # $OUT/compat (else /tmp/compat_flashinfer); the per-file table is printed at the end.  Exit 0 when
-# every selected case passed or was skipped.
+# every selected case passed or was skipped.  `--have-tests`: only whether FlashInfer's tests can be found
+# (unpacked, or an sdist to unpack): exit 0, else 2 with the message; nothing runs.
 #
 # Environment:
 #   COMPAT_SAMPLE=N      keep about 1 in N parametrized cases per test function (default 20; 1 = all)
@@ -41,10 +42,12 @@ COMPAT=$REPO/tests/compat
 PY=${PYTHON:-python3}
 SDIST_NAME=flashinfer_python-0.2.14.post1
 COLLECT_ONLY=0
+HAVE_TESTS=0
 FILES=()
 for a in "$@"; do
   case $a in
     --collect-only) COLLECT_ONLY=1 ;;
+    --have-tests) HAVE_TESTS=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) FILES+=("$(basename "$a")") ;;
   esac
@@ -77,9 +80,12 @@ if [ ! -f "$FI_TESTS/test_single_prefill.py" ]; then
     done
   fi
   [ -n "$SDIST" ] && [ -f "$SDIST" ] || { echo "no FlashInfer sdist found: copy $SDIST_NAME.tar.gz into $REPO/.anchors/ (git-ignored; carry it to the GPU machine) or set COMPAT_SDIST" >&2; exit 2; }
+  [ "$HAVE_TESTS" = 1 ] && exit 0
   FI_TESTS=$UNPACK/$SDIST_NAME/tests
   mkdir -p "$UNPACK" && tar xzf "$SDIST" -C "$UNPACK" "$SDIST_NAME/tests" || { echo "cannot unpack $SDIST" >&2; exit 2; }
   stamp "unpacked $SDIST_NAME/tests from $SDIST into $UNPACK"
+elif [ "$HAVE_TESTS" = 1 ]; then
+  exit 0
 fi
 for f in "${FILES[@]}"; do
   [ -f "$FI_TESTS/$f" ] || { echo "$f: not in $FI_TESTS" >&2; exit 2; }

@@ -30,9 +30,7 @@ if has tests; then
 fi
 FI_LINE="FlashInfer's test_deepseek_mla.py: not run"
 if has compat; then
-  if compgen -G ".anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null \
-      || compgen -G "../shared/anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null \
-      || compgen -G "/work/shared/anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null; then
+  if bash scripts/compat_flashinfer.sh --have-tests 2> /dev/null; then
     # -k: the three batch MLA functions (test_batch_mla_*), fa2 only; written without spaces because the runner
     # word-splits COMPAT_PYTEST_ARGS (pytest's -k grammar needs none around parentheses)
     COMPAT_SAMPLE=${MLA_SAMPLE:-8} COMPAT_COVER=0 COMPAT_DEADLINE=${COMPAT_DEADLINE:-500} \

@@ -26,10 +26,7 @@ if has tests; then
 fi
 FI_LINE="FlashInfer's multi-item test: not run"
 if has compat; then
-  # any one of the places compat_flashinfer.sh looks in (ls of several paths fails if one is missing)
-  if compgen -G ".anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null \
-      || compgen -G "../shared/anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null \
-      || compgen -G "/work/shared/anchors/flashinfer_python-0.2.14*.tar.gz" > /dev/null; then
+  if bash scripts/compat_flashinfer.sh --have-tests 2> /dev/null; then
     COMPAT_SAMPLE=1 COMPAT_COVER=0 COMPAT_DEADLINE=$(( ${COMPAT_DEADLINE_CAP:-560} - ($(date +%s) - t0) )) \
       COMPAT_PYTEST_ARGS="-k multi_item_scoring" \
       bash scripts/compat_flashinfer.sh test_batch_prefill_kernels.py > "$OUT/compat_multi_item.txt" 2>&1

@@ -252,3 +252,18 @@ def test_script_collects_the_14_files_through_the_shim():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "flashinfer -> attncore shim" in r.stdout
     assert "/17237 tests collected" in r.stdout and "error" not in r.stdout.lower()
+
+
+def test_script_have_tests_finds_or_names_the_sdist(tmp_path):
+    """``--have-tests``: exit 0 when an sdist (or an unpacked tests/) is found, without unpacking; 2 with the
+    message otherwise.  The GPU scripts ask it before their compat phase."""
+    script = ["bash", str(REPO / "scripts" / "compat_flashinfer.sh"), "--have-tests"]
+    sdist = tmp_path / "flashinfer_python-0.2.14.post1.tar.gz"
+    sdist.write_bytes(b"")
+    unpack = tmp_path / "unpack"
+    found = subprocess.run(script, env=dict(os.environ, COMPAT_SDIST=str(sdist), COMPAT_UNPACK_DIR=str(unpack)),
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0 and not unpack.exists(), found.stderr
+    missing = subprocess.run(script, env=dict(os.environ, COMPAT_SDIST=str(tmp_path / "none.tar.gz"),
+                                              COMPAT_UNPACK_DIR=str(unpack)), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no FlashInfer sdist found" in missing.stderr, missing.stderr
