@@ -147,6 +147,11 @@ def profile(fn, reps: int, top: int = 20) -> str:
     return s.getvalue()
 
 
+def stub_wanted(a, backend: str) -> bool:
+    """--stub-kernels: on, or auto (Triton's kernels on the CPU, where the interpreter would be timed)."""
+    return a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu" and backend == "triton")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--op", choices=("decode", "paged_prefill", "single_prefill", "single_decode"),
@@ -176,8 +181,7 @@ def main() -> None:
     if a.op.startswith("single"):
         fn, planned = build_one_call(a.op, a.backend, a.device)
         p = planned()
-        stubbed = a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu"
-                                              and p.backend_name == "triton")
+        stubbed = stub_wanted(a, p.backend_name)
         if stubbed:
             stub_kernels(plan=p)
         t = timed(fn, a.reps)
@@ -192,7 +196,7 @@ def main() -> None:
     t_plan = timed(plan, a.reps)
     plan()
     run()
-    stubbed = a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu" and w.backend == "triton")
+    stubbed = stub_wanted(a, w.backend)
     if stubbed:
         stub_kernels(w)
     t_run = timed(run, a.reps)
