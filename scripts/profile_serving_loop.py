@@ -1,6 +1,8 @@
 """Where a step of examples/serving_loop.py goes: wall time per step kind (mixed POD steps, decode
 graph replays) for attncore and, when importable, FlashInfer, in one process; then, for each API, the
-GPU kernels by total time (torch.profiler) and the host functions by own time (cProfile) of one run.
+GPU kernels by total time (torch.profiler) and the host functions by own time (cProfile) of one run;
+with --syncs, every call that made the host wait for the GPU (torch.cuda.set_sync_debug_mode), by step kind
+and call site.
 
     PYTHONPATH=<repo>[:$FI_ROOT] python3 scripts/profile_serving_loop.py [--flashinfer] [--top 12]
 """
@@ -38,6 +40,47 @@ def timed_steps(server):
     return acc
 
 
+def sync_sites(server, seed: int, top: int) -> None:
+    """Serve once with torch's sync debug mode on; print each call site (innermost attncore or example frame,
+    and its caller) that synchronised the host with the GPU, per step kind."""
+    import traceback
+    import warnings
+    counts, kind = collections.Counter(), ["other"]
+    steps = collections.Counter()
+    for name in ("_mixed_step", "_decode_step"):
+        f = getattr(server, name)
+
+        def wrap(*a, _f=f, _k=name[1:-5], **kw):
+            kind[0] = _k
+            steps[_k] += 1
+            try:
+                return _f(*a, **kw)
+            finally:
+                kind[0] = "other"
+        setattr(server, name, wrap)
+
+    def ours(fr):
+        return ("attncore" in fr.filename or "serving_loop" in fr.filename) and "profile_serving" not in fr.filename
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [fr for fr in traceback.extract_stack()[:-1] if ours(fr)]
+        site = " < ".join(f"{'/'.join(fr.filename.split('/')[-2:])}:{fr.lineno}({fr.name})" for fr in frames[::-1][:2])
+        counts[(kind[0], site or f"{filename}:{lineno}")] += 1
+    old = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            sl.serve(server, False, seed=seed)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = old
+    print(f"syncs by step kind and site (steps: {dict(steps)}):")
+    for (k, site), n in counts.most_common(top):
+        print(f"  {n:6d}  {k:6s} {site}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--flashinfer", action="store_true")
@@ -45,6 +88,7 @@ def main() -> int:
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"], help="cProfile's order")
     p.add_argument("--only", default="", help="cProfile: only functions whose file:line(name) matches this regex")
     p.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler run")
+    p.add_argument("--syncs", action="store_true", help="also list the host-GPU syncs of one run by call site")
     a = p.parse_args()
     import attncore
     apis = [("attncore", attncore)]
@@ -68,6 +112,8 @@ def main() -> int:
             print(f"{name}: GPU time {sum(x[1] for x in rows) / 1e3:.1f} ms in all")
             for k, t, n in rows[:a.top]:
                 print(f"  {t / 1e3:8.2f} ms {n:6d}x  {k[:100]}")
+        if a.syncs:
+            sync_sites(server, 1, a.top)
         pr = cProfile.Profile()
         pr.enable()
         sl.serve(server, False, seed=1)
