@@ -127,9 +127,13 @@ def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> R
 
 
 def _variant(problem, args: RunArgs):
-    """The problem of a part as this run needs it (LSE, fp8 scales), as ``_api.Planned.run`` derives it."""
-    return problem.replace(return_lse=problem.return_lse or args.lse is not None,
-                           fp8_scales=problem.fp8_scales or _fp8(args), sinks=problem.sinks or args.sinks is not None)
+    """The problem of a part as this run needs it (LSE, fp8 scales), as ``_api.Planned.run`` derives it;
+    the planned problem itself when the run adds nothing (so the fuser's memo compares by identity)."""
+    lse, fp8, sinks = args.lse is not None, _fp8(args), args.sinks is not None
+    if (problem.return_lse or not lse) and (problem.fp8_scales or not fp8) and (problem.sinks or not sinks):
+        return problem
+    return problem.replace(return_lse=problem.return_lse or lse, fp8_scales=problem.fp8_scales or fp8,
+                           sinks=problem.sinks or sinks)
 
 
 def _result(args: RunArgs):
@@ -290,6 +294,9 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         self._split: Optional[tuple] = None  # (prefill's, decode's) workspace views while the parts are split
         self._half = halves(float_workspace_buffer)  # made once per buffer: a plan memo is keyed by them
         self._split_reason: Optional[str] = None  # why the parts share the workspace (so run serially)
+        # plan() plans the prefill side with the causal_p of the last eager run without a custom mask (a
+        # serving step runs the same mask every step: planning causal_p=False first planned it twice a step)
+        self._run_causal = False
 
     @property
     def backend(self) -> Optional[str]:
@@ -337,7 +344,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
                            head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
                            sm_scale, rope_scale, rope_theta)
-        self._plan_parts(False, None, None)
+        self._plan_parts(self._run_causal, None, None)
 
     def _assign(self, split: Optional[tuple]) -> None:
         """Give each part its workspace: its half of the split, or the whole buffer (no-op when unchanged:
@@ -409,7 +416,8 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
                                    "under torch.compile yet; run it outside the compiled function")
             if self._prefill_key != self._mask_key(causal_p, None, None):
                 raise RuntimeError(f"BatchPODWithPagedKVCacheWrapper.run(): under torch.compile the prefill side must "
-                                   f"already be planned with causal_p={bool(causal_p)} (plan() plans causal_p=False); "
+                                   f"already be planned with causal_p={bool(causal_p)} (plan() plans it as the last "
+                                   f"eager run ran it: causal_p={self._run_causal}); "
                                    f"call run() once outside the compiled function with the same causal_p first")
         else:
             try:
@@ -418,6 +426,8 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
                 if self._split is None:
                     raise
                 self._plan_parts(causal_p, custom_mask_p, packed_custom_mask_p)
+            if custom_mask_p is None and packed_custom_mask_p is None:
+                self._run_causal = bool(causal_p)
             pw, dw = self._prefill, self._decode
             args_p = _paged_args(pw, q_p, paged_kv_cache_p, None, None, None, return_lse)
             args_d = _paged_args(dw, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse)

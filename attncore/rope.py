@@ -77,6 +77,24 @@ def rope_inv_freq(rotary_dim: int, rope_theta: float = 1e4, rope_scale: float = 
     return ((1.0 - s) * (f / rope_scale) + s * f).to(torch.float32)
 
 
+_INV_FREQ: dict = {}  # _inv_freq's tensors: (rotary_dim, theta, scale, llama31, device) -> frequencies
+
+
+def _inv_freq(rotary_dim: int, theta: float, scale: float, llama31, device) -> torch.Tensor:
+    """:func:`rope_inv_freq`, kept per arguments and device: a model applies RoPE on every layer with the
+    same ones (five device ops a call saved).  Nothing is kept from inside CUDA-graph capture (a tensor
+    made there holds its values only once the graph replays) or a torch.compile trace."""
+    key = (rotary_dim, theta, scale, llama31, torch.device(device))
+    inv = _INV_FREQ.get(key)
+    if inv is None:
+        inv = rope_inv_freq(rotary_dim, theta, scale, llama31=llama31, device=device)
+        if _check_values() and not torch.compiler.is_compiling():
+            if len(_INV_FREQ) >= 64:
+                _INV_FREQ.clear()
+            _INV_FREQ[key] = inv
+    return inv
+
+
 # --------------------------------------------------------------------------------------------------
 # checks
 # --------------------------------------------------------------------------------------------------
@@ -213,7 +231,7 @@ def _computed(q, k, q_out, k_out, *, rotary_dim, interleave, rope_scale, rope_th
     theta = _rope_param("rope_theta", rope_theta, theta_default)
     if llama31 is not None:
         llama31 = _llama31_params(*llama31)
-    inv = rope_inv_freq(rotary_dim, theta, scale, llama31=llama31, device=q.device)
+    inv = _inv_freq(rotary_dim, theta, scale, llama31, q.device)
     _launch(q, k, q_out, k_out, rotary_dim=rotary_dim, interleave=interleave, pos_ids=pos_ids,
             indptr=indptr, offsets=offsets, inv_freq=inv)
 

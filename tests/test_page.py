@@ -376,3 +376,40 @@ def test_append_one_read_verdict_matches_the_full_checks(device):
         assert _append_values_ok(*args, num_pages, t(b), t(p)) == valid, (case, indptr, indices, last, b, p)
         seen[valid] += 1
     assert min(seen.values()) > 50, seen  # both verdicts exercised
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_reads_the_device_once_per_new_or_changed_index_tensors(device, monkeypatch):
+    """A model appends on every layer with the same index tensors: only the first append reads their values;
+    a new tensor (equal values or not), an in-place change, or inference tensors are checked again, and
+    the tokens land where a fresh computation puts them."""
+    import attncore.page.cache as cache_mod
+
+    reads = []
+    real = cache_mod._append_values_ok
+    monkeypatch.setattr(cache_mod, "_append_values_ok", lambda *a: reads.append(1) or real(*a))
+    indices, indptr, last = _t([0, 1, 2], device), _t([0, 2, 3], device), _t([3, 2], device)
+    b, p = _t([0, 0, 1], device), _t([5, 6, 1], device)
+    g = torch.Generator().manual_seed(11)
+    layers = [torch.zeros(4, 2, 4, 2, 8, device=device) for _ in range(3)]
+    ks = [torch.randn(3, 2, 8, generator=g).to(device) for _ in layers]
+    for cache, k in zip(layers, ks):
+        append_paged_kv_cache(k, -k, b, p, cache, indices, indptr, last)
+    assert len(reads) == 1
+    for cache, k in zip(layers, ks):  # page 1 slots 1 and 2 (positions 5, 6), page 2 slot 1
+        assert torch.equal(cache[1, 0, 1:3], k[:2]) and torch.equal(cache[2, 0, 1], k[2])
+        assert torch.equal(cache[1, 1, 1:3], -k[:2])
+    append_paged_kv_cache(ks[0], ks[0], b.clone(), p, layers[0], indices, indptr, last)  # a new, equal tensor
+    assert len(reads) == 2
+    p[1] = 7  # in place: past request 0's kv length 7
+    with pytest.raises(ValueError, match=r"positions: got positions\[1\] = 7 for request 0 of kv length 7"):
+        append_paged_kv_cache(ks[0], ks[0], b, p, layers[0], indices, indptr, last)
+    p[1] = 4
+    append_paged_kv_cache(ks[1], ks[1], b, p, layers[0], indices, indptr, last)
+    assert torch.equal(layers[0][1, 0, 0], ks[1][1])  # position 4: page 1, slot 0
+    n = len(reads)
+    with torch.inference_mode():
+        bi, pi = _t([0, 0, 1], device), _t([5, 6, 1], device)
+        for _ in range(2):
+            append_paged_kv_cache(ks[0], ks[0], bi, pi, layers[0], indices, indptr, last)
+    assert len(reads) == n + 2

@@ -147,6 +147,22 @@ def test_inv_freq():
     torch.testing.assert_close(got, ref_freqs(16, 1e4, 8.0, ll), atol=0, rtol=1e-6)
 
 
+def test_frequencies_kept_per_arguments():
+    """The frequencies are computed once per (rotary_dim, theta, scale, llama31, device) and kept: calls
+    that alternate between settings each get their own."""
+    q, k = make_qk(9, hq=2, hk=1, d=16, seed=7)
+    pos = torch.arange(9).to(DEV) * 37
+    settings = [(16, 1e4, 1.0, None), (8, 500.0, 2.0, None), (16, 1e4, 8.0, (1.0, 4.0, 64.0)), (16, 1e4, 1.0, None)]
+    for rd, theta, scale, ll in settings:
+        if ll is None:
+            qr, kr = rope.apply_rope_pos_ids(q, k, pos, rd, False, scale, theta)
+        else:
+            qr, kr = rope.apply_llama31_rope_pos_ids(q, k, pos, rd, False, scale, theta, *ll)
+        assert_rope_close(qr, ref_rope(q, pos, rd, False, theta, scale, ll), q, rd)
+        assert_rope_close(kr, ref_rope(k, pos, rd, False, theta, scale, ll), k, rd)
+    assert (8, 500.0, 2.0, None, q.device) in rope._INV_FREQ
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("interleave", [False, True])
 def test_llama31(dtype, interleave):

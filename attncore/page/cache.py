@@ -3,6 +3,7 @@ lengths and token positions of a page table; appending new tokens."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Tuple, Union
 
 import torch
@@ -307,19 +308,70 @@ def append_paged_kv_cache(
     if nnz == 0:
         _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
         return
-    # Every value rule in one device read; only when one fails, the checks below read again to name it.
-    # (Eight reads per call, each a device sync, stalled a serving step's host on every layer.)
-    if _check_values() and not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages,
-                                                 batch_indices, positions):
-        _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
-        _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions, nnz)
-    page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+    page, slot = _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,
+                               positions, nnz)
     for cache, new in ((k_cache, append_key), (v_cache, append_value)):
         dst, src = _storage_view(cache), _storage_view(new)
         if kv_layout == "NHD":
             dst[page, slot] = src
         else:
             dst[page, :, slot] = src
+
+
+class _Checked:
+    """The index tensors of the last checked append and their (page, slot): a model appends on every layer
+    of a step with the same ones, and only the first append of a step need read the device (each read is a
+    host-device sync: on every layer it stalled a serving step's host).  The tensors are held weakly and
+    matched by identity and version counter (bumped by every in-place torch write), so a new tensor, even
+    at a freed one's address, or a changed one, is checked again.  Inference tensors (made under
+    torch.inference_mode) have no version counter: they are checked on every call."""
+
+    def __init__(self):
+        self.refs, self.versions, self.geometry, self.slots = (), None, None, None
+
+    @staticmethod
+    def _versions(tensors: tuple):
+        return None if any(t.is_inference() for t in tensors) else tuple(t._version for t in tensors)
+
+    def get(self, tensors: tuple, geometry: tuple):
+        if geometry != self.geometry or len(tensors) != len(self.refs):
+            return None
+        if any(r() is not t for r, t in zip(self.refs, tensors)):
+            return None
+        v = self._versions(tensors)
+        return self.slots if v is not None and v == self.versions else None
+
+    def put(self, tensors: tuple, geometry: tuple, slots) -> None:
+        self.versions = self._versions(tensors)
+        self.refs = tuple(weakref.ref(t) for t in tensors) if self.versions is not None else ()
+        self.geometry, self.slots = geometry, (slots if self.versions is not None else None)
+
+
+_checked = _Checked()
+
+
+def _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int, batch_indices,
+                  positions, nnz: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(page id, slot) of the appended tokens once their value rules hold (raising on the first that does
+    not); the same tensors, unchanged since they were last checked, are not read again (``_Checked``).
+    Neither kept nor reused during CUDA-graph capture or a torch.compile trace: a capture must record the
+    slot arithmetic, as the values change between replays."""
+    live = _check_values() and not torch.compiler.is_compiling()
+    tensors = (kv_indptr, kv_indices, kv_last_page_len, batch_indices, positions)
+    geometry = (page_size, num_pages, kv_indptr.device)
+    if live:
+        hit = _checked.get(tensors, geometry)
+        if hit is not None:
+            return hit
+        # Every value rule in one device read; only when one fails, the checks below read again to name it.
+        if not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,
+                                 positions):
+            _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
+            _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions, nnz)
+    slots = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+    if live:
+        _checked.put(tensors, geometry, slots)
+    return slots
 
 
 def _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int,

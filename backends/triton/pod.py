@@ -167,6 +167,10 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
         raise TypeError(f"batch: a {problem.op} problem is planned from a PODBatch, got {type(batch).__name__}")
     mp, md = batch.prefill, batch.decode
     device = md.device
+    # the measured rule first: a batch it declines costs no work list (a serving step plans one each step)
+    measured = _outside_measured_wins(batch) if device.type == "cuda" else None
+    if fused == "auto" and measured:
+        raise PODDeclined(measured)
     G, D = problem.group_size, problem.head_dim_qk
     hkv = problem.num_kv_heads
     parts = []
@@ -199,10 +203,7 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
     longest = [max((x[0] for x in its), default=0.0) for its in items]
     t_fused, t_composed = estimate(total, longest, sms)
     stats = dict(items=[len(i) for i in items], est_fused_us=t_fused * 1e6, est_composed_us=t_composed * 1e6)
-    measured = _outside_measured_wins(batch) if device.type == "cuda" else None
     stats["measured_rule"] = measured or "inside the region where fused won (MEASURED_WINS)"
-    if fused == "auto" and device.type == "cuda" and measured:
-        raise PODDeclined(measured)
     if fused == "auto" and device.type != "cuda" and t_fused > MARGIN * t_composed:
         raise PODDeclined(
             f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs: the "
