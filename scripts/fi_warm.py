@@ -2,6 +2,9 @@
 per workload in parallel (FlashInfer JIT-compiles each specialization on first use, 35-120 s).
 
     PYTHONPATH=<repo>:$FI_ROOT python3 scripts/fi_warm.py P1 D1 ...   (ids or prefixes, as bench takes)
+
+``latency`` among the ids warms the kernels of ``attncore bench --latency --flashinfer`` (its tiny problems,
+one process per column that builds a kernel).
 """
 
 import subprocess
@@ -20,16 +23,32 @@ except Exception as e:
 """
 
 
+LATENCY_CHILD = """
+import sys, torch, flashinfer
+from attncore.cli.latency import _cells
+f = _cells(flashinfer, "cuda", {})[sys.argv[1]]
+try:
+    [g() for g in f] if isinstance(f, tuple) else f()
+    torch.cuda.synchronize()
+    print("latency", sys.argv[1], "ok")
+except Exception as e:
+    print("latency", sys.argv[1], "n/a:", type(e).__name__, str(e)[:120])
+"""
+LATENCY_COLUMNS = ("single_prefill", "single_decode", "decode run", "prefill run")  # the runs plan first
+
+
 def main(ids):
     from attncore.cli.bench import select_workloads
 
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, w.id], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for w in select_workloads(ids)]
+    jobs = [(CHILD, w.id) for w in select_workloads([i for i in ids if i != "latency"])] if ids != ["latency"] else []
+    jobs += [(LATENCY_CHILD, c) for c in LATENCY_COLUMNS] if "latency" in ids else []
+    procs = [subprocess.Popen([sys.executable, "-c", code, arg], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for code, arg in jobs]
     for p in procs:
         out, _ = p.communicate()
         print(out.strip().splitlines()[-1] if out.strip() else f"exit {p.returncode}", flush=True)
-    print(f"warmed {len(procs)} workloads in {time.time() - t0:.0f} s")
+    print(f"warmed {len(procs)} workloads / latency columns in {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 graph replays) for attncore and, when importable, FlashInfer, in one process; then, for each API, the
 GPU kernels by total time (torch.profiler) and the host functions by own time (cProfile) of one run;
 with --syncs, every call that made the host wait for the GPU (torch.cuda.set_sync_debug_mode), by step kind
-and call site.
+and call site; with --calls, the wall time of each attention-library call (plan, run, RoPE, append) and of
+the model's dense halves, per step kind (the loop is host-bound, so this is mostly their host time).
 
     PYTHONPATH=<repo>[:$FI_ROOT] python3 scripts/profile_serving_loop.py [--flashinfer] [--top 12]
 """
@@ -81,6 +82,61 @@ def sync_sites(server, seed: int, top: int) -> None:
         print(f"  {n:6d}  {k:6s} {site}")
 
 
+class _CallTimer:
+    """Wall time per (step kind, call) of one serve: the library calls of a step and the model's halves."""
+
+    def __init__(self, server):
+        self.acc = collections.defaultdict(lambda: [0, 0.0])
+        self.kind = "other"
+        for name in ("_mixed_step", "_decode_step"):
+            f = getattr(server, name)
+
+            def step(*a, _f=f, _k=name[1:-5], **kw):
+                self.kind = _k
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    self.kind = "other"
+            setattr(server, name, step)
+        for wname in ("mixed", "prefill", "decode"):
+            w = getattr(server, wname, None)
+            if w is not None:
+                for m in ("plan", "run"):
+                    setattr(w, m, self.wrap(getattr(w, m), f"{wname}.{m}"))
+        self.api = _Proxy(server.api, self)
+        server.api = self.api
+        server.model.pre = self.wrap(server.model.pre, "model.pre")
+        server.model.post = self.wrap(server.model.post, "model.post")
+
+    def wrap(self, f, label):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                cell = self.acc[(self.kind, label)]
+                cell[0] += 1
+                cell[1] += time.perf_counter() - t
+        return timed
+
+    def report(self, name: str) -> None:
+        print(f"{name}: wall time per call kind (ms in all / calls / us per call):")
+        for (k, label), (n, t) in sorted(self.acc.items(), key=lambda x: (x[0][0], -x[1][1])):
+            print(f"  {k:6s} {label:32s} {t * 1e3:8.1f} ms {n:6d}x {t / n * 1e6:8.1f} us")
+
+
+class _Proxy:
+    """The API module with its RoPE and append functions timed."""
+
+    def __init__(self, api, timer):
+        self._api = api
+        self.apply_rope_pos_ids_inplace = timer.wrap(api.apply_rope_pos_ids_inplace, "apply_rope_pos_ids_inplace")
+        self.append_paged_kv_cache = timer.wrap(api.append_paged_kv_cache, "append_paged_kv_cache")
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--flashinfer", action="store_true")
@@ -89,6 +145,7 @@ def main() -> int:
     p.add_argument("--only", default="", help="cProfile: only functions whose file:line(name) matches this regex")
     p.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler run")
     p.add_argument("--syncs", action="store_true", help="also list the host-GPU syncs of one run by call site")
+    p.add_argument("--calls", action="store_true", help="also time each library call of one run, per step kind")
     a = p.parse_args()
     import attncore
     apis = [("attncore", attncore)]
@@ -114,6 +171,16 @@ def main() -> int:
                 print(f"  {t / 1e3:8.2f} ms {n:6d}x  {k[:100]}")
         if a.syncs:
             sync_sites(server, 1, a.top)
+        if a.calls:
+            api0, pre0, post0 = server.api, server.model.pre, server.model.post
+            timer = _CallTimer(server)
+            sl.serve(server, False, seed=1)
+            timer.report(name)
+            server.api, server.model.pre, server.model.post = api0, pre0, post0
+            for w in (server.mixed, server.prefill, server.decode):
+                for m in ("plan", "run"):
+                    if w is not None and m in vars(w):
+                        delattr(w, m)
         pr = cProfile.Profile()
         pr.enable()
         sl.serve(server, False, seed=1)
