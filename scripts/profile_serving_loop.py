@@ -146,6 +146,7 @@ def main() -> int:
     p.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler run")
     p.add_argument("--syncs", action="store_true", help="also list the host-GPU syncs of one run by call site")
     p.add_argument("--calls", action="store_true", help="also time each library call of one run, per step kind")
+    p.add_argument("--no-cprofile", action="store_true", help="skip the cProfile run")
     a = p.parse_args()
     import attncore
     apis = [("attncore", attncore)]
@@ -181,6 +182,8 @@ def main() -> int:
                 for m in ("plan", "run"):
                     if w is not None and m in vars(w):
                         delattr(w, m)
+        if a.no_cprofile:
+            continue
         pr = cProfile.Profile()
         pr.enable()
         sl.serve(server, False, seed=1)

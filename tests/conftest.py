@@ -33,9 +33,15 @@ def clean_registry(monkeypatch):
 
 
 @pytest.fixture
-def triton_pod():
-    """The registered Triton backend, fusing every batch (the cost model is the GPU's)."""
+def triton_pod(request):
+    """The registered Triton backend, fusing every batch (the cost model is the GPU's).  A test not marked
+    gpu runs CPU tensors through Triton's interpreter: skipped where TRITON_INTERPRET is unset (a GPU run)."""
     from attncore.core import registry
+    from attncore.kernels import interpreting
+
+    if request.node.get_closest_marker("gpu") is None and not interpreting():
+        pytest.skip("CPU tensors through Triton's interpreter, which TRITON_INTERPRET (unset here) selects; "
+                    "the gpu-marked cases run on CUDA")
 
     entry = registry.entries().get("triton")
     if entry is None or entry.unavailable_reasons():
