@@ -87,11 +87,13 @@ def _inv_freq(rotary_dim: int, theta: float, scale: float, llama31, device) -> t
     key = (rotary_dim, theta, scale, llama31, torch.device(device))
     inv = _INV_FREQ.get(key)
     if inv is None:
-        inv = rope_inv_freq(rotary_dim, theta, scale, llama31=llama31, device=device)
-        if _check_values() and not torch.compiler.is_compiling():
-            if len(_INV_FREQ) >= 64:
-                _INV_FREQ.clear()
-            _INV_FREQ[key] = inv
+        if not _check_values() or torch.compiler.is_compiling():
+            return rope_inv_freq(rotary_dim, theta, scale, llama31=llama31, device=device)
+        # computed on the host and copied with a wait (a blocking copy): ready for a launch on any stream
+        inv = rope_inv_freq(rotary_dim, theta, scale, llama31=llama31).to(device)
+        if len(_INV_FREQ) >= 64:
+            _INV_FREQ.clear()
+        _INV_FREQ[key] = inv
     return inv
 
 

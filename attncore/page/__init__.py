@@ -18,6 +18,10 @@ Everything is plain torch and runs on the device of the inputs. The functions va
 (ranges, monotonicity), which reads small tensors on the host (a device sync on CUDA); value checks
 are skipped while a CUDA graph is being captured so that :func:`get_seq_lens`,
 :func:`append_paged_kv_cache` and :func:`get_batch_indices_positions` stay capturable.
+:func:`append_paged_kv_cache` checks its index tensors' values once while they stay the same tensors,
+unchanged through torch (their version counters): a model's appends on every layer of a step cost one
+read.  A buffer rewritten by a custom kernel or through a numpy view is checked on first use only (its
+current values are always the ones written with); inference tensors are checked on every call.
 """
 
 from attncore.page.cache import (

@@ -319,32 +319,35 @@ def append_paged_kv_cache(
 
 
 class _Checked:
-    """The index tensors of the last checked append and their (page, slot): a model appends on every layer
-    of a step with the same ones, and only the first append of a step need read the device (each read is a
-    host-device sync: on every layer it stalled a serving step's host).  The tensors are held weakly and
-    matched by identity and version counter (bumped by every in-place torch write), so a new tensor, even
-    at a freed one's address, or a changed one, is checked again.  Inference tensors (made under
-    torch.inference_mode) have no version counter: they are checked on every call."""
+    """The index tensors of the last append whose values passed the checks: a model appends on every layer of
+    a step with the same ones, and only the first append of a step need read them (each read is a host-device
+    sync: on every layer it stalled a serving step's host).  The tensors are held weakly and matched by
+    identity and version counter (bumped by every in-place torch write), so a new tensor, even at a freed
+    one's address, or one changed through torch, is checked again.  Writes that bypass the counter (a custom
+    kernel or a numpy view writing into a persistent buffer) are not seen: such a buffer is checked when it
+    is first used and then trusted as FlashInfer trusts every table, but its values are always the ones
+    used (the slots are computed on every call).  Inference tensors (torch.inference_mode) have no version
+    counter: they are checked on every call."""
 
     def __init__(self):
-        self.refs, self.versions, self.geometry, self.slots = (), None, None, None
+        self.refs, self.versions, self.geometry = (), None, None
 
     @staticmethod
     def _versions(tensors: tuple):
         return None if any(t.is_inference() for t in tensors) else tuple(t._version for t in tensors)
 
-    def get(self, tensors: tuple, geometry: tuple):
+    def seen(self, tensors: tuple, geometry: tuple) -> bool:
         if geometry != self.geometry or len(tensors) != len(self.refs):
-            return None
+            return False
         if any(r() is not t for r, t in zip(self.refs, tensors)):
-            return None
+            return False
         v = self._versions(tensors)
-        return self.slots if v is not None and v == self.versions else None
+        return v is not None and v == self.versions
 
-    def put(self, tensors: tuple, geometry: tuple, slots) -> None:
+    def add(self, tensors: tuple, geometry: tuple) -> None:
         self.versions = self._versions(tensors)
         self.refs = tuple(weakref.ref(t) for t in tensors) if self.versions is not None else ()
-        self.geometry, self.slots = geometry, (slots if self.versions is not None else None)
+        self.geometry = geometry
 
 
 _checked = _Checked()
@@ -354,24 +357,19 @@ def _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_p
                   positions, nnz: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(page id, slot) of the appended tokens once their value rules hold (raising on the first that does
     not); the same tensors, unchanged since they were last checked, are not read again (``_Checked``).
-    Neither kept nor reused during CUDA-graph capture or a torch.compile trace: a capture must record the
-    slot arithmetic, as the values change between replays."""
-    live = _check_values() and not torch.compiler.is_compiling()
-    tensors = (kv_indptr, kv_indices, kv_last_page_len, batch_indices, positions)
-    geometry = (page_size, num_pages, kv_indptr.device)
-    if live:
-        hit = _checked.get(tensors, geometry)
-        if hit is not None:
-            return hit
-        # Every value rule in one device read; only when one fails, the checks below read again to name it.
-        if not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,
-                                 positions):
-            _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
-            _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions, nnz)
-    slots = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
-    if live:
-        _checked.put(tensors, geometry, slots)
-    return slots
+    Nothing is checked or kept during CUDA-graph capture (nothing can be read back) or a torch.compile trace."""
+    if _check_values() and not torch.compiler.is_compiling():
+        tensors = (kv_indptr, kv_indices, kv_last_page_len, batch_indices, positions)
+        geometry = (page_size, num_pages, kv_indptr.device)
+        if not _checked.seen(tensors, geometry):
+            # Every value rule in one device read; only when one fails, the checks below read again to name it.
+            if not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,
+                                     positions):
+                _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
+                _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions,
+                                     nnz)
+            _checked.add(tensors, geometry)
+    return _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
 
 
 def _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int,
