@@ -41,24 +41,31 @@ def timed_steps(server):
     return acc
 
 
+class StepKind:
+    """Which kind of step the server is in (``now``: "mixed", "decode", or "other" between steps) and how
+    many of each it ran (``steps``), by wrapping its step methods."""
+
+    def __init__(self, server):
+        self.now, self.steps = "other", collections.Counter()
+        for name in ("_mixed_step", "_decode_step"):
+            f = getattr(server, name)
+
+            def step(*a, _f=f, _k=name[1:-5], **kw):
+                self.now = _k
+                self.steps[_k] += 1
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    self.now = "other"
+            setattr(server, name, step)
+
+
 def sync_sites(server, seed: int, top: int) -> None:
     """Serve once with torch's sync debug mode on; print each call site (innermost attncore or example frame,
     and its caller) that synchronised the host with the GPU, per step kind."""
     import traceback
     import warnings
-    counts, kind = collections.Counter(), ["other"]
-    steps = collections.Counter()
-    for name in ("_mixed_step", "_decode_step"):
-        f = getattr(server, name)
-
-        def wrap(*a, _f=f, _k=name[1:-5], **kw):
-            kind[0] = _k
-            steps[_k] += 1
-            try:
-                return _f(*a, **kw)
-            finally:
-                kind[0] = "other"
-        setattr(server, name, wrap)
+    counts, kind = collections.Counter(), StepKind(server)
 
     def ours(fr):
         return ("attncore" in fr.filename or "serving_loop" in fr.filename) and "profile_serving" not in fr.filename
@@ -66,7 +73,7 @@ def sync_sites(server, seed: int, top: int) -> None:
     def show(message, category, filename, lineno, file=None, line=None):
         frames = [fr for fr in traceback.extract_stack()[:-1] if ours(fr)]
         site = " < ".join(f"{'/'.join(fr.filename.split('/')[-2:])}:{fr.lineno}({fr.name})" for fr in frames[::-1][:2])
-        counts[(kind[0], site or f"{filename}:{lineno}")] += 1
+        counts[(kind.now, site or f"{filename}:{lineno}")] += 1
     old = warnings.showwarning
     warnings.showwarning = show
     try:
@@ -77,7 +84,7 @@ def sync_sites(server, seed: int, top: int) -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
         warnings.showwarning = old
-    print(f"syncs by step kind and site (steps: {dict(steps)}):")
+    print(f"syncs by step kind and site (steps: {dict(kind.steps)}):")
     for (k, site), n in counts.most_common(top):
         print(f"  {n:6d}  {k:6s} {site}")
 
@@ -87,26 +94,27 @@ class _CallTimer:
 
     def __init__(self, server):
         self.acc = collections.defaultdict(lambda: [0, 0.0])
-        self.kind = "other"
-        for name in ("_mixed_step", "_decode_step"):
-            f = getattr(server, name)
-
-            def step(*a, _f=f, _k=name[1:-5], **kw):
-                self.kind = _k
-                try:
-                    return _f(*a, **kw)
-                finally:
-                    self.kind = "other"
-            setattr(server, name, step)
+        self.kind = StepKind(server)
+        self.server, self.saved = server, (server.api, server.model.pre, server.model.post)
+        self.wrappers = []
         for wname in ("mixed", "prefill", "decode"):
             w = getattr(server, wname, None)
             if w is not None:
+                self.wrappers.append(w)
                 for m in ("plan", "run"):
                     setattr(w, m, self.wrap(getattr(w, m), f"{wname}.{m}"))
-        self.api = _Proxy(server.api, self)
-        server.api = self.api
+        server.api = _Proxy(server.api, self)
         server.model.pre = self.wrap(server.model.pre, "model.pre")
         server.model.post = self.wrap(server.model.post, "model.post")
+
+    def restore(self) -> None:
+        """The server's API, model halves and wrapper methods untimed again (its step methods keep the
+        tracker)."""
+        self.server.api, self.server.model.pre, self.server.model.post = self.saved
+        for w in self.wrappers:
+            for m in ("plan", "run"):
+                if m in vars(w):
+                    delattr(w, m)
 
     def wrap(self, f, label):
         def timed(*a, **kw):
@@ -114,7 +122,7 @@ class _CallTimer:
             try:
                 return f(*a, **kw)
             finally:
-                cell = self.acc[(self.kind, label)]
+                cell = self.acc[(self.kind.now, label)]
                 cell[0] += 1
                 cell[1] += time.perf_counter() - t
         return timed
@@ -173,15 +181,10 @@ def main() -> int:
         if a.syncs:
             sync_sites(server, 1, a.top)
         if a.calls:
-            api0, pre0, post0 = server.api, server.model.pre, server.model.post
             timer = _CallTimer(server)
             sl.serve(server, False, seed=1)
             timer.report(name)
-            server.api, server.model.pre, server.model.post = api0, pre0, post0
-            for w in (server.mixed, server.prefill, server.decode):
-                for m in ("plan", "run"):
-                    if w is not None and m in vars(w):
-                        delattr(w, m)
+            timer.restore()
         if a.no_cprofile:
             continue
         pr = cProfile.Profile()
