@@ -322,7 +322,8 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
              sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
              rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
         """Plan both sides.  The decode side's query lengths (``qo_indptr_d``) must all be equal
-        (that length is its ``q_len_per_req``)."""
+        (that length is its ``q_len_per_req``).  The prefill side is planned with the ``causal_p`` of the
+        last eager run without a custom mask (False before any): a run with another mask plans it again."""
         d_host = _checks.check_indptr("qo_indptr_d", qo_indptr_d)
         lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}
         if len(lens) > 1 or 0 in lens:

@@ -89,6 +89,33 @@ def test_batch_pod_on_cpu_shares_the_workspace():
     assert w._prefill._float_workspace_buffer is ws and w._decode._float_workspace_buffer is ws
 
 
+def test_batch_pod_plans_the_prefill_mask_the_last_run_used(monkeypatch):
+    """A serving step plans then runs causal_p=True: after the first such run, plan() plans the prefill side
+    causal, so later steps plan it once; a run with another mask still plans it (and differs)."""
+    f32 = torch.float32
+    ip, xp, lp, cp = _paged([7], PAGE, HKV, D, f32)
+    idd, xd, ld, cd = _paged([5, 9], PAGE, HKV, D, f32)
+    qp, qd = torch.randn(7, HQ, D), torch.randn(2, HQ, D)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8), "NHD", backend="reference")
+    plans = []
+    real = w._prefill.plan
+    monkeypatch.setattr(w._prefill, "plan", lambda *a, **kw: plans.append(kw["causal"]) or real(*a, **kw))
+
+    def step(causal_p):
+        w.plan(torch.tensor([0, 7], dtype=torch.int32), ip, xp, lp, torch.arange(3, dtype=torch.int32), idd, xd,
+               ld, HQ, HKV, D, PAGE, q_data_type=f32)
+        return w.run(qp, cp, qd, cd, causal_p=causal_p)
+
+    step(True)
+    assert plans == [False, True]  # before any run plan() plans causal_p=False
+    causal = step(True)
+    assert plans == [False, True, True]  # one plan a step
+    full = w.run(qp, cp, qd, cd, causal_p=False)
+    assert plans[-1] is False and not torch.equal(full[0], causal[0])
+    step(False)
+    assert plans[-2:] == [False, False]
+
+
 def test_fused_run_reports_fused_mode(triton_pod):
     dtype = torch.float32
     indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dtype)
