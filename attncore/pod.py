@@ -41,6 +41,7 @@ from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.core.streams import halves, Streams
 from attncore.core.workspace import WorkspaceTooSmall
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
+from attncore.core.page_table import SMALL_TABLE
 from attncore.core.single_prefill import plan_single
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
@@ -323,29 +324,34 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
              rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
         """Plan both sides.  The decode side's query lengths (``qo_indptr_d``) must all be equal
         (that length is its ``q_len_per_req``).  The prefill side is planned with the ``causal_p`` of the
-        last eager run without a custom mask (False before any): a run with another mask plans it again."""
-        d_host = _checks.check_indptr("qo_indptr_d", qo_indptr_d)
-        lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}
-        if len(lens) > 1 or 0 in lens:
-            raise ValueError(f"qo_indptr_d: decode requests must all have the same number (>= 1) of query rows, "
-                             f"got lengths {sorted(lens)}")
-        q_len = lens.pop() if lens else 1
-        if data_type is not None:
-            q_data_type = data_type
-            kv_data_type = kv_data_type or data_type
-        if last_page_len_p.device != kv_indptr_p.device:
-            last_page_len_p = last_page_len_p.to(kv_indptr_p.device)
-        if last_page_len_d.device != kv_indptr_d.device:
-            last_page_len_d = last_page_len_d.to(kv_indptr_d.device)
-        self._decode_plan = lambda: self._decode.plan(
-            kv_indptr_d, kv_indices_d, last_page_len_d, num_qo_heads, num_kv_heads, head_dim, page_size,
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
-            kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-            non_blocking=non_blocking, q_len_per_req=q_len)
-        self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
-                           head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
-                           sm_scale, rope_scale, rope_theta)
-        self._plan_parts(self._run_causal, None, None)
+        last eager run without a custom mask (False before any): a run with another mask plans it again.
+        Device-side tables are read in one copy (``_checks.read_together``; page ids up to
+        ``SMALL_TABLE``: a longer table's ids are reduced on the device, one more copy per part)."""
+        tables = [qo_indptr_d, kv_indptr_d, last_page_len_d, qo_indptr_p, kv_indptr_p, last_page_len_p]
+        tables += [t for t in (kv_indices_d, kv_indices_p) if isinstance(t, Tensor) and t.numel() <= SMALL_TABLE]
+        with _checks.read_together(tables):  # plan()'s one device read
+            d_host = _checks.check_indptr("qo_indptr_d", qo_indptr_d)
+            lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}
+            if len(lens) > 1 or 0 in lens:
+                raise ValueError(f"qo_indptr_d: decode requests must all have the same number (>= 1) of query rows, "
+                                 f"got lengths {sorted(lens)}")
+            q_len = lens.pop() if lens else 1
+            if data_type is not None:
+                q_data_type = data_type
+                kv_data_type = kv_data_type or data_type
+            if last_page_len_p.device != kv_indptr_p.device:
+                last_page_len_p = last_page_len_p.to(kv_indptr_p.device)
+            if last_page_len_d.device != kv_indptr_d.device:
+                last_page_len_d = last_page_len_d.to(kv_indptr_d.device)
+            self._decode_plan = lambda: self._decode.plan(
+                kv_indptr_d, kv_indices_d, last_page_len_d, num_qo_heads, num_kv_heads, head_dim, page_size,
+                pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
+                kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                non_blocking=non_blocking, q_len_per_req=q_len)
+            self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
+                               head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
+                               sm_scale, rope_scale, rope_theta)
+            self._plan_parts(self._run_causal, None, None)
 
     def _assign(self, split: Optional[tuple]) -> None:
         """Give each part its workspace: its half of the split, or the whole buffer (no-op when unchanged:

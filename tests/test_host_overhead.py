@@ -12,7 +12,7 @@ import torch
 import attncore
 from attncore.core import checks, graphs, plan_cache, selector
 from attncore.core.backend import AttnParams, BatchMeta
-from attncore.core.page_table import _SMALL_TABLE
+from attncore.core.page_table import SMALL_TABLE
 from attncore.testing.golden import golden_and_baseline, max_error, tolerance
 
 H, HKV, D, PAGE = 4, 2, 16, 4
@@ -108,7 +108,7 @@ def test_replans_reuse_workspace_views_and_stay_correct(backend):
     assert w._planned.meta.kv_indices is not seen
 
 
-@pytest.mark.parametrize("pages", [5, _SMALL_TABLE + 7])
+@pytest.mark.parametrize("pages", [5, SMALL_TABLE + 7])
 def test_page_table_read_small_and_large(pages):
     """BatchMeta.paged reads small tables as Python ints and large ones with tensor reductions: the same
     fields and the same errors either way."""

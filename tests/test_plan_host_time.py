@@ -391,3 +391,53 @@ def test_gpu_replans_of_one_signature_hit_the_memos_and_stay_correct(backend, op
             rows = slice(i * n, (i + 1) * n)
             go, _, bo, _ = golden_and_baseline(qc[rows], ki, vi, dtype=dt, causal=True)
             assert max_error(out[rows].double(), go) <= tolerance(bo, go, dt), f"{backend} step {step} request {i}"
+
+
+# ----------------------------------------------------------------------------- one read per plan
+def test_read_together_answers_from_one_read(monkeypatch):
+    """Inside the block read_host answers for the tensors read on entry (copies of their values); anything
+    else, a tensor of another dtype, or a mix with one that was not read, reads as usual; the block ends."""
+    from attncore.core import checks
+
+    reads = []
+    real = checks._read
+    monkeypatch.setattr(checks, "_read", lambda ts: reads.append(len(ts)) or real(ts))
+    a, b = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([3, 1], dtype=torch.int32)
+    c, wide = torch.tensor([7], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int64)
+    with checks.read_together([a, b, wide, "not a tensor"]):
+        assert reads == [2]  # a and b, in one read; the int64 one is not read
+        got = checks.read_host([b, a])
+        assert got == [[3, 1], [0, 2, 5]] and reads == [2]
+        got[0].append(9)  # the caller's copy
+        assert checks.read_host([b]) == [[3, 1]]
+        assert checks.read_host([a, c]) == [[0, 2, 5], [7]] and reads == [2, 2]
+        assert checks.read_host([wide]) == [[0, 1]] and reads == [2, 2, 1]
+        with checks.read_together([c]):  # nested: the outer block's values stay
+            assert checks.read_host([a]) == [[0, 2, 5]] and reads == [2, 2, 1]
+    assert checks.read_host([a]) == [[0, 2, 5]] and reads == [2, 2, 1, 1]
+
+
+def _pod_tables(device, kv_p=(9,), kv_d=(5, 9, 1)):
+    (ip, xp, lp), (idd, xd, ld) = _table(len(kv_p), seed=1), _table(len(kv_d), seed=2)
+    qo_p = torch.tensor([0, 6], dtype=torch.int32)
+    qo_d = torch.arange(len(kv_d) + 1, dtype=torch.int32)
+    return [t.to(device) for t in (qo_p, ip, xp, lp, qo_d, idd, xd, ld)]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_batch_pod_plan_reads_its_tables_once(monkeypatch, device):
+    """BatchPOD's plan() reads both parts' tables and its decode query lengths in one read (issue 15: at most
+    one copy per plan with device-side tables), and plans what the tables say."""
+    from attncore.core import checks
+
+    reads = []
+    real = checks._read
+    monkeypatch.setattr(checks, "_read", lambda ts: reads.append(len(ts)) or real(ts))
+    ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", backend="reference" if device == "cpu" else "auto")
+    t = _pod_tables(device)
+    w.plan(*t, H, HKV, D, PAGE, q_data_type=torch.float16)
+    assert reads == [8]
+    assert w._decode._planned.meta.kv_indptr_host == t[5].tolist()
+    assert w._prefill._planned.meta.kv_indptr_host == t[1].tolist()
+    assert w._prefill._planned.meta.qo_indptr_host == [0, 6]

@@ -1,7 +1,7 @@
 """The argument checks the public API modules share (attncore.prefill, decode, pod, cascade and the wrappers'
 base): dtypes by name, tensors (type, rank, dtype, device, shape), heads, indptrs, sinks, and a batch's K/V
 as a paged cache or ragged tensors; and the one host read of device-side index tensors the indptr checks
-need (``read_host``, ``prefetch``).
+need (``read_host``, ``prefetch``, ``read_together``).
 
 Every check raises ``ValueError``/``TypeError`` naming the argument, what was given and what is accepted
 (semantics.md, "Bad input").  The paged-KV utilities (``attncore.page``, ``attncore.rope``) have their own
@@ -11,7 +11,9 @@ capture) and FlashInfer's wording there.
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -116,14 +118,47 @@ def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None, ho
     return host
 
 
+_together = threading.local()  # read_together()'s values while its block runs: id(tensor) -> (tensor, ints)
+
+
 def read_host(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
     """The values of int32 tensors as lists of Python ints: host tensors directly, the device ones (on one
     device) with one copy into pinned memory and one wait for it: plan()'s only device sync when the
-    caller passes device-side index tensors (with host-side ones, FlashInfer's convention, none)."""
+    caller passes device-side index tensors (with host-side ones, FlashInfer's convention, none).  Inside a
+    ``read_together`` block, tensors it read are answered from that read."""
+    memo = getattr(_together, "values", None)
+    if memo is not None:
+        hits = [memo.get(id(t)) for t in tensors]
+        if all(h is not None and h[0] is t for h, t in zip(hits, tensors)):
+            return [list(h[1]) for h in hits]
+    return _read(tensors)
+
+
+@contextlib.contextmanager
+def read_together(tensors: Sequence):
+    """Within the block, ``read_host`` answers for ``tensors`` from one read made on entry: a plan() that
+    reads several tables (BatchPOD's two parts and its decode query lengths) makes one device copy, not one
+    per table.  Only 1-D int32 tensors on the first one's device are read (anything else is read and checked
+    as usual when asked for); nothing during CUDA-graph capture; a nested block keeps the outer one's."""
+    ts = [t for t in tensors if isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1]
+    ts = [t for t in ts if t.device == ts[0].device]
+    if (getattr(_together, "values", None) is not None or not ts
+            or (ts[0].is_cuda and torch.cuda.is_current_stream_capturing())):
+        yield
+        return
+    _together.values = {id(t): (t, v) for t, v in zip(ts, _read(ts))}
+    try:
+        yield
+    finally:
+        _together.values = None
+
+
+def _read(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
+    """``read_host`` itself: every value read (one copy per device)."""
     out: List[Optional[List[int]]] = [t.tolist() if t.device.type == "cpu" else None for t in tensors]
     dev = [t for t, a in zip(tensors, out) if a is None]
     if len({t.device for t in dev}) > 1:  # rare: index tensors on several devices, one copy each
-        return [a if a is not None else read_host([t])[0] for t, a in zip(tensors, out)]
+        return [a if a is not None else _read([t])[0] for t, a in zip(tensors, out)]
     if dev:
         flat = torch.cat([t.reshape(-1) for t in dev]) if len(dev) > 1 else dev[0].reshape(-1)
         host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=flat.device.type == "cuda")

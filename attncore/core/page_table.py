@@ -24,7 +24,7 @@ def _seq_lens_int32(seq_lens: torch.Tensor) -> torch.Tensor:
 
 
 _TINY_TABLE = 64  # host page tables up to this many ids are read as Python ints (cheaper than numpy calls)
-_SMALL_TABLE = 4096  # up to this many, their min and max through numpy (cheaper than tensor ops), else torch
+SMALL_TABLE = 4096  # up to this many: host tables min/max through numpy, device tables read whole (else reduced there)
 
 
 def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
@@ -35,7 +35,7 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
     when no id is in use."""
     n = indices.numel()
     empty = (2 ** 31 - 1, -1)
-    if 0 < n <= _SMALL_TABLE and indices.device.type != "cpu" and indices.device == indptr.device == last.device:
+    if 0 < n <= SMALL_TABLE and indices.device.type != "cpu" and indices.device == indptr.device == last.device:
         # a small device table comes back whole in the same copy: its min and max on the host cost less
         # than the eight device ops (each a launch: host time) of the reduction below
         ip, lp, ids, *ex = _checks.read_host([indptr, last, indices, *extra])
@@ -56,7 +56,7 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
         used = (indices if k == n else indices[:k]).tolist()
         return ip, lp, used, (min(used), max(used)) if k else empty, ex
     used = indices if k == n else indices[:k]
-    if k <= _SMALL_TABLE:  # through numpy (a view of the host tensor): no Python int per id
+    if k <= SMALL_TABLE:  # through numpy (a view of the host tensor): no Python int per id
         v = used.numpy()
         return ip, lp, used, (int(v.min()), int(v.max())), ex
     lo, hi = torch.aminmax(used)
