@@ -186,6 +186,25 @@ def test_multilevel_decode_shaped_flashinfer_example():
     torch.testing.assert_close(w.run(lv.q.to(DEV), lv.cache()), out, atol=0, rtol=0)
 
 
+def test_multilevel_plan_reads_every_level_once(monkeypatch):
+    """plan() reads every level's tables in one read (one device sync with device-side tables, not two a
+    level), and each level is planned from its own tables."""
+    from attncore.core import checks
+
+    reads = []
+    real = checks._read
+    monkeypatch.setattr(checks, "_read", lambda ts: reads.append(len(ts)) or real(ts))
+    qo, kv = SHAPES[3]
+    lv = Levels(qo, kv, dtype=torch.float32, seed=4, device=DEV)
+    w = MultiLevelCascadeAttentionWrapper(3, ws(), backend="reference")
+    tables = lv.tables()
+    w.plan(*tables, HQ, HKV, D, PAGE, q_data_type=torch.float32)
+    assert reads == [12]  # 3 levels x (qo_indptr, kv_indptr, last_page_len, page ids)
+    for i, level in enumerate(w._batch_prefill_wrappers):
+        assert level._planned.meta.kv_indptr_host == tables[1][i].tolist()
+    check(*w.run(lv.q.to(DEV), lv.cache(), return_lse=True), *golden_levels(lv, causal=False), torch.float32)
+
+
 def test_multilevel_causal_is_last_level_only():
     """Level 0 holds 6 rows as one request over 3 keys (qo > kv): causal there would hide keys from
     the early rows; with causal=True only the last level is masked."""

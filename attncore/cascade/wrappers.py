@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from attncore.cascade.merge import _merge_stacked
+from attncore.core import checks as _checks
+from attncore.core.page_table import SMALL_TABLE
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -176,18 +178,22 @@ class MultiLevelCascadeAttentionWrapper:
             ("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
             ("paged_kv_indices_arr", paged_kv_indices_arr), ("paged_kv_last_page_len", paged_kv_last_page_len))]
         nnz0 = None
-        for i, w in enumerate(self._batch_prefill_wrappers):
-            _at_level(i, w.plan, arrs[0][i], arrs[1][i], arrs[2][i], arrs[3][i], num_qo_heads, num_kv_heads,
-                      head_dim, page_size, causal=bool(causal) and i == L - 1, pos_encoding_mode=pos_encoding_mode,
-                      allow_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale, window_left=window_left,
-                      logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
-                      q_data_type=q_data_type, kv_data_type=kv_data_type)
-            nnz = int(arrs[0][i][-1])  # checked by the level's plan: a 1-D int32 indptr
-            if nnz0 is None:
-                nnz0 = nnz
-            elif nnz != nnz0:
-                raise ValueError(f"qo_indptr_arr[{i}]: got qo_indptr[-1] = {nnz}; accepted: {nnz0}, as "
-                                 f"qo_indptr_arr[0][-1] (every level covers the same query rows)")
+        tables = [t for arr in (arrs[0], arrs[1], arrs[3]) for t in arr]
+        tables += [t for t in arrs[2] if isinstance(t, Tensor) and t.numel() <= SMALL_TABLE]
+        with _checks.read_together(tables):  # every level's tables in one device read
+            for i, w in enumerate(self._batch_prefill_wrappers):
+                _at_level(i, w.plan, arrs[0][i], arrs[1][i], arrs[2][i], arrs[3][i], num_qo_heads, num_kv_heads,
+                          head_dim, page_size, causal=bool(causal) and i == L - 1,
+                          pos_encoding_mode=pos_encoding_mode, allow_fp16_qk_reduction=use_fp16_qk_reduction,
+                          sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                          rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type)
+                nnz = _checks.read_host([arrs[0][i]])[0][-1]  # checked by the level's plan: a 1-D int32 indptr
+                if nnz0 is None:
+                    nnz0 = nnz
+                elif nnz != nnz0:
+                    raise ValueError(f"qo_indptr_arr[{i}]: got qo_indptr[-1] = {nnz}; accepted: {nnz0}, as "
+                                     f"qo_indptr_arr[0][-1] (every level covers the same query rows)")
         self._planned = True
 
     begin_forward = plan
