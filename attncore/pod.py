@@ -41,7 +41,7 @@ from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.core.streams import halves, Streams
 from attncore.core.workspace import WorkspaceTooSmall
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
-from attncore.core.page_table import SMALL_TABLE
+from attncore.core.page_table import read_whole
 from attncore.core.single_prefill import plan_single
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
@@ -325,10 +325,10 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         """Plan both sides.  The decode side's query lengths (``qo_indptr_d``) must all be equal
         (that length is its ``q_len_per_req``).  The prefill side is planned with the ``causal_p`` of the
         last eager run without a custom mask (False before any): a run with another mask plans it again.
-        Device-side tables are read in one copy (``_checks.read_together``; page ids up to
-        ``SMALL_TABLE``: a longer table's ids are reduced on the device, one more copy per part)."""
+        Device-side tables are read in one copy (``_checks.read_together``; page ids as
+        ``page_table.read_whole`` says: a longer table's ids are reduced on the device, one more copy)."""
         tables = [qo_indptr_d, kv_indptr_d, last_page_len_d, qo_indptr_p, kv_indptr_p, last_page_len_p]
-        tables += [t for t in (kv_indices_d, kv_indices_p) if isinstance(t, Tensor) and t.numel() <= SMALL_TABLE]
+        tables += [t for t in (kv_indices_d, kv_indices_p) if read_whole(t)]
         with _checks.read_together(tables):  # plan()'s one device read
             d_host = _checks.check_indptr("qo_indptr_d", qo_indptr_d)
             lens = {d_host[i + 1] - d_host[i] for i in range(len(d_host) - 1)}

@@ -437,7 +437,7 @@ def test_batch_pod_plan_reads_its_tables_once(monkeypatch, device):
     w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", backend="reference" if device == "cpu" else "auto")
     t = _pod_tables(device)
     w.plan(*t, H, HKV, D, PAGE, q_data_type=torch.float16)
-    assert reads == [8]
+    assert reads == [6 if device == "cpu" else 8]  # host page ids are read where used, without a copy
     assert w._decode._planned.meta.kv_indptr_host == t[5].tolist()
     assert w._prefill._planned.meta.kv_indptr_host == t[1].tolist()
     assert w._prefill._planned.meta.qo_indptr_host == [0, 6]

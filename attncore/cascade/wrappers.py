@@ -30,7 +30,7 @@ import torch
 
 from attncore.cascade.merge import _merge_stacked
 from attncore.core import checks as _checks
-from attncore.core.page_table import SMALL_TABLE
+from attncore.core.page_table import read_whole
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -179,7 +179,7 @@ class MultiLevelCascadeAttentionWrapper:
             ("paged_kv_indices_arr", paged_kv_indices_arr), ("paged_kv_last_page_len", paged_kv_last_page_len))]
         nnz0 = None
         tables = [t for arr in (arrs[0], arrs[1], arrs[3]) for t in arr]
-        tables += [t for t in arrs[2] if isinstance(t, Tensor) and t.numel() <= SMALL_TABLE]
+        tables += [t for t in arrs[2] if read_whole(t)]
         with _checks.read_together(tables):  # every level's tables in one device read
             for i, w in enumerate(self._batch_prefill_wrappers):
                 _at_level(i, w.plan, arrs[0][i], arrs[1][i], arrs[2][i], arrs[3][i], num_qo_heads, num_kv_heads,

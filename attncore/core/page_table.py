@@ -27,6 +27,12 @@ _TINY_TABLE = 64  # host page tables up to this many ids are read as Python ints
 SMALL_TABLE = 4096  # up to this many: host tables min/max through numpy, device tables read whole (else reduced there)
 
 
+def read_whole(indices) -> bool:
+    """Whether plan() reads these page ids whole, in its one copy: a device-side table of at most ``SMALL_TABLE``
+    ids (a longer one is reduced on the device first; a host one is read where it is used, without a copy)."""
+    return isinstance(indices, torch.Tensor) and indices.device.type != "cpu" and 0 < indices.numel() <= SMALL_TABLE
+
+
 def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
     """(indptr, last_page_len as host ints, the page ids in use as host ints or as a tensor, their (min,
     max), the ``extra`` tensors as host ints), read with at most one device-to-host copy
@@ -35,7 +41,7 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
     when no id is in use."""
     n = indices.numel()
     empty = (2 ** 31 - 1, -1)
-    if 0 < n <= SMALL_TABLE and indices.device.type != "cpu" and indices.device == indptr.device == last.device:
+    if read_whole(indices) and indices.device == indptr.device == last.device:
         # a small device table comes back whole in the same copy: its min and max on the host cost less
         # than the eight device ops (each a launch: host time) of the reduction below
         ip, lp, ids, *ex = _checks.read_host([indptr, last, indices, *extra])
