@@ -5,6 +5,8 @@ the same Python as on a GPU.
 
     TRITON_INTERPRET=1 python scripts/profile_plan.py --op decode --backend triton --batch 64 [--profile]
     python scripts/profile_plan.py --op decode --fake-cuda-fa2 --batch 64 [--profile]
+    python scripts/profile_plan.py --op batch_pod --backend auto --batch 31 --device-tables   (a serving step's
+        BatchPOD plan and run, index tensors on the GPU as a serving loop keeps them)
 
 ``--fake-cuda-fa2`` (CPU only) plans on cuda_fa2 with the CPU fakes of ``tests/test_cuda_fa2.py``
 (``cpu_patches``: the device, the library's tile shape and the stream faked; the problem says an sm90 CUDA
@@ -33,17 +35,20 @@ import torch
 import attncore
 
 
-def build(op: str, backend: str, batch: int, device: str, gpu_sizes: bool = False):
+def build(op: str, backend: str, batch: int, device: str, gpu_sizes: bool = False, device_tables: bool = False):
     """(plan, run) zero-argument callables of one tiny problem (inputs and wrapper made once); ``gpu_sizes``:
-    the GPU's sizes on any device (the cuda_fa2 fakes: its head dims start at 64)."""
+    the GPU's sizes on any device (the cuda_fa2 fakes: its head dims start at 64); ``device_tables``: the index
+    tensors on ``device``, as a serving loop keeps them (else on the host, FlashInfer's convention).
+    ``batch_pod``: one prefill request of ``qo`` rows over the first request's pages beside ``batch`` decodes."""
     if device == "cuda" or gpu_sizes:  # the sizes of `attncore bench --latency` on a GPU (attncore/cli/latency.py)
         hq, hkv, d, page, pages_per_req, qo, dt = 32, 8, 128, 16, 8, 16, torch.bfloat16
     else:
         hq, hkv, d, page, pages_per_req, qo, dt = 4, 2, 32, 4, 4, 4, torch.float16
     g = torch.Generator().manual_seed(0)
-    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per_req  # host tensors
-    indices = torch.randperm(batch * pages_per_req, generator=g).to(torch.int32)
-    last = torch.randint(1, page + 1, (batch,), generator=g, dtype=torch.int32)
+    tables = device if device_tables else "cpu"
+    indptr = (torch.arange(batch + 1, dtype=torch.int32) * pages_per_req).to(tables)
+    indices = torch.randperm(batch * pages_per_req, generator=g).to(torch.int32).to(tables)
+    last = torch.randint(1, page + 1, (batch,), generator=g, dtype=torch.int32).to(tables)
     cache = torch.randn(batch * pages_per_req, 2, page, hkv, d, generator=g).to(device=device, dtype=dt)
     ws = torch.empty(64 << 20, dtype=torch.uint8, device=device)
     if op == "decode":
@@ -52,9 +57,20 @@ def build(op: str, backend: str, batch: int, device: str, gpu_sizes: bool = Fals
 
         def plan():
             w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+    elif op == "batch_pod":
+        # on the CPU the parts are composed: their launches can be stubbed, an interpreted fused kernel not
+        w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", backend=backend, fuse=device != "cpu")
+        qp, qd = (torch.randn(n, hq, d, generator=g).to(device=device, dtype=dt) for n in (qo, batch))
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32).to(tables)  # noqa: E731
+        p_tables = (i32([0, pages_per_req]), indices[:pages_per_req], last[:1])
+        qo_p, qo_d = i32([0, qo]), i32(list(range(batch + 1)))
+
+        def plan():
+            w.plan(qo_p, *p_tables, qo_d, indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+        return w, plan, (lambda: w.run(qp, cache, qd, cache, causal_p=True))
     else:
         w = attncore.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-        qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * qo
+        qo_indptr = (torch.arange(batch + 1, dtype=torch.int32) * qo).to(tables)
         q = torch.randn(batch * qo, hq, d, generator=g).to(device=device, dtype=dt)
 
         def plan():
@@ -109,6 +125,8 @@ def stub_kernels(w=None, plan=None) -> int:
     """Replace the triton plan's (a wrapper's, or ``plan``, an ``attncore.core._api.Planned``) prepared
     launchers with no-ops (host time of run() without the interpreted kernel); returns how many were
     replaced."""
+    if plan is None and hasattr(w, "_prefill"):  # a POD wrapper: both parts
+        return stub_kernels(w._prefill) + stub_kernels(w._decode)
     plan = w._planned if plan is None else plan
     n = 0
     _, p = plan.variant(return_lse=False, sinks=False, fp8_scales=False)
@@ -149,13 +167,16 @@ def profile(fn, reps: int, top: int = 20) -> str:
 
 def stub_wanted(a, backend: str) -> bool:
     """--stub-kernels: on, or auto (Triton's kernels on the CPU, where the interpreter would be timed)."""
-    return a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu" and backend == "triton")
+    names = {part.split("=")[-1] for part in backend.split()}  # a POD wrapper: "prefill=triton decode=triton"
+    return a.stub_kernels == "on" or (a.stub_kernels == "auto" and a.device == "cpu" and "triton" in names)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", choices=("decode", "paged_prefill", "single_prefill", "single_decode"),
+    ap.add_argument("--op", choices=("decode", "paged_prefill", "batch_pod", "single_prefill", "single_decode"),
                     default="decode", help="single_*: the one-call function (a plan() and run() in one call)")
+    ap.add_argument("--device-tables", action="store_true",
+                    help="index tensors on the device (as a serving loop keeps them), not on the host")
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=200)
@@ -192,7 +213,7 @@ def main() -> None:
         if a.profile:
             print("---- call\n" + profile(fn, a.reps))
         return
-    w, plan, run = build(a.op, a.backend, a.batch, a.device)
+    w, plan, run = build(a.op, a.backend, a.batch, a.device, device_tables=a.device_tables)
     t_plan = timed(plan, a.reps)
     plan()
     run()
