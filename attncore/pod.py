@@ -37,12 +37,12 @@ from attncore.core import params as _params
 from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
+from attncore.core.page_table import read_whole
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.core.streams import halves, Streams
 from attncore.core.workspace import WorkspaceTooSmall
-from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
-from attncore.core.page_table import read_whole
 from attncore.core.single_prefill import plan_single
+from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
 Tensor = torch.Tensor

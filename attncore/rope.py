@@ -84,7 +84,7 @@ def _inv_freq(rotary_dim: int, theta: float, scale: float, llama31, device) -> t
     """:func:`rope_inv_freq`, kept per arguments and device: a model applies RoPE on every layer with the
     same ones (five device ops a call saved).  Nothing is kept from inside CUDA-graph capture (a tensor
     made there holds its values only once the graph replays) or a torch.compile trace."""
-    key = (rotary_dim, theta, scale, llama31, torch.device(device))
+    key = (rotary_dim, theta, scale, llama31, device)  # device: a tensor's, always a torch.device
     inv = _INV_FREQ.get(key)
     if inv is None:
         if not _check_values() or torch.compiler.is_compiling():

@@ -187,6 +187,8 @@ def main() -> None:
     ap.add_argument("--fake-cuda-fa2", action="store_true",
                     help="CPU: plan() on cuda_fa2 with tests/test_cuda_fa2.py's fakes (plan only)")
     a = ap.parse_args()
+    if a.device_tables and (a.op.startswith("single") or a.fake_cuda_fa2):
+        ap.error("--device-tables: the one-call ops take no index tables, and --fake-cuda-fa2 plans on the CPU")
     if a.fake_cuda_fa2:
         if a.device != "cpu":
             ap.error("--fake-cuda-fa2 is for the CPU (on a GPU, pass --backend cuda_fa2)")

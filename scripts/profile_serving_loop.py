@@ -25,37 +25,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import serving_loop as sl  # noqa: E402
 
 
-def timed_steps(server):
-    """Wrap the server's step kinds with wall timers (each step ends in a host sync: argmax().tolist())."""
-    acc = collections.defaultdict(list)
-    for kind in ("_mixed_step", "_decode_step"):
-        f = getattr(server, kind)
-
-        def wrap(*a, _f=f, _k=kind, **kw):
-            t = time.perf_counter()
-            r = _f(*a, **kw)
-            torch.cuda.synchronize()
-            acc[_k].append(time.perf_counter() - t)
-            return r
-        setattr(server, kind, wrap)
-    return acc
-
-
 class StepKind:
-    """Which kind of step the server is in (``now``: "mixed", "decode", or "other" between steps) and how
-    many of each it ran (``steps``), by wrapping its step methods."""
+    """Which kind of step the server is in (``now``: "mixed", "decode", or "other" between steps), how many
+    of each it ran (``steps``) and, with ``timed``, each one's wall time up to a device sync (``seconds``), by
+    wrapping its step methods."""
 
-    def __init__(self, server):
-        self.now, self.steps = "other", collections.Counter()
+    def __init__(self, server, timed: bool = False):
+        self.now, self.steps, self.seconds = "other", collections.Counter(), collections.defaultdict(list)
         for name in ("_mixed_step", "_decode_step"):
             f = getattr(server, name)
 
             def step(*a, _f=f, _k=name[1:-5], **kw):
                 self.now = _k
                 self.steps[_k] += 1
+                t = time.perf_counter()
                 try:
                     return _f(*a, **kw)
                 finally:
+                    if timed:
+                        torch.cuda.synchronize()
+                        self.seconds[_k].append(time.perf_counter() - t)
                     self.now = "other"
             setattr(server, name, step)
 
@@ -167,10 +156,10 @@ def main() -> int:
         server = sl.Server(api, cfg, model, dev, True)
         sl.serve(server, False, seed=99)
         sl.serve(server, False, seed=1)  # captures and compiles of these requests
-        acc = timed_steps(server)
+        acc = StepKind(server, timed=True).seconds
         r = sl.serve(server, False, seed=1)
         print(f"{name}: {r['tokens'] / r['seconds']:.0f} tokens/s, {r['seconds'] * 1e3:.0f} ms; " + ", ".join(
-            f"{k[1:-5]} {len(v)} x {1e3 * sum(v) / len(v):.2f} ms" for k, v in acc.items() if v), flush=True)
+            f"{k} {len(v)} x {1e3 * sum(v) / len(v):.2f} ms" for k, v in acc.items() if v), flush=True)
         if not a.no_kernels:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 sl.serve(server, False, seed=1)

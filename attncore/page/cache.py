@@ -360,7 +360,7 @@ def _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_p
     Nothing is checked or kept during CUDA-graph capture (nothing can be read back) or a torch.compile trace."""
     if _check_values() and not torch.compiler.is_compiling():
         tensors = (kv_indptr, kv_indices, kv_last_page_len, batch_indices, positions)
-        geometry = (page_size, num_pages, kv_indptr.device)
+        geometry = (page_size, num_pages)  # the same tensors: the same device
         if not _checked.seen(tensors, geometry):
             # Every value rule in one device read; only when one fails, the checks below read again to name it.
             if not _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,

@@ -9,7 +9,6 @@ caller.
 
 from __future__ import annotations
 
-
 import torch
 
 from attncore.backends.triton.plan import LOG2E, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC, TritonPlan

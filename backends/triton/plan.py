@@ -29,13 +29,13 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from attncore.core import graphs
-from attncore.kernels import interpreting
 from attncore.core import schedule as sched
 from attncore.core import uploads
 from attncore.core.backend import BatchMeta
 from attncore.core.mask import alibi_slopes
 from attncore.core.problem import AttentionProblem
 from attncore.core.workspace import ALIGN, WorkspaceLayout
+from attncore.kernels import interpreting
 
 LOG2E = 1.4426950408889634
 MASK_NONE, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC = 0, 1, 2, 3
