@@ -209,15 +209,30 @@ def _launch(q, k, q_out, k_out, *, rotary_dim: int, interleave: bool, pos_ids=No
     search_steps = (batch_size - 1).bit_length() if batch_size > 0 else 0
     half = rotary_dim // 2
     block_n = 64 if interpreted else 32
-    grid = (_cdiv(nnz, block_n), hq + hk)
-    kernel[grid](
-        q, k, q_out, k_out, pos_ids, indptr, offsets, inv_freq, cos_sin,
-        nnz, hq, batch_size, search_steps,
-        *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
-        cos_sin.stride(0) if cos_sin is not None else 0,
-        HALF=half, BLOCK_N=block_n, BLOCK_P=max(2, 1 << (half - 1).bit_length()),
-        INTERLEAVE=bool(interleave), RAGGED=ragged, USE_CACHE=cos_sin is not None,
-    )
+    strides = (*q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
+               cos_sin.stride(0) if cos_sin is not None else 0)
+    ptrs = (q, k, q_out, k_out, pos_ids, indptr, offsets, inv_freq, cos_sin)
+    # the launcher of everything the compiled kernel is specialized on (dtypes, strides, head count, flags)
+    key = (q.device, tuple(None if t is None else t.dtype for t in ptrs), strides, hq, half, bool(interleave))
+    launch = _launchers.get(key)
+    if launch is None:
+        from attncore.kernels.launch import fast_launcher
+
+        if len(_launchers) > 256:
+            _launchers.clear()
+        launch = _launchers[key] = fast_launcher(kernel, (1,), dict(
+            HALF=half, BLOCK_N=block_n, BLOCK_P=max(2, 1 << (half - 1).bit_length()),
+            INTERLEAVE=bool(interleave), RAGGED=ragged, USE_CACHE=cos_sin is not None))
+    args = (*ptrs, nnz, hq, batch_size, search_steps, *strides)
+    grid = (_cdiv(nnz, block_n), hq + hk, 1)
+    if q.is_cuda and q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):  # launch on the tensors' device
+            launch.at(grid, *args)
+    else:
+        launch.at(grid, *args)
+
+
+_launchers: dict = {}
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -153,12 +153,28 @@ def _reference_gather(k_cache, indptr, indices, lens, page_size, layout):
     return torch.stack(rows) if rows else None
 
 
+@pytest.fixture(params=["torch", "kernel"])
+def append_path(request, monkeypatch):
+    """How append_paged_kv_cache writes: the torch composition, or the Triton kernel (a GPU's path; on the CPU
+    through Triton's interpreter)."""
+    from attncore.kernels import interpreting
+    from attncore.page import cache
+
+    if request.param == "torch":
+        monkeypatch.setattr(cache, "_use_kernel", lambda *a: False)
+    elif not torch.cuda.is_available():
+        if not interpreting():
+            pytest.skip("the append kernel on the CPU runs through Triton's interpreter (TRITON_INTERPRET unset)")
+        monkeypatch.setattr(cache, "_use_kernel", lambda *a: True)
+    return request.param
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", ["5d", "tuple"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("page_size", [1, 5, 16])
 @pytest.mark.parametrize("seed", range(3))
-def test_append_then_gather(seed, page_size, layout, form, device):
+def test_append_then_gather(seed, page_size, layout, form, device, append_path):
     heads, dim = 2, 8
     lens, indptr, indices, last, num_pages = random_page_table(1000 + seed, 6, page_size)
     g = torch.Generator().manual_seed(seed)
@@ -203,21 +219,75 @@ def test_append_then_gather(seed, page_size, layout, form, device):
         assert torch.equal(ref, v_all)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
-def test_append_gather_dtypes(dtype):
+def test_append_gather_dtypes(dtype, device, append_path):
     page_size, heads, dim = 4, 3, 4
     indptr, indices, last = [0, 2, 3], [3, 0, 1], [1, 4]
-    cache = torch.zeros(4, 2, page_size, heads, dim, dtype=dtype)
-    b, p = get_batch_indices_positions(_t([0, 5, 9]), _t([5, 4]), 9)
-    k_new = torch.randn(9, heads, dim).to(dtype)
-    v_new = torch.randn(9, heads, dim).to(dtype)
-    append_paged_kv_cache(k_new, v_new, b, p, cache, _t(indices), _t(indptr), _t(last))
-    k, v, ti = gather_paged_kv(cache, _t(indptr), _t(indices), _t(last))
+    cache = torch.zeros(4, 2, page_size, heads, dim, dtype=dtype, device=device)
+    b, p = get_batch_indices_positions(_t([0, 5, 9], device), _t([5, 4], device), 9)
+    k_new = torch.randn(9, heads, dim).to(dtype).to(device)
+    v_new = torch.randn(9, heads, dim).to(dtype).to(device)
+    append_paged_kv_cache(k_new, v_new, b, p, cache, _t(indices, device), _t(indptr, device), _t(last, device))
+    k, v, ti = gather_paged_kv(cache, _t(indptr, device), _t(indices, device), _t(last, device))
     assert k.dtype == dtype and ti.tolist() == [0, 5, 9]
     assert torch.equal(k.float(), k_new.float()) and torch.equal(v.float(), v_new.float())
     assert torch.equal(cache[3, 0, 0].float(), k_new[0].float())  # token 0 of request 0 -> page 3 slot 0
     assert torch.equal(cache[1, 1, 3].float(), v_new[8].float())  # token 3 of request 1 -> page 1 slot 3
     assert (cache[2] == 0).all()  # an unused page is untouched
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("heads, dk, dv, idx_dtype", [(3, 8, 8, I32), (40, 128, 64, torch.int64), (1, 1, 5, I32)])
+def test_append_kernel_matches_the_torch_composition(heads, dk, dv, idx_dtype, layout, device, monkeypatch):
+    """The kernel (a GPU's path; Triton's interpreter on the CPU) writes what the torch composition writes:
+    K and V of other head dims, rows with a larger stride (k and v sliced from one projection), int64
+    index tensors, more heads than one program takes (grid axis 1), and no other slot touched."""
+    from attncore.kernels import interpreting
+    from attncore.page import cache as cache_mod
+
+    if device == "cpu" and not interpreting():
+        pytest.skip("the append kernel on the CPU runs through Triton's interpreter (TRITON_INTERPRET unset)")
+    page_size = 5
+    lens, indptr, indices, last, num_pages = random_page_table(77 + heads, 5, page_size)
+    nnz = sum(lens)
+    g = torch.Generator().manual_seed(heads)
+    proj = torch.randn(nnz, heads * (dk + dv) + 3, generator=g).to(torch.float16).to(device)
+    k = proj[:, :heads * dk].view(nnz, heads, dk)  # row stride heads*(dk+dv)+3, not heads*dk
+    v = proj[:, heads * dk:heads * (dk + dv)].view(nnz, heads, dv)
+    shape = (num_pages, page_size, heads) if layout == "NHD" else (num_pages, heads, page_size)
+    b, p = get_batch_indices_positions(_t([0] + torch.tensor(lens).cumsum(0).tolist(), device), _t(lens, device), nnz)
+    tables = (_t(indices, device, idx_dtype), _t(indptr, device, idx_dtype), _t(last, device, idx_dtype))
+    out = {}
+    for path in ("torch", "kernel"):
+        monkeypatch.setattr(cache_mod, "_use_kernel", lambda *a, _k=path == "kernel": _k)
+        caches = tuple(torch.full(shape + (d,), -7.0, dtype=torch.float16, device=device) for d in (dk, dv))
+        append_paged_kv_cache(k, v, b.to(idx_dtype), p.to(idx_dtype), caches, *tables, kv_layout=layout)
+        out[path] = caches
+    assert nnz and all(torch.equal(a, b) for a, b in zip(out["torch"], out["kernel"]))
+    assert (out["kernel"][0] == -7).any()  # spare pages untouched
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_kernel_skips_tokens_outside_the_tables_when_unchecked(device, monkeypatch):
+    """Under CUDA-graph capture nothing is read back, so the values go unchecked: a token whose request, page
+    slot or page id falls outside the tables is then not written (never out of bounds); the others are."""
+    from attncore.kernels import interpreting
+    from attncore.page import cache as cache_mod
+
+    if device == "cpu" and not interpreting():
+        pytest.skip("the append kernel on the CPU runs through Triton's interpreter (TRITON_INTERPRET unset)")
+    monkeypatch.setattr(cache_mod, "_use_kernel", lambda *a: True)
+    monkeypatch.setattr(cache_mod, "_check_values", lambda: False)
+    cache = torch.zeros(3, 2, 2, 1, 4, device=device)
+    # request 1's second page id (7) is outside the 3 pages; tokens: ok, bad request, page slot past the
+    # table (position 6 of request 0), bad page id, negative position
+    b, p = _t([0, 2, 0, 1, 0], device), _t([1, 0, 6, 2, -1], device)
+    new = torch.arange(1, 6, dtype=torch.float32, device=device)[:, None, None].expand(5, 1, 4).contiguous()
+    append_paged_kv_cache(new, new, b, p, cache, _t([2, 0, 7], device), _t([0, 1, 3], device), _t([2, 2], device))
+    assert cache[2, :, 1].flatten().tolist() == [1.0] * 8  # token 0: page 2, slot 1 (K and V)
+    assert int((cache != 0).sum()) == 8
 
 
 def test_unpack_paged_kv_cache_views():

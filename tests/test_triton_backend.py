@@ -642,7 +642,7 @@ def test_gpu_batch_prefill_paged(dtype, page_size, layout):
 @gpu
 @needs_cuda
 def test_gpu_relaunch_fast_path():
-    # relaunches of a plan skip Triton's argument binding (kernels/launch.py); a Triton whose
+    # relaunches of a plan skip Triton's argument binding (attncore/kernels/launch.py); a Triton whose
     # compiled-kernel interface changed would silently fall back to the slow path: caught here
     plan = run_case("batch_decode", qo_lens=[1] * 3, kv_lens=[100, 7, 300], page_size=16, hq=8, hkv=2, d=128,
                     dtype=torch.bfloat16, device="cuda", seed=37)
@@ -701,8 +701,8 @@ def test_gpu_xqa(qlen, kv_dtype):
 def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
     # the relaunch path hands the arguments (constexprs appended in parameter order) to the compiled
     # kernel's launcher; a tensor with other alignment goes back through Triton
-    from attncore.backends.triton.kernels import launch
-    from attncore.backends.triton.kernels.launch import FastLauncher
+    from attncore.kernels import launch
+    from attncore.kernels.launch import FastLauncher
 
     monkeypatch.setattr(launch, "_current_stream", lambda: 0)
 
@@ -733,8 +733,11 @@ def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
     fl(x, 7)
     kind, a = calls[-1]
     assert kind == "fast" and a[:4] == (4, 1, 1, 0) and a[-3:] == (x, 7, 32) and fl.fast_calls == 1
+    fl.at((2, 3), x, 9)  # a per-call grid (RoPE, append): the same compiled kernel, the grid padded to 3
+    kind, a = calls[-1]
+    assert kind == "fast" and a[:4] == (2, 3, 1, 0) and a[-3:] == (x, 9, 32) and fl.fast_calls == 2
     fl(x[1:], 7)  # 2-byte offset: not 16-byte aligned
-    assert calls[-1][0] == "plain" and fl.fast_calls == 1
+    assert calls[-1][0] == "plain" and fl.fast_calls == 2
 
 
 def test_unavailable_hint_names_the_missing_module(monkeypatch):

@@ -30,7 +30,7 @@ def _rotate_head(X, Out, x_base, o_base, stride_xd, stride_od, d_a, d_b, mask, c
     tl.store(Out + o_base + d_b * stride_od, yb.to(Out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nnz", "batch_size", "search_steps"])  # per call: the launcher is reused
 def rope_kernel(
     Q, K, QOut, KOut, PosIds, Indptr, Offsets, InvFreq, CosSin,
     nnz, num_q_heads, batch_size, search_steps,

@@ -308,8 +308,12 @@ def append_paged_kv_cache(
     if nnz == 0:
         _check_page_table(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages)
         return
-    page, slot = _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices,
-                               positions, nnz)
+    _check_append(kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch_indices, positions, nnz)
+    if _use_kernel(k_cache, v_cache, append_key, append_value):
+        _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, positions, kv_indptr, kv_indices,
+                       page_size, num_pages, kv_layout)
+        return
+    page, slot = _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
     for cache, new in ((k_cache, append_key), (v_cache, append_value)):
         dst, src = _storage_view(cache), _storage_view(new)
         if kv_layout == "NHD":
@@ -353,11 +357,11 @@ class _Checked:
 _checked = _Checked()
 
 
-def _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int, batch_indices,
-                  positions, nnz: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(page id, slot) of the appended tokens once their value rules hold (raising on the first that does
-    not); the same tensors, unchanged since they were last checked, are not read again (``_Checked``).
-    Nothing is checked or kept during CUDA-graph capture (nothing can be read back) or a torch.compile trace."""
+def _check_append(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int, batch_indices,
+                  positions, nnz: int) -> None:
+    """Raise on the first value rule of an append that does not hold; the same tensors, unchanged since they
+    were last checked, are not read again (``_Checked``).  Nothing is checked or kept during CUDA-graph capture
+    (nothing can be read back) or a torch.compile trace."""
     if _check_values() and not torch.compiler.is_compiling():
         tensors = (kv_indptr, kv_indices, kv_last_page_len, batch_indices, positions)
         geometry = (page_size, num_pages)  # the same tensors: the same device
@@ -369,7 +373,59 @@ def _append_slots(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_p
                 _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size, batch_indices, positions,
                                      nnz)
             _checked.add(tensors, geometry)
-    return _token_slots(kv_indptr, kv_indices, batch_indices, positions, page_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# the append kernel (a GPU's eager appends: one launch instead of the torch composition's ten)
+# --------------------------------------------------------------------------------------------------
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_launchers: dict = {}  # everything the compiled kernel is specialized on -> its launcher
+
+
+def _use_kernel(k_cache, v_cache, append_key, append_value) -> bool:
+    """The kernel on CUDA tensors with unit-stride rows, outside a torch.compile trace (which traces the torch
+    composition); the torch composition elsewhere (CPU: tests run the kernel through Triton's interpreter)."""
+    return (k_cache.is_cuda and not torch.compiler.is_compiling()
+            and all(t.stride(-1) == 1 for t in (k_cache, v_cache, append_key, append_value)))
+
+
+def _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, positions, kv_indptr, kv_indices,
+                   page_size: int, num_pages: int, kv_layout: str) -> None:
+    from attncore.kernels import check_interpreted
+    from attncore.kernels.append import append_kernel
+    from attncore.kernels.launch import fast_launcher
+
+    check_interpreted(append_kernel, k_cache.device, "append_paged_kv_cache", "CPU tensors need TRITON_INTERPRET=1 "
+                      "and CUDA tensors need it unset before attncore's append kernel is first used")
+    as_int = _INT_OF_WIDTH[k_cache.element_size()]
+    k, v, kc, vc = (t.view(as_int) for t in (append_key, append_value, k_cache, v_cache))
+    slot_dim, head_dim = (1, 2) if kv_layout == "NHD" else (2, 1)
+    heads, dk, dv = k.shape[1], k.shape[2], v.shape[2]
+    strides = (k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               kc.stride(0), kc.stride(slot_dim), kc.stride(head_dim), vc.stride(0), vc.stride(slot_dim),
+               vc.stride(head_dim))
+    idx = (batch_indices, positions, kv_indptr, kv_indices)
+    key = (kc.device, as_int, tuple(t.dtype for t in idx), strides, num_pages, page_size, heads, dk, dv)
+    launch = _launchers.get(key)
+    block_d = max(_pow2(dk), _pow2(dv))
+    block_h = min(_pow2(heads), max(1, 4096 // block_d))
+    if launch is None:
+        if len(_launchers) > 256:
+            _launchers.clear()
+        launch = _launchers[key] = fast_launcher(append_kernel, (1,), dict(
+            DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=_pow2(dk), BLOCK_DV=_pow2(dv)))
+    grid = (k.shape[0], -(-heads // block_h), 1)
+    args = (k, v, kc, vc, *idx, kv_indptr.shape[0] - 1, kv_indices.shape[0], num_pages, page_size, heads, *strides)
+    if kc.is_cuda and kc.device.index != torch.cuda.current_device():
+        with torch.cuda.device(kc.device):  # launch on the tensors' device
+            launch.at(grid, *args)
+    else:
+        launch.at(grid, *args)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int,

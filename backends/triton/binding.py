@@ -2,7 +2,7 @@
 host sync, no device allocation).
 
 The first run() of a plan with given strides / scales checks the tensors and prepares the launchers
-(kernels/launch.py); later runs with the same key only relaunch.  In CUDA-graph mode the launches use
+(attncore/kernels/launch.py); later runs with the same key only relaunch.  In CUDA-graph mode the launches use
 the plan's persistent grids (plan.graph), so a captured run() replays any later plan of the same
 caller.
 """

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from attncore.backends.triton.kernels.launch import fast_launcher
+from attncore.kernels.launch import fast_launcher
 from attncore.kernels import interpreting
 
 LOG2E = 1.4426950408889634

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from attncore.backends.triton.kernels.attention import with_sink
-from attncore.backends.triton.kernels.launch import fast_launcher
+from attncore.kernels.launch import fast_launcher
 
 
 @triton.jit

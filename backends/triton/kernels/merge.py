@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attncore.backends.triton.kernels.launch import fast_launcher
+from attncore.kernels.launch import fast_launcher
 
 MERGE_FIELDS = 4
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from attncore.backends.triton.kernels.attention import _cos_sin, _kv_addr, _kv_loop, _next_pow2, with_sink
-from attncore.backends.triton.kernels.launch import fast_launcher
+from attncore.kernels.launch import fast_launcher
 
 WORK_FIELDS = 4  # part, req, row0, hkv
 

@@ -39,17 +39,24 @@ class FastLauncher:
         self.fast_calls = 0  # relaunches that skipped Triton's binding (tests)
 
     def __call__(self, *args) -> None:
+        self.at(self._grid, *args)
+
+    def at(self, grid: tuple, *args) -> None:
+        """Launch on ``grid`` (three ints) instead of the one given at construction: kernels whose grid
+        follows a per-call count (the tokens of a RoPE or an append) keep one launcher; the count itself
+        must be an unspecialized argument (``do_not_specialize``), as the compiled kernel is reused."""
+        grid = tuple(grid) + (1,) * (3 - len(grid))
         k = self._kernel
         if k is not None and self._align == tuple(args[i].data_ptr() % 16 == 0 for i in self._tensors):
             stream = _current_stream()
             full = (*args, *self._tail)
             enter = _knobs.runtime.launch_enter_hook
-            meta = k.launch_metadata(self._grid, stream, *full) if enter is not None else None
-            k.run(*self._grid, stream, k.function, k.packed_metadata, meta, enter,
+            meta = k.launch_metadata(grid, stream, *full) if enter is not None else None
+            k.run(*grid, stream, k.function, k.packed_metadata, meta, enter,
                   _knobs.runtime.launch_exit_hook, *full)
             self.fast_calls += 1
             return
-        kernel = self._launcher(*args, **self._constexprs)
+        kernel = (self._launcher if grid == self._grid else self._fn[grid])(*args, **self._constexprs)
         names = self._fn.arg_names
         if (self._kernel is None and _has_interface(kernel) and len(names) >= len(args)
                 and all(n in self._constexprs for n in names[len(args):])):
@@ -73,6 +80,18 @@ def fast_launcher(fn, grid, constexprs: dict) -> Callable:
     """A FastLauncher, or Triton's plain launcher where the fast path does not apply (the CPU
     interpreter, a Triton without ``knobs``)."""
     if _knobs is None or type(fn).__name__ == "InterpretedFunction":
-        plain = fn[tuple(grid)]
-        return lambda *args: plain(*args, **constexprs)
+        return _Plain(fn, grid, constexprs)
     return FastLauncher(fn, grid, constexprs)
+
+
+class _Plain:
+    """Triton's own launch, with FastLauncher's call forms."""
+
+    def __init__(self, fn, grid: Sequence[int], constexprs: dict):
+        self._fn, self._grid, self._constexprs = fn, tuple(grid), constexprs
+
+    def __call__(self, *args) -> None:
+        self._fn[self._grid](*args, **self._constexprs)
+
+    def at(self, grid: tuple, *args) -> None:
+        self._fn[tuple(grid)](*args, **self._constexprs)

@@ -1,0 +1,54 @@
+"""The Triton kernel behind :func:`attncore.page.append_paged_kv_cache` on a GPU (imported on first use, so
+that ``TRITON_INTERPRET`` can still be set before ``@triton.jit`` decorates it).
+
+One program writes the K and V rows of one token (``BLOCK_H`` of its heads: grid axis 1 covers the rest):
+token ``t`` of request ``b = Batch[t]`` at position ``p = Pos[t]`` goes to page ``Indices[Indptr[b] + p //
+page_size]``, slot ``p % page_size``, as FlashInfer's append kernel places it, so one launch replaces the
+torch composition (index arithmetic, two gathers, two index-puts: about ten launches of host time).  The
+values are moved as integers of the element's width (the caller's views), so every dtype is one copy.
+
+The index values were checked by the caller (``attncore.page.cache``); a token whose request, page slot or
+page id still falls outside the tables (value checks switched off) is not written rather than written
+out of bounds.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_rows(Src, Dst, src_base, dst_base, stride_sh, stride_dh, h, hmask, DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    mask = hmask[:, None] & (d < DIM)[None, :]
+    x = tl.load(Src + src_base + h[:, None] * stride_sh + d[None, :], mask=mask)
+    tl.store(Dst + dst_base + h[:, None] * stride_dh + d[None, :], x, mask=mask)
+
+
+@triton.jit(do_not_specialize=["batch", "num_indices"])
+def append_kernel(
+    K, V, KCache, VCache, Batch, Pos, Indptr, Indices,
+    batch, num_indices, num_pages, page_size, heads,
+    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_kc_page, stride_kc_slot, stride_kc_head, stride_vc_page, stride_vc_slot, stride_vc_head,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b = tl.load(Batch + t).to(tl.int64)
+    p = tl.load(Pos + t).to(tl.int64)
+    ok = (b >= 0) & (b < batch) & (p >= 0)
+    start = tl.load(Indptr + b, mask=ok, other=0).to(tl.int64)
+    i = start + p // page_size
+    ok = ok & (i < num_indices)
+    page = tl.load(Indices + i, mask=ok, other=0).to(tl.int64)
+    ok = ok & (page >= 0) & (page < num_pages)
+    slot = p % page_size
+    # the token's verdict as a vector (Triton's interpreter rejects a vector mask and-ed with a scalar)
+    hmask = (h < heads) & (tl.zeros([BLOCK_H], dtype=tl.int1) | ok)
+    _copy_rows(K, KCache, t * stride_kn, page * stride_kc_page + slot * stride_kc_slot, stride_kh,
+               stride_kc_head, h, hmask, DK, BLOCK_DK)
+    _copy_rows(V, VCache, t * stride_vn, page * stride_vc_page + slot * stride_vc_slot, stride_vh,
+               stride_vc_head, h, hmask, DV, BLOCK_DV)
