@@ -127,14 +127,13 @@ def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> R
                    k_scale=_params.scale("k_scale", k_scale), v_scale=_params.scale("v_scale", v_scale))
 
 
-def _variant(problem, args: RunArgs):
-    """The problem of a part as this run needs it (LSE, fp8 scales), as ``_api.Planned.run`` derives it;
-    the planned problem itself when the run adds nothing (so the fuser's memo compares by identity)."""
-    lse, fp8, sinks = args.lse is not None, _fp8(args), args.sinks is not None
-    if (problem.return_lse or not lse) and (problem.fp8_scales or not fp8) and (problem.sinks or not sinks):
+def _variant(problem, lse: bool, fp8: bool):
+    """The problem of a part as a run with (or without) an LSE and fp8 scales needs it, as
+    ``_api.Planned.run`` derives it (POD runs take no sinks); the planned problem itself when the run adds
+    nothing (so the fuser's memo compares by identity)."""
+    if (problem.return_lse or not lse) and (problem.fp8_scales or not fp8):
         return problem
-    return problem.replace(return_lse=problem.return_lse or lse, fp8_scales=problem.fp8_scales or fp8,
-                           sinks=problem.sinks or sinks)
+    return problem.replace(return_lse=problem.return_lse or lse, fp8_scales=problem.fp8_scales or fp8)
 
 
 def _result(args: RunArgs):
@@ -262,8 +261,8 @@ class PODWithPagedKVCacheWrapper(_Modes):
                                            v_scale=v_scale, return_lse=return_lse_d)
         planned_p, args_p = plan_single(**prefill)
         args_d = _paged_args(self._decode, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse_d)
-        fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p), planned_p.meta,
-                                 _variant(planned.problem, args_d), planned.meta)
+        fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p.lse is not None, False), planned_p.meta,
+                                 _variant(planned.problem, args_d.lse is not None, _fp8(args_d)), planned.meta)
         if fused is not None:
             fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
             self._streams.mode, self._streams.reason = "fused", None
@@ -436,10 +435,22 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
             if custom_mask_p is None and packed_custom_mask_p is None:
                 self._run_causal = bool(causal_p)
             pw, dw = self._prefill, self._decode
+            fp8 = any(_params.scale(n, x) != 1.0 for n, x in (("q_scale", q_scale), ("k_scale", k_scale),
+                                                                ("v_scale", v_scale)))
+            fused = self._fuser.plan("batch_pod", _variant(pw._planned.problem, return_lse, False), pw._planned.meta,
+                                     _variant(dw._planned.problem, return_lse, fp8), dw._planned.meta)
+            why = None if fused is not None else self._split_reason or self._streams.unavailable()
+            if why is not None:
+                # one part after the other on the current stream: each wrapper's own run(), whose repeated
+                # signature skips its checks (host time: a serving step runs this once per layer)
+                res_p = pw._launch(q_p, paged_kv_cache_p, out=None, lse=None, return_lse=return_lse, sinks=None,
+                                   q_scale=None, k_scale=None, v_scale=None)
+                res_d = dw._launch(q_d, paged_kv_cache_d, out=None, lse=None, return_lse=return_lse, sinks=None,
+                                   q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+                self._streams.mode, self._streams.reason = "serial", why
+                return res_p, res_d
             args_p = _paged_args(pw, q_p, paged_kv_cache_p, None, None, None, return_lse)
             args_d = _paged_args(dw, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse)
-            fused = self._fuser.plan("batch_pod", _variant(pw._planned.problem, args_p), pw._planned.meta,
-                                     _variant(dw._planned.problem, args_d), dw._planned.meta)
             if fused is not None:
                 fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
                 self._streams.mode, self._streams.reason = "fused", None

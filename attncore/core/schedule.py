@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
+
 
 class RowTile(NamedTuple):  # a tuple: built per tile in every plan (host time)
     req: int
@@ -144,15 +146,24 @@ class Schedule:
         else:
             table[0] = (0, 0, 0, 0, NO_PART)
 
-    def merge_table(self, qo_indptr_host: Sequence[int]) -> List[Tuple[int, int, int, int]]:
-        """(out_row, first partial row, partial row stride, splits) of every query token whose request
-        was split: its split ``s`` is partial row ``first + s * stride``."""
-        rows = []
-        for i, ns in enumerate(self.num_splits):
-            if ns > 1:
-                qo = qo_indptr_host[i + 1] - qo_indptr_host[i]
-                rows.extend((qo_indptr_host[i] + t, self.part_off[i] + t, qo, ns) for t in range(qo))
-        return rows
+    def merge_table(self, qo_indptr_host: Sequence[int]) -> np.ndarray:
+        """``[rows, 4]`` int32: (out_row, first partial row, partial row stride, splits) of every query token
+        whose request was split: its split ``s`` is partial row ``first + s * stride`` (numpy: a 512-row
+        chunk's rows built per element took ~150 us of a serving step's plan)."""
+        split = [i for i, ns in enumerate(self.num_splits) if ns > 1]
+        if not split:
+            return np.zeros((0, 4), dtype=np.int32)
+        blocks = []
+        for i in split:
+            qo = qo_indptr_host[i + 1] - qo_indptr_host[i]
+            b = np.empty((qo, 4), dtype=np.int32)
+            t = np.arange(qo, dtype=np.int32)
+            b[:, 0] = qo_indptr_host[i] + t
+            b[:, 1] = self.part_off[i] + t
+            b[:, 2] = qo
+            b[:, 3] = self.num_splits[i]
+            blocks.append(b)
+        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 
 def build(tiles: Sequence[RowTile], qo_lens: Sequence[int], *, chunk: Optional[int], sort: bool = True) -> Schedule:
