@@ -70,6 +70,7 @@ class _Fuser:
         self.reason: Optional[str] = None
         self.backend_name: Optional[str] = None
         self._last = None  # (key, metas, result)
+        self._chosen: dict = {}  # (op, prefill problem, decode problem) -> _choose_fused's answer
         self._int_ws: Optional[Tensor] = None
 
     def plan(self, op: str, pp, mp, pd, md):
@@ -82,11 +83,18 @@ class _Fuser:
         if not self.fuse:
             self.reason = "fuse=False: the parts are composed"
             return None
+        # the fused problem's backend and rank (or why none), kept per parts' problems: a serving step plans
+        # new metas every step with the same problems, and selecting again cost ~1 ms of its first run
+        chosen = self._chosen.get(key)
+        if chosen is None:
+            chosen = self._chosen[key] = _choose_fused(op, pp, pd, self.requested)
+            if len(self._chosen) > 64:
+                self._chosen = {key: chosen}
+        problem, backend, rank, why = chosen
         try:
-            problem = pod_problem(op, pp, pd)
-            backend = _selector.select(problem, self.requested)
-            rank = _ranking.rule_rank(backend, problem)
-            if self.requested == "auto" and rank.rank < 0:
+            if why is not None:
+                self.reason = why
+            elif self.requested == "auto" and rank.rank < 0:
                 self.reason = (f"auto: {backend.name}, the only claimant of {op}, ranks below the reference here "
                                f"({rank.describe()}); the parts are composed")
             else:
@@ -95,14 +103,24 @@ class _Fuser:
                 md_own = dataclasses.replace(md, int_workspace=self._int_ws)
                 res = (backend, backend.plan(problem, PODBatch(prefill=mp, decode=md_own)))
                 self.reason, self.backend_name = None, backend.name
-        except _selector.BackendSelectionError as e:
-            self.reason = f"no backend runs {op} fused: {e}"
         except PODDeclined as e:
             self.reason = f"{backend.name} declined to fuse this batch: {e}"
-        except ValueError as e:  # the parts disagree (pod_problem): composing still serves them
+        except ValueError as e:  # the batch cannot be fused (too big for the workspace...): composing serves it
             self.reason = f"parts cannot be fused: {e}"
         self._last = (key, (mp, md), res, (self.reason, self.backend_name))
         return res
+
+
+def _choose_fused(op: str, pp, pd, requested: str) -> tuple:
+    """(the fused problem, its backend, the backend's rank, None), or (None, None, None, why not)."""
+    try:
+        problem = pod_problem(op, pp, pd)
+        backend = _selector.select(problem, requested)
+    except _selector.BackendSelectionError as e:
+        return None, None, None, f"no backend runs {op} fused: {e}"
+    except ValueError as e:  # the parts disagree (pod_problem): composing still serves them
+        return None, None, None, f"parts cannot be fused: {e}"
+    return problem, backend, _ranking.rule_rank(backend, problem), None
 
 
 def _fp8(args: RunArgs) -> bool:
