@@ -393,12 +393,19 @@ def test_append_bad_input():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_append_one_read_verdict_matches_the_full_checks(device):
-    """append_paged_kv_cache reads every value rule in one device read (``_append_values_ok``) and runs
-    the naming checks only when that says no: the verdict must be False exactly when a check raises,
-    over random valid page tables and tokens and each of them corrupted one way."""
-    from attncore.page.cache import _append_values_ok, _check_append_values
+@pytest.mark.parametrize("verdict", ["torch", "kernel"])
+def test_append_one_read_verdict_matches_the_full_checks(device, verdict):
+    """append_paged_kv_cache reads every value rule in one device read (``_append_values_ok``; on a GPU the
+    check kernel, ``_append_values_ok_kernel``) and runs the naming checks only when that says no: the verdict
+    must be False exactly when a check raises, over random valid page tables and tokens and each of them
+    corrupted one way."""
+    from attncore.kernels import interpreting
+    from attncore.page.cache import _append_values_ok, _append_values_ok_kernel, _check_append_values
     from attncore.page.checks import _check_page_table
+
+    if verdict == "kernel" and device == "cpu" and not interpreting():
+        pytest.skip("the check kernel on the CPU runs through Triton's interpreter (TRITON_INTERPRET unset)")
+    ok_fn = _append_values_ok_kernel if verdict == "kernel" else _append_values_ok
 
     g = torch.Generator().manual_seed(5)
     rnd = lambda n: int(torch.randint(n, (1,), generator=g))  # noqa: E731
@@ -443,9 +450,27 @@ def test_append_one_read_verdict_matches_the_full_checks(device):
             valid = True
         except ValueError:
             valid = False
-        assert _append_values_ok(*args, num_pages, t(b), t(p)) == valid, (case, indptr, indices, last, b, p)
+        assert ok_fn(*args, num_pages, t(b), t(p)) == valid, (case, indptr, indices, last, b, p)
         seen[valid] += 1
     assert min(seen.values()) > 50, seen  # both verdicts exercised
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_check_kernel_finds_a_shared_slot_across_blocks(device):
+    """The check kernel compares every pair of tokens block by block: a slot written twice by tokens in
+    different blocks (of 128) is found; the same tokens without it pass."""
+    from attncore.kernels import interpreting
+    from attncore.page.cache import _append_values_ok_kernel
+
+    if device == "cpu" and not interpreting():
+        pytest.skip("the check kernel on the CPU runs through Triton's interpreter (TRITON_INTERPRET unset)")
+    page_size, n = 4, 300
+    indptr, indices, last = _t([0, 75], device), _t(list(range(74, -1, -1)), device), _t([4], device)
+    b, p = torch.zeros(n, dtype=I32), torch.randperm(n, generator=torch.Generator().manual_seed(3)).to(I32)
+    args = (indptr, indices, last, page_size, 80)
+    assert _append_values_ok_kernel(*args, b.to(device), p.to(device))
+    p[290] = p[5]
+    assert not _append_values_ok_kernel(*args, b.to(device), p.to(device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -52,3 +52,57 @@ def append_kernel(
                stride_kc_head, h, hmask, DK, BLOCK_DK)
     _copy_rows(V, VCache, t * stride_vn, page * stride_vc_page + slot * stride_vc_slot, stride_vh,
                stride_vc_head, h, hmask, DV, BLOCK_DV)
+
+
+@triton.jit
+def _token_slot(Batch, Pos, Indptr, Indices, Last, u, um, batch, num_indices, page_size):
+    """(the flat slot ``page * page_size + slot`` of tokens ``u`` (indices clamped into the tables), whether
+    each token's request and position are valid)."""
+    b = tl.load(Batch + u, mask=um, other=0).to(tl.int64)
+    p = tl.load(Pos + u, mask=um, other=0).to(tl.int64)
+    bc = tl.minimum(tl.maximum(b, 0), batch - 1)
+    lo = tl.load(Indptr + bc, mask=um, other=0).to(tl.int64)
+    npages = tl.load(Indptr + bc + 1, mask=um, other=0).to(tl.int64) - lo
+    last = tl.load(Last + bc, mask=um, other=0).to(tl.int64)
+    kv_len = tl.where(npages > 0, (npages - 1) * page_size + last, 0)
+    ok = (b >= 0) & (b < batch) & (p >= 0) & (p < kv_len)
+    pc = tl.maximum(p, 0)
+    idx = tl.minimum(tl.maximum(lo + pc // page_size, 0), num_indices - 1)
+    page = tl.load(Indices + idx, mask=um, other=0).to(tl.int64)
+    return page * page_size + pc % page_size, ok
+
+
+@triton.jit(do_not_specialize=["nnz", "batch", "num_indices"])
+def append_check_kernel(
+    Batch, Pos, Indptr, Indices, Last, Bad, nnz, batch, num_indices, num_pages, page_size, BLOCK: tl.constexpr,
+):
+    """Adds to ``Bad[0]`` the number of broken append rules in this program's block of requests, page ids
+    and tokens (``attncore.page.cache._append_values_ok``'s rules, one launch): the page table's (indptr
+    starts at 0, ends within the ids, never decreases; last-page lengths in range; page ids in use within the
+    pages) and the tokens' (request and position within it; no two tokens on one slot, by comparing every
+    pair: the caller keeps this to batches where that is cheap).  Requires ``batch >= 1``,
+    ``num_indices >= 1``."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.load(Indptr).to(tl.int64)
+    end = tl.load(Indptr + batch).to(tl.int64)
+    bad = ((first != 0) | (end > num_indices)).to(tl.int32)
+    rm = r < batch
+    lo = tl.load(Indptr + r, mask=rm, other=0).to(tl.int64)
+    npages = tl.load(Indptr + r + 1, mask=rm, other=0).to(tl.int64) - lo
+    last = tl.load(Last + r, mask=rm, other=1).to(tl.int64)
+    rbad = (npages < 0) | (last < (npages > 0).to(tl.int64)) | (last > page_size)
+    im = r < num_indices
+    ids = tl.load(Indices + r, mask=im, other=0).to(tl.int64)
+    ibad = (r < end) & ((ids < 0) | (ids >= num_pages))
+    tm = r < nnz
+    flat, ok = _token_slot(Batch, Pos, Indptr, Indices, Last, r, tm, batch, num_indices, page_size)
+    dup = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, nnz, BLOCK):
+        u = start + tl.arange(0, BLOCK)
+        um = u < nnz
+        flat_u, _ = _token_slot(Batch, Pos, Indptr, Indices, Last, u, um, batch, num_indices, page_size)
+        same = (flat[:, None] == flat_u[None, :]) & (r[:, None] != u[None, :]) & um[None, :]
+        dup = tl.maximum(dup, tl.max(same.to(tl.int32), axis=1))
+    n = (tl.sum((rm & rbad).to(tl.int32), axis=0) + tl.sum((im & ibad).to(tl.int32), axis=0)
+         + tl.sum((tm & ~ok).to(tl.int32), axis=0) + tl.sum(tl.where(tm, dup, 0), axis=0))
+    tl.atomic_add(Bad, n + bad)
