@@ -33,6 +33,17 @@ def clean_registry(monkeypatch):
 
 
 @pytest.fixture
+def cpu_backend(request):
+    """For a test of CPU tensors parametrized by ``backend``: its triton case runs through Triton's
+    interpreter, so it is skipped where TRITON_INTERPRET is unset (a GPU run)."""
+    from attncore.kernels import interpreting
+
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "triton" and not interpreting():
+        pytest.skip("CPU tensors through Triton's interpreter, which TRITON_INTERPRET (unset here) selects")
+
+
+@pytest.fixture
 def triton_pod(request):
     """The registered Triton backend, fusing every batch (the cost model is the GPU's).  A test not marked
     gpu runs CPU tensors through Triton's interpreter: skipped where TRITON_INTERPRET is unset (a GPU run)."""

@@ -64,17 +64,8 @@ def test_make_params_checks_every_call():
 
 
 # ----------------------------------------------------------------------------- the wrapper's problem memo
-def _cpu_backend(backend: str) -> None:
-    """These tests plan CPU tensors: Triton's only through its interpreter (a GPU run leaves it unset)."""
-    from attncore.kernels import interpreting
-
-    if backend == "triton" and not interpreting():
-        pytest.skip("CPU tensors through Triton's interpreter, which TRITON_INTERPRET (unset here) selects")
-
-
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_replan_reuses_the_problem_and_misses_on_any_change(backend):
-    _cpu_backend(backend)
+def test_replan_reuses_the_problem_and_misses_on_any_change(backend, cpu_backend):
     w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend=backend)
     base = dict(q_data_type=torch.float16)
     w.plan(*_table(3, seed=1), H, HKV, D, PAGE, **base)
@@ -144,9 +135,8 @@ def test_replan_prefill_mask_misses():
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_replans_with_new_lengths_stay_correct(backend):
+def test_replans_with_new_lengths_stay_correct(backend, cpu_backend):
     """A serving loop's re-plans (same signature, new lengths and batch sizes) each give this step's result."""
-    _cpu_backend(backend)
     w = attncore.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), backend=backend)
     g = torch.Generator().manual_seed(0)
     cache = torch.randn(40, 2, PAGE, HKV, D, generator=g).half()

@@ -160,7 +160,7 @@ def fake_streams(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_batch_pod_split_gives_each_part_its_half(fake_streams, backend):
+def test_batch_pod_split_gives_each_part_its_half(fake_streams, backend, cpu_backend):
     """In streams mode each part plans into its half of the float workspace (no shared scratch); the
     results equal the serial mode's, which shares the whole buffer."""
     if backend == "triton":

@@ -69,7 +69,7 @@ class _Counting:
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_cached_run_goes_to_the_backend_and_stays_correct(monkeypatch, backend):
+def test_cached_run_goes_to_the_backend_and_stays_correct(monkeypatch, backend, cpu_backend):
     w, table, cache = _batch(backend)
     count = _Counting(monkeypatch, w)
     calls = []
