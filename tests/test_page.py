@@ -481,8 +481,9 @@ def test_append_reads_the_device_once_per_new_or_changed_index_tensors(device, m
     import attncore.page.cache as cache_mod
 
     reads = []
-    real = cache_mod._append_values_ok
-    monkeypatch.setattr(cache_mod, "_append_values_ok", lambda *a: reads.append(1) or real(*a))
+    for name in ("_append_values_ok", "_append_values_ok_kernel"):  # the torch composition's, the kernel's
+        real = getattr(cache_mod, name)
+        monkeypatch.setattr(cache_mod, name, lambda *a, _real=real: reads.append(1) or _real(*a))
     indices, indptr, last = _t([0, 1, 2], device), _t([0, 2, 3], device), _t([3, 2], device)
     b, p = _t([0, 0, 1], device), _t([5, 6, 1], device)
     g = torch.Generator().manual_seed(11)
