@@ -177,12 +177,18 @@ def _check_ragged(indptr, offsets, nnz: int, ref: torch.Tensor) -> None:
 
 
 def _kernel():
-    from attncore.backends.triton.plugin import _maybe_enable_interpreter
+    global _rope_kernel
+    if _rope_kernel is None:  # imported once (host time: a model calls RoPE on every layer)
+        from attncore.backends.triton.plugin import _maybe_enable_interpreter
 
-    _maybe_enable_interpreter()  # before the kernel module is first imported (decorated)
-    from attncore.kernels.rope import rope_kernel
+        _maybe_enable_interpreter()  # before the kernel module is first imported (decorated)
+        from attncore.kernels.rope import rope_kernel
 
-    return rope_kernel
+        _rope_kernel = rope_kernel
+    return _rope_kernel
+
+
+_rope_kernel = None
 
 
 def _launch(q, k, q_out, k_out, *, rotary_dim: int, interleave: bool, pos_ids=None, indptr=None,
