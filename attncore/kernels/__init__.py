@@ -1,7 +1,9 @@
 """Triton kernels behind the public modules (not backends): the fused state merge of
-:mod:`attncore.cascade`, the rotary embedding of :mod:`attncore.rope` and MLA's of :mod:`attncore.mla`.
-Each is imported on first use, so that ``TRITON_INTERPRET`` can still be set before ``@triton.jit``
-decorates it.  Importing this package imports no kernel (and not Triton)."""
+:mod:`attncore.cascade`, the rotary embedding of :mod:`attncore.rope`, MLA's of :mod:`attncore.mla` and the
+paged append (and its value check) of :mod:`attncore.page`; and ``launch``, the relauncher of compiled
+kernels that they and the Triton backend share.  Each is imported on first use, so that ``TRITON_INTERPRET``
+can still be set before ``@triton.jit`` decorates it.  Importing this package imports no kernel (and not
+Triton)."""
 
 import os
 
