@@ -371,18 +371,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
         params = _api.make_params(head_dim=head_dim, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                   rope_scale=rope_scale, rope_theta=rope_theta)
-        qo_read, kv_read = _checks.prefetch(qo_indptr, kv_indptr)  # device-side indptrs: one read for both
-        qo_host = _checks.check_indptr("qo_indptr", qo_indptr, host=qo_read)
-        self._freeze_batch(len(qo_host) - 1)
-        multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
-                                  max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
-                                  custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
-        meta = BatchMeta.ragged(qo_indptr, kv_indptr, qo_indptr_host=qo_host, kv_read=kv_read, device=self._device,
-                                params=params,
-                                causal=causal, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
-                                buffers=self._graph_buffers if self._use_cuda_graph else None,
-                                workspace=self._float_workspace_buffer,
-                                int_workspace=self._int_workspace_buffer, memo=self._plan_memo())
+        with _checks.read_together([qo_indptr, kv_indptr]):  # device-side indptrs: one read for both
+            qo_host = _checks.check_indptr("qo_indptr", qo_indptr)
+            self._freeze_batch(len(qo_host) - 1)
+            multi = _multi_item.parse(where, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                                      max_item_len_ptr, batch_size=len(qo_host) - 1, causal=causal,
+                                      custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+            meta = BatchMeta.ragged(qo_indptr, kv_indptr, qo_indptr_host=qo_host, device=self._device,
+                                    params=params, causal=causal, custom_mask=custom_mask,
+                                    packed_custom_mask=packed_custom_mask,
+                                    buffers=self._graph_buffers if self._use_cuda_graph else None,
+                                    workspace=self._float_workspace_buffer,
+                                    int_workspace=self._int_workspace_buffer, memo=self._plan_memo())
         _multi_item.attach(where, multi, meta, self._graph_buffers if self._use_cuda_graph else None)
         # the split-KV hints are kept as given (as the paged plans do), for the backends that read them
         meta.fixed_split_size, meta.disable_split_kv = fixed_split_size, bool(disable_split_kv)

@@ -188,7 +188,7 @@ class BatchMeta:
                device, params: AttnParams, causal: bool = False, custom_mask: Optional[torch.Tensor] = None,
                packed_custom_mask: Optional[torch.Tensor] = None, buffers: Optional[dict] = None,
                workspace: Optional[torch.Tensor] = None, int_workspace: Optional[torch.Tensor] = None,
-               memo: Optional[dict] = None, kv_read: Optional[List[int]] = None) -> "BatchMeta":
+               memo: Optional[dict] = None) -> "BatchMeta":
         """Request ``i`` has the query rows ``qo_indptr[i]:qo_indptr[i+1]`` and the keys
         ``kv_indptr[i]:kv_indptr[i+1]`` of ragged K/V (single prefill is a batch of one).
 
@@ -198,13 +198,13 @@ class BatchMeta:
         ``packed_custom_mask`` (uint8, LSB-first, each request from a byte boundary) is given, else
         causal when ``causal``.  ``buffers``: the caller's CUDA-graph buffers the index tensors are
         copied into (``qo_indptr``, ``kv_indptr``, ``kv_lens``, ``custom_mask``, ``qk_indptr``;
-        allocated on first use).  ``kv_read``: kv_indptr's values already read with the caller's
-        qo_indptr (``_checks.prefetch``), still checked here."""
+        allocated on first use).  A caller reading both indptrs in one copy wraps this in
+        ``_checks.read_together``."""
         device = _checks.norm_device(device)
         if qo_indptr_host is None:
             qo_indptr_host = _checks.check_indptr("qo_indptr", qo_indptr)
         if kv_indptr_host is None:
-            kv_indptr_host = _checks.check_indptr("kv_indptr", kv_indptr, length=len(qo_indptr_host), host=kv_read)
+            kv_indptr_host = _checks.check_indptr("kv_indptr", kv_indptr, length=len(qo_indptr_host))
         elif len(kv_indptr_host) != len(qo_indptr_host):
             raise ValueError(f"kv_indptr: got {len(kv_indptr_host)} entries, expected {len(qo_indptr_host)} "
                              f"(batch_size + 1)")

@@ -1,7 +1,7 @@
 """The argument checks the public API modules share (attncore.prefill, decode, pod, cascade and the wrappers'
 base): dtypes by name, tensors (type, rank, dtype, device, shape), heads, indptrs, sinks, and a batch's K/V
 as a paged cache or ragged tensors; and the one host read of device-side index tensors the indptr checks
-need (``read_host``, ``prefetch``, ``read_together``).
+need (``read_host``, ``read_together``).
 
 Every check raises ``ValueError``/``TypeError`` naming the argument, what was given and what is accepted
 (semantics.md, "Bad input").  The paged-KV utilities (``attncore.page``, ``attncore.rope``) have their own
@@ -172,18 +172,6 @@ def _read(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
                 n = next(it).numel()
                 out[i], a = vals[a:a + n], a + n
     return out
-
-
-def prefetch(*tensors) -> list:
-    """The values of index tensors that all live on one device, in one read (``read_host``), for checks
-    that follow (``check_indptr(host=)``); else Nones, and each is checked and read as usual (so a wrong
-    argument gets its own error).  Host tensors need no prefetch."""
-    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1 and t.numel() for t in tensors):
-        return [None] * len(tensors)
-    dev = tensors[0].device
-    if dev.type == "cpu" or any(t.device != dev for t in tensors):
-        return [None] * len(tensors)
-    return read_host(tensors)
 
 
 def check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:

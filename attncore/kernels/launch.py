@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
+
 try:  # Triton's runtime hooks (launch_enter / exit); absent in older Tritons: plain path only
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover
@@ -95,3 +97,14 @@ class _Plain:
 
     def at(self, grid: tuple, *args) -> None:
         self._fn[tuple(grid)](*args, **self._constexprs)
+
+
+def launch_at(launcher, device, grid: tuple, *args) -> None:
+    """``launcher.at(grid, *args)`` on ``device`` (its current stream), whichever device is current: a
+    tensor-parallel rank's tensors may sit on cuda:1 while cuda:0 stays current."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            launcher.at(grid, *args)
+    else:
+        launcher.at(grid, *args)
+

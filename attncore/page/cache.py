@@ -397,7 +397,7 @@ def _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, po
                    page_size: int, num_pages: int, kv_layout: str) -> None:
     from attncore.kernels import check_interpreted
     from attncore.kernels.append import append_kernel
-    from attncore.kernels.launch import fast_launcher
+    from attncore.kernels.launch import fast_launcher, launch_at
 
     check_interpreted(append_kernel, k_cache.device, "append_paged_kv_cache", "CPU tensors need TRITON_INTERPRET=1 "
                       "and CUDA tensors need it unset before attncore's append kernel is first used")
@@ -418,13 +418,8 @@ def _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, po
             _launchers.clear()
         launch = _launchers[key] = fast_launcher(append_kernel, (1,), dict(
             DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=_pow2(dk), BLOCK_DV=_pow2(dv)))
-    grid = (k.shape[0], -(-heads // block_h), 1)
-    args = (k, v, kc, vc, *idx, kv_indptr.shape[0] - 1, kv_indices.shape[0], num_pages, page_size, heads, *strides)
-    if kc.is_cuda and kc.device.index != torch.cuda.current_device():
-        with torch.cuda.device(kc.device):  # launch on the tensors' device
-            launch.at(grid, *args)
-    else:
-        launch.at(grid, *args)
+    launch_at(launch, kc.device, (k.shape[0], -(-heads // block_h), 1),
+              k, v, kc, vc, *idx, kv_indptr.shape[0] - 1, kv_indices.shape[0], num_pages, page_size, heads, *strides)
 
 
 def _pow2(n: int) -> int:
@@ -473,22 +468,16 @@ def _append_values_ok_kernel(kv_indptr, kv_indices, kv_last_page_len, page_size:
     if batch == 0 or n_idx == 0:
         return False
     from attncore.kernels.append import append_check_kernel
+    from attncore.kernels.launch import fast_launcher, launch_at
 
     idx = (batch_indices, positions, kv_indptr, kv_indices, kv_last_page_len)
     key = ("check", kv_indptr.device, tuple(t.dtype for t in idx), num_pages, page_size)
     launch = _launchers.get(key)
     if launch is None:
-        from attncore.kernels.launch import fast_launcher
-
         launch = _launchers[key] = fast_launcher(append_check_kernel, (1,), dict(BLOCK=_CHECK_BLOCK))
     bad = torch.zeros(1, dtype=torch.int32, device=kv_indptr.device)
-    grid = (-(-max(nnz, batch, n_idx) // _CHECK_BLOCK), 1, 1)
-    args = (*idx, bad, nnz, batch, n_idx, num_pages, page_size)
-    if bad.is_cuda and bad.device.index != torch.cuda.current_device():
-        with torch.cuda.device(bad.device):
-            launch.at(grid, *args)
-    else:
-        launch.at(grid, *args)
+    launch_at(launch, bad.device, (-(-max(nnz, batch, n_idx) // _CHECK_BLOCK), 1, 1),
+              *idx, bad, nnz, batch, n_idx, num_pages, page_size)
     return int(bad) == 0
 
 
