@@ -459,6 +459,7 @@ def _append_values_ok(kv_indptr, kv_indices, kv_last_page_len, page_size: int, n
 
 
 PAIRWISE_MAX = 16384  # tokens up to which the check kernel compares every pair for a shared slot (not a sort)
+_CHECK_BLOCK = 128  # the check kernel's requests, page ids and tokens per program
 
 
 def _append_values_ok_kernel(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_pages: int,
@@ -479,9 +480,6 @@ def _append_values_ok_kernel(kv_indptr, kv_indices, kv_last_page_len, page_size:
     launch_at(launch, bad.device, (-(-max(nnz, batch, n_idx) // _CHECK_BLOCK), 1, 1),
               *idx, bad, nnz, batch, n_idx, num_pages, page_size)
     return int(bad) == 0
-
-
-_CHECK_BLOCK = 128
 
 
 def _check_append_values(kv_indptr, kv_indices, kv_last_page_len, page_size: int, batch_indices, positions,
