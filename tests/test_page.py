@@ -471,6 +471,10 @@ def test_append_check_kernel_finds_a_shared_slot_across_blocks(device):
     assert _append_values_ok_kernel(*args, b.to(device), p.to(device))
     p[290] = p[5]
     assert not _append_values_ok_kernel(*args, b.to(device), p.to(device))
+    # a page table far longer than the tokens (programs without tokens): the pair is still found
+    args = (_t([0, 600], device), _t(list(range(600)), device), _t([4], device), page_size, 700)
+    assert _append_values_ok_kernel(*args, _t([0, 0], device), _t([2396, 7], device))
+    assert not _append_values_ok_kernel(*args, _t([0, 0], device), _t([2396, 2396], device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -97,7 +97,9 @@ def append_check_kernel(
     tm = r < nnz
     flat, ok = _token_slot(Batch, Pos, Indptr, Indices, Last, r, tm, batch, num_indices, page_size)
     dup = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(0, nnz, BLOCK):
+    # only a program holding tokens compares them (a long page table adds programs, not comparisons)
+    upto = tl.where(tl.program_id(0) * BLOCK < nnz, nnz, 0)
+    for start in range(0, upto, BLOCK):
         u = start + tl.arange(0, BLOCK)
         um = u < nnz
         flat_u, _ = _token_slot(Batch, Pos, Indptr, Indices, Last, u, um, batch, num_indices, page_size)
