@@ -425,6 +425,23 @@ def _pod_tables(device, kv_p=(9,), kv_d=(5, 9, 1)):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_ragged_plan_reads_both_indptrs_once(monkeypatch, device):
+    """The ragged prefill plan reads qo_indptr and kv_indptr in one read (``checks.read_together``), and
+    plans what they say."""
+    from attncore.core import checks
+
+    reads = []
+    real = checks._read
+    monkeypatch.setattr(checks, "_read", lambda ts: reads.append(len(ts)) or real(ts))
+    w = attncore.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8, device=device),
+                                                      backend="reference" if device == "cpu" else "auto")
+    qo, kv = (torch.tensor(x, dtype=torch.int32, device=device) for x in ([0, 3, 7], [0, 5, 12]))
+    w.plan(qo, kv, H, HKV, D, causal=True, q_data_type=torch.float16)
+    assert reads == [2]
+    assert w._planned.meta.qo_indptr_host == [0, 3, 7] and w._planned.meta.kv_indptr_host == [0, 5, 12]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_batch_pod_plan_reads_its_tables_once(monkeypatch, device):
     """BatchPOD's plan() reads both parts' tables and its decode query lengths in one read (issue 15: at most
     one copy per plan with device-side tables), and plans what the tables say."""
