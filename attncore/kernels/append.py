@@ -1,15 +1,15 @@
-"""The Triton kernel behind :func:`attncore.page.append_paged_kv_cache` on a GPU (imported on first use, so
-that ``TRITON_INTERPRET`` can still be set before ``@triton.jit`` decorates it).
+"""The Triton kernels behind :func:`attncore.page.append_paged_kv_cache` on a GPU, the append and its value
+check (imported on first use, so that ``TRITON_INTERPRET`` can still be set before ``@triton.jit`` decorates
+them).
 
-One program writes the K and V rows of one token (``BLOCK_H`` of its heads: grid axis 1 covers the rest):
-token ``t`` of request ``b = Batch[t]`` at position ``p = Pos[t]`` goes to page ``Indices[Indptr[b] + p //
-page_size]``, slot ``p % page_size``, as FlashInfer's append kernel places it, so one launch replaces the
-torch composition (index arithmetic, two gathers, two index-puts: about ten launches of host time).  The
-values are moved as integers of the element's width (the caller's views), so every dtype is one copy.
-
-The index values were checked by the caller (``attncore.page.cache``); a token whose request, page slot or
-page id still falls outside the tables (value checks switched off) is not written rather than written
-out of bounds.
+``append_kernel``: one program writes the K and V rows of one token (``BLOCK_H`` of its heads: grid axis 1
+covers the rest): token ``t`` of request ``b = Batch[t]`` at position ``p = Pos[t]`` goes to page
+``Indices[Indptr[b] + p // page_size]``, slot ``p % page_size``, as FlashInfer's append kernel places it, so
+one launch replaces the torch composition (index arithmetic, two gathers, two index-puts: about ten launches
+of host time).  The values are moved as integers of the element's width (the caller's views), so every dtype
+is one copy.  The caller checked the index values (``append_check_kernel``, once per new index tensors); a
+token whose request, page slot or page id still falls outside the tables (unchecked: under CUDA-graph
+capture) is not written rather than written out of bounds.
 """
 
 from __future__ import annotations
