@@ -196,7 +196,7 @@ def _launch(q, k, q_out, k_out, *, rotary_dim: int, interleave: bool, pos_ids=No
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q: got device {q.device}; accepted: cuda, or cpu through Triton's interpreter")
     kernel = _kernel()
-    from attncore.kernels.launch import fast_launcher, launch_at
+    from attncore.kernels.launch import kept_launcher, launch_at
 
     interpreted = check_interpreted(kernel, q.device, "attncore.rope", "CPU tensors need TRITON_INTERPRET=1 and "
                                     "CUDA tensors need it unset before attncore's rope kernel is first used")
@@ -222,18 +222,11 @@ def _launch(q, k, q_out, k_out, *, rotary_dim: int, interleave: bool, pos_ids=No
     ptrs = (q, k, q_out, k_out, pos_ids, indptr, offsets, inv_freq, cos_sin)
     # the launcher of everything the compiled kernel is specialized on (dtypes, strides, head count, flags)
     key = (q.device, tuple(None if t is None else t.dtype for t in ptrs), strides, hq, half, bool(interleave))
-    launch = _launchers.get(key)
-    if launch is None:
-        if len(_launchers) > 256:
-            _launchers.clear()
-        launch = _launchers[key] = fast_launcher(kernel, (1,), dict(
-            HALF=half, BLOCK_N=block_n, BLOCK_P=max(2, 1 << (half - 1).bit_length()),
-            INTERLEAVE=bool(interleave), RAGGED=ragged, USE_CACHE=cos_sin is not None))
-    args = (*ptrs, nnz, hq, batch_size, search_steps, *strides)
-    launch_at(launch, q.device, (_cdiv(nnz, block_n), hq + hk, 1), *args)
-
-
-_launchers: dict = {}
+    launch = kept_launcher(kernel, key, lambda: dict(
+        HALF=half, BLOCK_N=block_n, BLOCK_P=max(2, 1 << (half - 1).bit_length()),
+        INTERLEAVE=bool(interleave), RAGGED=ragged, USE_CACHE=cos_sin is not None))
+    launch_at(launch, q.device, (_cdiv(nnz, block_n), hq + hk, 1), *ptrs, nnz, hq, batch_size, search_steps,
+              *strides)
 
 
 def _cdiv(a: int, b: int) -> int:

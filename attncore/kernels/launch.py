@@ -99,6 +99,22 @@ class _Plain:
         self._fn[tuple(grid)](*args, **self._constexprs)
 
 
+_KEPT: dict = {}  # (id of the kernel, the caller's key) -> its launcher (kernels launched with a per-call grid)
+
+
+def kept_launcher(fn, key: tuple, constexprs: Callable[[], dict]):
+    """The launcher of ``fn`` for ``key``, made once (``fast_launcher(fn, (1,), constexprs())``; the grid is
+    given per call, ``at``): ``key`` holds everything the compiled kernel is specialized on that the
+    launcher does not check (device, dtypes, strides, specialized ints, constexprs).  At most 256 are kept."""
+    k = (id(fn), key)  # kernels are module globals: they live as long as the process
+    launch = _KEPT.get(k)
+    if launch is None:
+        if len(_KEPT) >= 256:
+            _KEPT.clear()
+        launch = _KEPT[k] = fast_launcher(fn, (1,), constexprs())
+    return launch
+
+
 def launch_at(launcher, device, grid: tuple, *args) -> None:
     """``launcher.at(grid, *args)`` on ``device`` (its current stream), whichever device is current: a
     tensor-parallel rank's tensors may sit on cuda:1 while cuda:0 stays current."""

@@ -383,7 +383,6 @@ def _check_append(kv_indptr, kv_indices, kv_last_page_len, page_size: int, num_p
 # --------------------------------------------------------------------------------------------------
 
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_launchers: dict = {}  # everything the compiled kernel is specialized on -> its launcher
 
 
 def _use_kernel(k_cache, v_cache, append_key, append_value) -> bool:
@@ -397,7 +396,7 @@ def _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, po
                    page_size: int, num_pages: int, kv_layout: str) -> None:
     from attncore.kernels import check_interpreted
     from attncore.kernels.append import append_kernel
-    from attncore.kernels.launch import fast_launcher, launch_at
+    from attncore.kernels.launch import kept_launcher, launch_at
 
     check_interpreted(append_kernel, k_cache.device, "append_paged_kv_cache", "CPU tensors need TRITON_INTERPRET=1 "
                       "and CUDA tensors need it unset before attncore's append kernel is first used")
@@ -410,14 +409,9 @@ def _append_launch(append_key, append_value, k_cache, v_cache, batch_indices, po
                vc.stride(head_dim))
     idx = (batch_indices, positions, kv_indptr, kv_indices)
     key = (kc.device, as_int, tuple(t.dtype for t in idx), strides, num_pages, page_size, heads, dk, dv)
-    launch = _launchers.get(key)
-    block_d = max(_pow2(dk), _pow2(dv))
-    block_h = min(_pow2(heads), max(1, 4096 // block_d))
-    if launch is None:
-        if len(_launchers) > 256:
-            _launchers.clear()
-        launch = _launchers[key] = fast_launcher(append_kernel, (1,), dict(
-            DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=_pow2(dk), BLOCK_DV=_pow2(dv)))
+    block_h = min(_pow2(heads), max(1, 4096 // max(_pow2(dk), _pow2(dv))))
+    launch = kept_launcher(append_kernel, key, lambda: dict(
+        DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=_pow2(dk), BLOCK_DV=_pow2(dv)))
     launch_at(launch, kc.device, (k.shape[0], -(-heads // block_h), 1),
               k, v, kc, vc, *idx, kv_indptr.shape[0] - 1, kv_indices.shape[0], num_pages, page_size, heads, *strides)
 
@@ -469,13 +463,11 @@ def _append_values_ok_kernel(kv_indptr, kv_indices, kv_last_page_len, page_size:
     if batch == 0 or n_idx == 0:
         return False
     from attncore.kernels.append import append_check_kernel
-    from attncore.kernels.launch import fast_launcher, launch_at
+    from attncore.kernels.launch import kept_launcher, launch_at
 
     idx = (batch_indices, positions, kv_indptr, kv_indices, kv_last_page_len)
-    key = ("check", kv_indptr.device, tuple(t.dtype for t in idx), num_pages, page_size)
-    launch = _launchers.get(key)
-    if launch is None:
-        launch = _launchers[key] = fast_launcher(append_check_kernel, (1,), dict(BLOCK=_CHECK_BLOCK))
+    key = (kv_indptr.device, tuple(t.dtype for t in idx), num_pages, page_size)
+    launch = kept_launcher(append_check_kernel, key, lambda: dict(BLOCK=_CHECK_BLOCK))
     bad = torch.zeros(1, dtype=torch.int32, device=kv_indptr.device)
     launch_at(launch, bad.device, (-(-max(nnz, batch, n_idx) // _CHECK_BLOCK), 1, 1),
               *idx, bad, nnz, batch, n_idx, num_pages, page_size)
