@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from attncore.build import jit
+from attncore.core import current
 from attncore.core.backend import AttnParams, BatchMeta, RunArgs
 from attncore.backends.cuda_fa2 import specs
 from attncore.backends.cuda_fa2.backend import CudaFa2Backend
@@ -242,7 +243,7 @@ def cpu_patches(lib_shape=(128, 64), sms=132):
     stack = contextlib.ExitStack()
     stack.enter_context(um.patch.object(be, "cuda_device", lambda d, who: cpu))
     stack.enter_context(um.patch.object(binding, "get_library", get_library))
-    stack.enter_context(um.patch.object(binding, "_current_stream", lambda dev: 0))
+    stack.enter_context(um.patch.object(current, "stream", lambda index: 0))
     stack.enter_context(um.patch("torch.cuda.get_device_capability", return_value=(9, 0)))
     return stack
 
@@ -273,7 +274,7 @@ def test_launch_kv_len_0_cpu(qo):
     b, plan, launched = _cpu_plan(prob, meta)
     q = torch.randn(qo, 6, 128, dtype=torch.bfloat16)
     k = torch.empty(0, 2, 128, dtype=torch.bfloat16)
-    with um.patch.object(binding, "_current_stream", lambda dev: 0):
+    with um.patch.object(current, "stream", lambda index: 0):
         binding.launch(plan, RunArgs(q=q, k=k, v=torch.empty_like(k), out=torch.empty_like(q),
                                      lse=torch.empty(qo, 6)))
     (p,) = launched

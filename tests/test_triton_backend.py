@@ -699,12 +699,13 @@ def test_gpu_xqa(qlen, kv_dtype):
 
 
 def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
-    # the relaunch path hands the arguments (constexprs appended in parameter order) to the compiled
-    # kernel's launcher; a tensor with other alignment goes back through Triton
-    from attncore.kernels import launch
+    # the relaunch path hands the arguments (tensors as their addresses, constexprs appended in parameter
+    # order) to the compiled kernel's launcher; a tensor no longer aligned as compiled goes back through Triton
+    from attncore.core import current
     from attncore.kernels.launch import FastLauncher
 
-    monkeypatch.setattr(launch, "_current_stream", lambda: 0)
+    monkeypatch.setattr(current, "device_index", lambda: 0)
+    monkeypatch.setattr(current, "stream", lambda index: 0)
 
     calls = []
 
@@ -718,7 +719,7 @@ def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
             calls.append(("fast", a))
 
     class Fn:
-        arg_names = ["X", "n", "BLOCK"]
+        arg_names = ["X", "Y", "n", "BLOCK"]
 
         def __getitem__(self, grid):
             def plain(*args, **kw):
@@ -728,16 +729,21 @@ def test_fast_launcher_relaunches_compiled_kernel(monkeypatch):
 
     fl = FastLauncher(Fn(), (4,), dict(BLOCK=32, num_warps=4))
     x = torch.empty(64, dtype=torch.float16)
-    fl(x, 7)
-    assert calls[-1] == ("plain", (x, 7), dict(BLOCK=32, num_warps=4)) and fl.fast_calls == 0
-    fl(x, 7)
+    y = torch.empty(64, dtype=torch.float16)[1:]  # 2-byte offset: compiled without the alignment assumption
+    fl(x, y, 7)
+    assert calls[-1] == ("plain", (x, y, 7), dict(BLOCK=32, num_warps=4)) and fl.fast_calls == 0
+    fl(x, y, 7)
     kind, a = calls[-1]
-    assert kind == "fast" and a[:4] == (4, 1, 1, 0) and a[-3:] == (x, 7, 32) and fl.fast_calls == 1
-    fl.at((2, 3), x, 9)  # a per-call grid (RoPE, append): the same compiled kernel, the grid padded to 3
+    assert kind == "fast" and a[:4] == (4, 1, 1, 0) and fl.fast_calls == 1
+    assert a[-4:] == (x.data_ptr(), y.data_ptr(), 7, 32)
+    fl.at((2, 3), x, y, 9)  # a per-call grid (RoPE, append): the same compiled kernel, the grid padded to 3
     kind, a = calls[-1]
-    assert kind == "fast" and a[:4] == (2, 3, 1, 0) and a[-3:] == (x, 9, 32) and fl.fast_calls == 2
-    fl(x[1:], 7)  # 2-byte offset: not 16-byte aligned
-    assert calls[-1][0] == "plain" and fl.fast_calls == 2
+    assert kind == "fast" and a[:4] == (2, 3, 1, 0) and a[-4:] == (x.data_ptr(), y.data_ptr(), 9, 32)
+    y2 = torch.empty(64, dtype=torch.float16)  # aligned where the first was not: the compiled variant runs it
+    fl(x, y2, 7)
+    assert calls[-1][0] == "fast" and calls[-1][1][-3] == y2.data_ptr() and fl.fast_calls == 3
+    fl(x[1:], y, 7)  # not 16-byte aligned where the first was
+    assert calls[-1][0] == "plain" and fl.fast_calls == 3
 
 
 def test_unavailable_hint_names_the_missing_module(monkeypatch):

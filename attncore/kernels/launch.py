@@ -8,7 +8,8 @@ to the compiled kernel's launcher, as Triton's own ``CompiledKernel[grid]`` runn
 
 What Triton would re-check per call and this keeps: the pointer alignment the kernel was
 specialized for (a tensor that is not 16-byte aligned where the first one was goes back through
-Triton, which compiles the right variant).  The caller keys its launchers by everything else that
+Triton, which compiles the right variant; the other way round, the variant compiled without the
+assumption runs).  The caller keys its launchers by everything else that
 selects a variant (strides, scales, which optional tensors are present).  Any Triton without the
 expected compiled-kernel interface, and the CPU interpreter, use the plain path.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+
+from attncore.core import current
 
 try:  # Triton's runtime hooks (launch_enter / exit); absent in older Tritons: plain path only
     from triton import knobs as _knobs
@@ -35,8 +38,8 @@ class FastLauncher:
         self._constexprs = constexprs
         self._launcher = fn[tuple(grid)]
         self._kernel = None
-        self._tensors = ()  # positions of the tensor arguments
-        self._align = None
+        self._aligned = ()  # positions of the tensor arguments the kernel was specialized as 16-byte aligned
+        self._other = ()  # and of the other tensor arguments
         self._tail = None
         self.fast_calls = 0  # relaunches that skipped Triton's binding (tests)
 
@@ -47,31 +50,37 @@ class FastLauncher:
         """Launch on ``grid`` (three ints) instead of the one given at construction: kernels whose grid
         follows a per-call count (the tokens of a RoPE or an append) keep one launcher; the count itself
         must be an unspecialized argument (``do_not_specialize``), as the compiled kernel is reused."""
-        grid = tuple(grid) + (1,) * (3 - len(grid))
         k = self._kernel
-        if k is not None and self._align == tuple(args[i].data_ptr() % 16 == 0 for i in self._tensors):
-            stream = _current_stream()
-            full = (*args, *self._tail)
-            enter = _knobs.runtime.launch_enter_hook
-            meta = k.launch_metadata(grid, stream, *full) if enter is not None else None
-            k.run(*grid, stream, k.function, k.packed_metadata, meta, enter,
-                  _knobs.runtime.launch_exit_hook, *full)
-            self.fast_calls += 1
-            return
+        if k is not None:
+            # tensors go to the compiled launcher as their addresses: given a tensor, it would call data_ptr()
+            # again and ask the driver about each pointer (cuPointerGetAttribute), ~1 us a tensor
+            full = list(args)
+            bits = 0
+            for i in self._aligned:
+                p = full[i] = full[i].data_ptr()
+                bits |= p
+            if not bits & 15:
+                for i in self._other:  # compiled without the alignment assumption: any address runs
+                    full[i] = full[i].data_ptr()
+                if len(grid) != 3:
+                    grid = tuple(grid) + (1,) * (3 - len(grid))
+                enter = _knobs.runtime.launch_enter_hook
+                stream = current.stream(current.device_index())
+                meta = k.launch_metadata(grid, stream, *args, *self._tail) if enter is not None else None
+                k.run(*grid, stream, k.function, k.packed_metadata, meta, enter,
+                      _knobs.runtime.launch_exit_hook, *full, *self._tail)
+                self.fast_calls += 1
+                return
+        grid = tuple(grid) + (1,) * (3 - len(grid))
         kernel = (self._launcher if grid == self._grid else self._fn[grid])(*args, **self._constexprs)
         names = self._fn.arg_names
         if (self._kernel is None and _has_interface(kernel) and len(names) >= len(args)
                 and all(n in self._constexprs for n in names[len(args):])):
             self._kernel = kernel
-            self._tensors = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
-            self._align = tuple(args[i].data_ptr() % 16 == 0 for i in self._tensors)
+            tensors = [i for i, a in enumerate(args) if hasattr(a, "data_ptr")]
+            self._aligned = tuple(i for i in tensors if args[i].data_ptr() % 16 == 0)
+            self._other = tuple(i for i in tensors if args[i].data_ptr() % 16)
             self._tail = tuple(self._constexprs[n] for n in names[len(args):])
-
-
-def _current_stream():
-    from triton.runtime.driver import driver
-
-    return driver.active.get_current_stream(driver.active.get_current_device())
 
 
 def _has_interface(kernel) -> bool:
@@ -118,7 +127,7 @@ def kept_launcher(fn, key: tuple, constexprs: Callable[[], dict]):
 def launch_at(launcher, device, grid: tuple, *args) -> None:
     """``launcher.at(grid, *args)`` on ``device`` (its current stream), whichever device is current: a
     tensor-parallel rank's tensors may sit on cuda:1 while cuda:0 stays current."""
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
+    if device.type == "cuda" and device.index != current.device_index():
         with torch.cuda.device(device):
             launcher.at(grid, *args)
     else:

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from attncore.build import jit
+from attncore.core import current
 from attncore.build.abi import check_layout
 
 from attncore.backends.cuda_fa2.specs import Fa2Key
@@ -177,13 +178,6 @@ def check_run_tensors(plan, args) -> None:
     _need(pr.sinks == (args.sinks is not None), "sinks given at run() but not planned (or planned but missing)")
 
 
-def _current_stream(dev: torch.device) -> int:
-    try:
-        return torch._C._cuda_getCurrentRawStream(dev.index)  # ~10x cheaper than current_stream()
-    except Exception:  # pragma: no cover
-        return torch.cuda.current_stream(dev).cuda_stream
-
-
 def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     """The plan-constant part of the structs (index tensors, tables, heads); filled once in plan().
     In CUDA-graph mode every field here is the same across re-plans of one caller (fixed buffers,
@@ -304,7 +298,7 @@ def launch(plan, args) -> None:
     p, mp = build_params(plan, args)
     if p is None:
         return
-    stream = _current_stream(plan.device)
+    stream = current.stream(plan.device.index)
     plan.lib.run(p, stream)
     if mp is not None:
         plan.lib.merge(mp, stream)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from attncore.backends.triton.plan import LOG2E, MASK_CAUSAL, MASK_CUSTOM, MASK_SPEC, TritonPlan
+from attncore.core import current
 from attncore.core.backend import RunArgs
 from attncore.kernels import check_interpreted
 
@@ -41,7 +42,7 @@ def run(plan: TritonPlan, args: RunArgs) -> None:
         mb = (spec if spec.is_contiguous() else spec.contiguous()).view(torch.uint8)
     else:
         mb = plan.meta.packed_mask if plan.mask_mode == MASK_CUSTOM else None
-    if q.is_cuda and q.device.index != torch.cuda.current_device():
+    if q.is_cuda and q.device.index != current.device_index():
         with torch.cuda.device(q.device):
             fast[0](q, k, v, out, lse, mb, sinks)
             fast[1](out, lse, sinks)
@@ -76,7 +77,7 @@ def first_run(plan: TritonPlan, args: RunArgs):
             vs = (0, v.stride(1), v.stride(0))
     if q.shape[0] == 0:
         return _noop, _noop
-    if q.is_cuda and q.device.index != torch.cuda.current_device():
+    if q.is_cuda and q.device.index != current.device_index():
         with torch.cuda.device(q.device):  # launch on the tensors' device (cuda:1 works)
             return _launch(plan, args, ks, vs)
     return _launch(plan, args, ks, vs)

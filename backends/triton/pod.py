@@ -26,6 +26,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from attncore.core import current
 from attncore.core import schedule as _schedule
 from attncore.backends.triton.backend import TritonBackend, _interpreting
 from attncore.core.capabilities import Capabilities, Reason
@@ -299,7 +300,7 @@ def run_pod(plan: PODPlan, args: PODRunArgs) -> None:
         return
     for part, a, name in zip(plan.parts, (args.prefill, args.decode), ("prefill", "decode")):
         _check(part, a, name, plan.device)
-    if args.prefill.q.is_cuda and args.prefill.q.device.index != torch.cuda.current_device():
+    if args.prefill.q.is_cuda and args.prefill.q.device.index != current.device_index():
         with torch.cuda.device(args.prefill.q.device):
             plan.launch_cache[key] = _first_run(plan, args)
     else:

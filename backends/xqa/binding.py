@@ -16,6 +16,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from attncore.build import abi
+from attncore.core import current
 
 from attncore.backends.xqa.plan import stage_view
 from attncore.backends.xqa.specs import XqaKey
@@ -129,18 +130,6 @@ def check_kv(name: str, t: torch.Tensor, st=None) -> None:
                          f"{vec} elements), got strides {tuple(st)}")
 
 
-try:  # the raw current stream without building a torch.cuda.Stream object (a few us cheaper)
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover
-    _raw_stream = None
-
-
-def current_stream(device: torch.device) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 def _staged(plan, name: str, t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``t`` copied (on the stream, converted to ``dtype``) into the plan's staging slot ``name``
     of the float workspace: the kernel's alignment without an allocation."""
@@ -202,7 +191,7 @@ def launch(plan, args) -> None:
     p.qk_scale_log2 = plan.sm_scale * args.q_scale * args.k_scale * LOG2E * plan.fp8_fold
     p.out_scale = args.v_scale / args.o_scale * plan.fp8_fold
     p.enable_pdl = 1 if (args.enable_pdl and plan.pdl_ok) else 0
-    err = plan.lib.cdll.xqa_run(ctypes.byref(p), current_stream(plan.device))
+    err = plan.lib.cdll.xqa_run(ctypes.byref(p), current.stream(plan.device.index))
     if err != 0:
         raise RuntimeError(f"xqa: launch of {plan.lib.key.uri} failed: {plan.lib.cdll.xqa_error_string(err).decode()}")
     if target is not out:
