@@ -18,7 +18,7 @@ from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core import plan_cache as _plan_cache
 from attncore.core import selector as _selector
-from attncore.core.single_prefill import single_key
+from attncore.core.single_prefill import run_cached, single_key
 from attncore.core.backend import BatchMeta, RunArgs
 from attncore.page import unpack_paged_kv_cache
 from attncore.core.wrapper import _BatchWrapper, _plain, _run_positional
@@ -81,13 +81,7 @@ def single_decode_with_kv_cache(
                v_scale, tk(out), tk(lse), o_dtype, _selector.env_key())
         hit = _plan_cache.ONE_CALL_PLANS.get(key)
         if hit is not None:
-            planned, scales, out_dtype, dv = hit
-            if out is None:
-                out = torch.empty((q.shape[0], dv), dtype=out_dtype, device=q.device)
-            if return_lse and lse is None:
-                lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device)
-            planned.run(RunArgs(q.unsqueeze(0), k, v, out.unsqueeze(0), lse.unsqueeze(0) if return_lse else None,
-                                None if sinks is None else sinks.float(), *scales))
+            out, lse = run_cached(hit, q, k, v, out, lse, return_lse, sinks)
             return (out, lse) if return_lse else out
     res = _single_decode(q, k, v, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
                          window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
@@ -99,9 +93,8 @@ def single_decode_with_kv_cache(
             q3, k, v, None, None, False, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
             rope_scale, rope_theta, return_lse, backend, sinks, q_scale, k_scale, v_scale,
             None if out is None else out.unsqueeze(0), None if lse is None else lse.unsqueeze(0), o_dtype, None))
-        if entry is not None:
-            planned, scales, out_dtype = entry
-            _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype, v.shape[-1]))
+        if entry is not None:  # its own relaunch slot: this key's run passes 2-D q and out
+            _plan_cache.ONE_CALL_PLANS.put(key, (*entry[:4], [None]))
     return res
 
 

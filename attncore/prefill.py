@@ -24,7 +24,7 @@ from attncore.core import params as _params
 from attncore.core.backend import BatchMeta
 from attncore.core.page_table import prefetch_paged
 from attncore.core import plan_cache as _plan_cache
-from attncore.core.single_prefill import (hit_args, plan_single, run_single, single_compat, single_key,
+from attncore.core.single_prefill import (plan_single, run_cached, run_single, single_compat, single_key,
                                          split_head_scales)
 from attncore.core.wrapper import _BatchWrapper, _check_split, _run_positional
 from attncore.page import unpack_paged_kv_cache
@@ -128,9 +128,8 @@ def single_prefill_with_kv_cache(
                      v_scale, out, lse, o_dtype, heads)
     hit = _plan_cache.ONE_CALL_PLANS.get(key) if key is not None else None
     if hit is not None:
-        args = hit_args(hit, q, k, v, out, lse, return_lse, sinks)
-        hit[0].run(args)
-        return (args.out, args.lse) if return_lse else args.out
+        out, lse = run_cached(hit, q, k, v, out, lse, return_lse, sinks)
+        return (out, lse) if return_lse else out
     planned, args = plan_single(  # the same keywords (host time: no dict built and unpacked per call)
         q=q, k=k, v=v, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
         kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,

@@ -218,6 +218,15 @@ class Planned:
     q_fold: Optional[torch.Tensor] = None  # per-head q/k scales folded into q (attncore.core.head_scales)
     o_heads: Optional[torch.Tensor] = None  # per-head v scales applied to the output (attncore.core.head_scales)
 
+    def relaunch(self, args: RunArgs):
+        """The backend's ``relaunch`` of the variant that serves ``args`` (Backend.relaunch), or None: also where
+        this plan adds work around the launch (an fp8 q's upcast, per-head scales)."""
+        if self.q_upcast is not None or self.o_heads is not None or args.spec_mask is not None:
+            return None
+        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        return b.relaunch(plan, args)
+
     def run(self, args: RunArgs) -> None:
         if self.q_upcast is not None:
             args = _fp8_upcast(self.q_upcast, args, self.q_fold)

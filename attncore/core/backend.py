@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -493,6 +493,14 @@ class Backend:
     def run(self, plan: Any, args: RunArgs) -> None:
         """Launch only: write ``args.out`` (and ``args.lse`` when given)."""
         raise NotImplementedError
+
+    def relaunch(self, plan: Any, args: RunArgs) -> Optional[Callable]:
+        """Optional (host time of the one-call functions): ``go(q, k, v, out, lse, sinks)``, which runs ``plan``
+        again, without run()'s checks, on tensors laid out as ``args``'s (shapes, strides, dtypes, devices; a
+        single decode drops q's and out's unit first dim), with ``args``'s scales and no spec mask.  The caller
+        guarantees the match: the one-call caches' keys hold all of it.  None (the default): the caller calls
+        ``run()``."""
+        return None
 
     def jit_specs(self, arch: str) -> list:
         """CUDA kernel specializations (``attncore.build.jit.Spec``) that ``attncore build`` prebuilds by

@@ -82,6 +82,19 @@ class AttentionProblem:
     # batch_decode; same device, dtypes, heads and head dims, see ``pod_problem``).  None otherwise.
     decode: Optional["AttentionProblem"] = None
 
+    def __hash__(self) -> int:
+        # host time: a plan hashes its problem several times (selection, config and memo keys); the dataclass's
+        # own hash rebuilds the tuple of all fields each time, so it is kept once computed (not pickled: a str's
+        # hash differs between processes)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(self.__dict__[f] for f in _FIELDS))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def group_size(self) -> int:
         return self.num_qo_heads // max(self.num_kv_heads, 1)
@@ -163,6 +176,9 @@ def pod_parts(problem: AttentionProblem) -> Tuple[AttentionProblem, AttentionPro
         raise ValueError(f"{problem.op}: not a POD problem (no decode part)")
     op = "single_prefill" if problem.op == "pod" else "batch_prefill_paged"
     return problem.replace(op=op, decode=None), problem.decode
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionProblem))
 
 
 @dataclass

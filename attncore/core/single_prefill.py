@@ -51,6 +51,36 @@ def hit_args(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse: 
     return RunArgs(q, k, v, out, lse, None if sinks is None else sinks.float(), *scales)
 
 
+def run_cached(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse: bool, sinks):
+    """Run a cached one-call plan (``hit``: its ``ONE_CALL_PLANS`` entry) on a call of its signature; returns
+    (out, lse or None).  A single decode passes q ``[Hq, D]`` (out and lse without their first dim too).  From
+    its second run on, a plan whose backend offers one runs through its ``relaunch`` (Backend.relaunch: no
+    run() checks, which the key made redundant), kept in the entry's last slot."""
+    planned, scales, out_dtype, dv, slot = hit
+    lead = q.shape[:-1]
+    if out is None:
+        out = torch.empty((*lead, dv), dtype=out_dtype, device=q.device)
+    if not return_lse:
+        lse = None
+    elif lse is None:
+        lse = torch.empty(lead, dtype=torch.float32, device=q.device)
+    if sinks is not None:
+        sinks = sinks.float()
+    go = slot[0]
+    if go:
+        go(q, k, v, out, lse, sinks)
+        return out, lse
+    if q.dim() == 2:  # a single decode: one row of single prefill
+        args = RunArgs(q.unsqueeze(0), k, v, out.unsqueeze(0), None if lse is None else lse.unsqueeze(0), sinks,
+                       *scales)
+    else:
+        args = RunArgs(q, k, v, out, lse, sinks, *scales)
+    planned.run(args)
+    if go is None:
+        slot[0] = planned.relaunch(args) or False
+    return out, lse
+
+
 def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor], packed_custom_mask: Optional[Tensor],
                 causal: bool, kv_layout: str, pos_encoding_mode: str, sm_scale, window_left, logits_soft_cap,
                 rope_scale, rope_theta, return_lse: bool, backend: str, sinks: Optional[Tensor], q_scale, k_scale,
@@ -120,7 +150,7 @@ def plan_single(*, q: Tensor, k: Tensor, v: Tensor, custom_mask: Optional[Tensor
     out = _api.alloc_out("out", out, (qo_len, hq, dv), out_dtype, device)
     lse_t = _api.alloc_lse(lse, qo_len, hq, device) if return_lse else None
     if key is not None:  # after every check (out and lse included): an error is never cached
-        _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype))
+        _plan_cache.ONE_CALL_PLANS.put(key, (planned, scales, out_dtype, dv, [None]))  # run_cached reads it
     args = RunArgs(q=q, k=k, v=v, out=out, lse=lse_t, sinks=sinks, q_scale=scales[0], k_scale=scales[1],
                    v_scale=scales[2])
     return planned, args

@@ -10,7 +10,14 @@ import os
 
 def interpreting() -> bool:
     """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter (Triton reads it when it decorates)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    v = os.environ.get("TRITON_INTERPRET", "0")
+    on = _READ.get(v)
+    if on is None:  # host time: every plan asks
+        on = _READ[v] = v.strip().lower() in ("1", "true", "on", "yes")
+    return on
+
+
+_READ: dict = {}  # TRITON_INTERPRET's values seen -> whether each asks for the interpreter
 
 
 def interpreted(kernel) -> bool:

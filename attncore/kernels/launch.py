@@ -66,7 +66,9 @@ class FastLauncher:
                     grid = tuple(grid) + (1,) * (3 - len(grid))
                 enter = _knobs.runtime.launch_enter_hook
                 stream = current.stream(current.device_index())
-                meta = k.launch_metadata(grid, stream, *args, *self._tail) if enter is not None else None
+                # Triton's metadata for its launch hooks; an empty chain of hooks (Triton >= 3.5) reads none
+                meta = (k.launch_metadata(grid, stream, *args, *self._tail)
+                        if enter is not None and getattr(enter, "calls", True) else None)
                 k.run(*grid, stream, k.function, k.packed_metadata, meta, enter,
                       _knobs.runtime.launch_exit_hook, *full, *self._tail)
                 self.fast_calls += 1

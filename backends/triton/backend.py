@@ -166,6 +166,9 @@ class TritonBackend(Backend):
     def run(self, plan: TritonPlan, args: RunArgs) -> None:
         binding.run(plan, args)
 
+    def relaunch(self, plan: TritonPlan, args: RunArgs):
+        return binding.relaunch(plan, args)
+
     @staticmethod
     def _dense_serves(p: AttentionProblem) -> bool:
         """The dense kernel serves plain prefill over ragged KV (see kernels/dense.py), and over

@@ -21,17 +21,22 @@ def _noop(*a) -> None:
     return None
 
 
+def _key(args: RunArgs) -> tuple:
+    """Everything check() and the launchers' specialization look at, so that a cached key needs no further check."""
+    q, k, v, out, lse, sinks, spec = args.q, args.k, args.v, args.out, args.lse, args.sinks, args.spec_mask
+    return (q.shape, q.stride(), q.dtype, q.device, k.stride(), k.dtype, k.device, v.stride(), v.dtype,
+            v.device, out.shape, out.stride(), out.dtype, out.device,
+            None if lse is None else (lse.shape, lse.stride(), lse.dtype),
+            None if sinks is None else (sinks.dtype, sinks.numel()), args.q_scale, args.k_scale,
+            args.v_scale, args.o_scale, None if spec is None else (spec.shape, spec.stride(), spec.dtype))
+
+
 def run(plan: TritonPlan, args: RunArgs) -> None:
     q, k, v, out = args.q, args.k, args.v, args.out
     lse, sinks, spec = args.lse, args.sinks, args.spec_mask
     if plan.upload is not None:
         plan.upload.ensure()  # another plan wrote over this plan's tables: send them again
-    # everything check() looks at, so that a cached key needs no further check (host time)
-    key = (q.shape, q.stride(), q.dtype, q.device, k.stride(), k.dtype, k.device, v.stride(), v.dtype,
-           v.device, out.shape, out.stride(), out.dtype, out.device,
-           None if lse is None else (lse.shape, lse.stride(), lse.dtype),
-           None if sinks is None else (sinks.dtype, sinks.numel()), args.q_scale, args.k_scale,
-           args.v_scale, args.o_scale, None if spec is None else (spec.shape, spec.stride(), spec.dtype))
+    key = _key(args)  # host time: a seen key is launched without the checks
     fast = plan.launch_cache.get(key)
     if fast is None:
         check(plan, args)
@@ -49,6 +54,29 @@ def run(plan: TritonPlan, args: RunArgs) -> None:
     else:
         fast[0](q, k, v, out, lse, mb, sinks)
         fast[1](out, lse, sinks)
+
+
+def relaunch(plan: TritonPlan, args: RunArgs):
+    """Backend.relaunch: the launchers run() prepared for ``args``'s key, behind the table re-send and the
+    device guard run() has; None before a run() of that key, and for masks read per run."""
+    fast = plan.launch_cache.get(_key(args))
+    if fast is None or plan.mask_mode in (MASK_CUSTOM, MASK_SPEC):
+        return None
+    f0, f1 = fast
+    up = plan.upload
+    idx = plan.device.index if plan.device.type == "cuda" else None
+
+    def go(q, k, v, out, lse, sinks) -> None:
+        if up is not None:
+            up.ensure()
+        if idx is not None and idx != current.device_index():
+            with torch.cuda.device(idx):
+                f0(q, k, v, out, lse, None, sinks)
+                f1(out, lse, sinks)
+        else:
+            f0(q, k, v, out, lse, None, sinks)
+            f1(out, lse, sinks)
+    return go
 
 
 def first_run(plan: TritonPlan, args: RunArgs):

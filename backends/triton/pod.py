@@ -379,3 +379,6 @@ class TritonPODBackend(TritonBackend):
         if isinstance(plan, PODPlan):
             return run_pod(plan, args)
         return super().run(plan, args)
+
+    def relaunch(self, plan, args):
+        return None if isinstance(plan, PODPlan) else super().relaunch(plan, args)
