@@ -23,6 +23,12 @@ def test_latency_table_on_cpu(tmp_path, capsys):
     assert "attncore xqa / decode plan: n/a:" in text
 
 
+def test_latency_reports_each_cell_before_timing_it():
+    said = []
+    run_latency(["reference"], device="cpu", calls=1, progress=said.append)
+    assert said == ["latency: attncore reference"] + [f"latency:   {c}" for c in COLUMNS]
+
+
 def test_latency_flashinfer_needs_a_gpu():
     with pytest.raises(ValueError, match="--flashinfer needs a CUDA GPU"):
         run_latency(["reference"], device="cpu", calls=1, flashinfer=True)

@@ -88,8 +88,10 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     return statistics.median(per_call)
 
 
-def _row(api, device: str, backend_kw: dict, calls: int) -> Dict[str, object]:
-    """{column: us per call, or "n/a: reason"}."""
+def _row(api, device: str, backend_kw: dict, calls: int,
+         progress: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
+    """{column: us per call, or "n/a: reason"}; ``progress`` is told each column before it is timed (a cell
+    that stalls, as FlashInfer's paged prefill did on 2026-11-25, shows which)."""
     try:
         cells = _cells(api, device, backend_kw)
     except Exception as e:  # a backend that cannot even make the wrappers here
@@ -97,6 +99,8 @@ def _row(api, device: str, backend_kw: dict, calls: int) -> Dict[str, object]:
     row: Dict[str, object] = {}
     for col in COLUMNS:
         f = cells[col]
+        if progress:
+            progress(f"latency:   {col}")
         try:
             if isinstance(f, tuple):  # run() timed after one plan()
                 f[0]()
@@ -127,7 +131,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
     for n in names:
         if progress:
             progress(f"latency: attncore {n}")
-        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls)
+        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls, progress)
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
             "blocks": _blocks(calls),
             "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows}
@@ -137,7 +141,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
         fi = _import_flashinfer(device)
         if progress:
             progress("latency: flashinfer")
-        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _row(fi, device, {}, calls)
+        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _row(fi, device, {}, calls, progress)
     return info
 
 
