@@ -47,8 +47,14 @@ def run(plan: TritonPlan, args: RunArgs) -> None:
         mb = (spec if spec.is_contiguous() else spec.contiguous()).view(torch.uint8)
     else:
         mb = plan.meta.packed_mask if plan.mask_mode == MASK_CUSTOM else None
-    if q.is_cuda and q.device.index != current.device_index():
-        with torch.cuda.device(q.device):
+    _launch_pair(fast, q.device.index if q.is_cuda else None, q, k, v, out, lse, mb, sinks)
+
+
+def _launch_pair(fast, index, q, k, v, out, lse, mb, sinks) -> None:
+    """The attention and merge relaunchers on CUDA device ``index`` (None: the CPU), whichever device is
+    current (a tensor-parallel rank's tensors may sit on cuda:1 while cuda:0 stays current)."""
+    if index is not None and index != current.device_index():
+        with torch.cuda.device(index):
             fast[0](q, k, v, out, lse, mb, sinks)
             fast[1](out, lse, sinks)
     else:
@@ -57,25 +63,18 @@ def run(plan: TritonPlan, args: RunArgs) -> None:
 
 
 def relaunch(plan: TritonPlan, args: RunArgs):
-    """Backend.relaunch: the launchers run() prepared for ``args``'s key, behind the table re-send and the
-    device guard run() has; None before a run() of that key, and for masks read per run."""
+    """Backend.relaunch: the launchers run() prepared for ``args``'s key, behind the table re-send that run()
+    does; None before a run() of that key, and for masks read per run."""
     fast = plan.launch_cache.get(_key(args))
     if fast is None or plan.mask_mode in (MASK_CUSTOM, MASK_SPEC):
         return None
-    f0, f1 = fast
     up = plan.upload
-    idx = plan.device.index if plan.device.type == "cuda" else None
+    index = plan.device.index if plan.device.type == "cuda" else None
 
     def go(q, k, v, out, lse, sinks) -> None:
         if up is not None:
             up.ensure()
-        if idx is not None and idx != current.device_index():
-            with torch.cuda.device(idx):
-                f0(q, k, v, out, lse, None, sinks)
-                f1(out, lse, sinks)
-        else:
-            f0(q, k, v, out, lse, None, sinks)
-            f1(out, lse, sinks)
+        _launch_pair(fast, index, q, k, v, out, lse, None, sinks)
     return go
 
 
