@@ -1,6 +1,7 @@
 """``attncore bench --latency`` (issue 15 item 1) runs on the CPU: every column, a row per backend, --json."""
 
 import json
+import os
 
 import pytest
 
@@ -27,6 +28,50 @@ def test_latency_reports_each_cell_before_timing_it():
     said = []
     run_latency(["reference"], device="cpu", calls=1, progress=said.append)
     assert said == ["latency: attncore reference"] + [f"latency:   {c}" for c in COLUMNS]
+
+
+_FAKE_FI = """
+import time
+from attncore import *  # FlashInfer's API, served here by attncore (the reference backend on the CPU)
+
+STALL = {stall!r}
+
+
+def single_decode_with_kv_cache(*a, **kw):
+    if STALL:
+        time.sleep(600)  # a cell that never finishes
+    raise RuntimeError("refused here")
+"""
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_flashinfer_row_runs_in_a_child_process_with_a_time_limit(tmp_path, monkeypatch, stall):
+    """FlashInfer's row (stood in for by a module of FlashInfer's API) is timed in a child process: its cells
+    come back one by one, an exception is its cell's reason, and a stall costs the time limit, not the table."""
+    from attncore.cli import latency
+
+    (tmp_path / "fakefi.py").write_text(_FAKE_FI.format(stall=stall))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    said = []
+    row = latency._child_row("fakefi", "cpu", 1, timeout=60 if not stall else 25, progress=said.append)
+    assert list(row) == list(COLUMNS)
+    assert isinstance(row["single_prefill"], float) and row["single_prefill"] > 0
+    assert said[:2] == ["latency:   single_prefill", "latency:   single_decode"]
+    if stall:
+        assert row["single_decode"] == "n/a: did not finish within 25 s (its process was stopped)"
+        assert all(row[c] == "n/a: not reached (fakefi stopped in single_decode)" for c in COLUMNS[2:])
+    else:
+        assert row["single_decode"] == "n/a: RuntimeError: refused here"
+        assert all(isinstance(row[c], float) for c in COLUMNS[2:]), row
+
+
+def test_flashinfer_row_whose_process_fails_says_why():
+    from attncore.cli import latency
+
+    row = latency._child_row("no_such_module_xyz", "cpu", 1, timeout=60)
+    assert row["single_prefill"] == ("n/a: its process exited with status 1: ModuleNotFoundError: No module named "
+                                     "'no_such_module_xyz'")
+    assert all(row[c] == "n/a: not reached (no_such_module_xyz stopped in single_prefill)" for c in COLUMNS[1:])
 
 
 def test_latency_flashinfer_needs_a_gpu():

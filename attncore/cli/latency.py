@@ -7,11 +7,18 @@ one-call ``single_prefill`` and ``single_decode``, a batch decode ``plan()`` and
 prefill ``plan()`` and ``run()``.  Rows: one per backend (``auto`` first), and FlashInfer's when asked
 for and importable, driven through the same code.  A backend that does not serve an op gets ``n/a``
 with the reason.  On the CPU the problems are smaller and the calls fewer (the Triton interpreter).
+
+FlashInfer's row runs in a child process, after attncore's rows, with a time limit.  In the same process as
+attncore's rows it stalled in three runs on an H100 (2026-11-25; one of them in its paged prefill plan); in a
+process of its own it ran.  A cell it does not finish within the limit says so, and the table is still printed.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -88,10 +95,10 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     return statistics.median(per_call)
 
 
-def _row(api, device: str, backend_kw: dict, calls: int,
-         progress: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
+def _row(api, device: str, backend_kw: dict, calls: int, progress: Optional[Callable[[str], None]] = None,
+         done: Optional[Callable[[str, object], None]] = None) -> Dict[str, object]:
     """{column: us per call, or "n/a: reason"}; ``progress`` is told each column before it is timed (a cell
-    that stalls, as FlashInfer's paged prefill did on 2026-11-25, shows which)."""
+    that stalls shows which), ``done`` each column's result."""
     try:
         cells = _cells(api, device, backend_kw)
     except Exception as e:  # a backend that cannot even make the wrappers here
@@ -108,7 +115,60 @@ def _row(api, device: str, backend_kw: dict, calls: int,
             row[col] = round(_time(f, calls, device), 1)
         except Exception as e:  # refused (not served) or failed: the reason, first line
             row[col] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        if done:
+            done(col, row[col])
     return row
+
+
+FLASHINFER_TIMEOUT_S = 300  # FlashInfer's row, its child process included (its kernels warmed beforehand)
+
+_CHILD = """
+import importlib, json, sys
+from attncore.cli.latency import _row
+api = importlib.import_module(sys.argv[1])
+_row(api, sys.argv[2], {}, int(sys.argv[3]), progress=lambda s: print(s, file=sys.stderr, flush=True),
+     done=lambda col, v: print(json.dumps([col, v]), flush=True))
+"""
+
+
+def _text(x) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+
+def _child_row(module: str, device: str, calls: int, timeout: float,
+               progress: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
+    """``_row`` of the API of ``module`` (imported by that name; no backend argument), run in a child process
+    stopped after ``timeout`` seconds.  Cells finished before a stop or a crash keep their times; the cell it
+    stopped in and those after say why."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _CHILD, module, device, str(calls)], capture_output=True,
+                           text=True, timeout=timeout)
+        out, err = r.stdout, r.stderr
+        why = None if r.returncode == 0 else f"its process exited with status {r.returncode}"
+    except subprocess.TimeoutExpired as e:
+        out, err = _text(e.stdout), _text(e.stderr)
+        why = f"did not finish within {timeout:g} s (its process was stopped)"
+    row: Dict[str, object] = {}
+    for line in out.splitlines():
+        try:
+            col, value = json.loads(line)
+        except ValueError:
+            continue
+        if col in COLUMNS:
+            row[col] = value
+    if progress:
+        for line in err.splitlines():
+            if line.startswith("latency:"):
+                progress(line)
+    if why is not None:
+        lines = [x for x in err.splitlines() if x.strip() and not x.startswith("latency:")]
+        if lines and "exited" in why:
+            why += f": {lines[-1][:160]}"
+        stopped = next((c for c in COLUMNS if c not in row), None)
+        for c in COLUMNS:
+            if c not in row:
+                row[c] = f"n/a: {why}" if c == stopped else f"n/a: not reached ({module} stopped in {stopped})"
+    return {c: row[c] for c in COLUMNS}
 
 
 def default_backends(device: str) -> List[str]:
@@ -121,7 +181,8 @@ def default_backends(device: str) -> List[str]:
 
 def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[str] = None,
                 calls: Optional[int] = None, flashinfer: bool = False,
-                progress: Optional[Callable[[str], None]] = None) -> dict:
+                progress: Optional[Callable[[str], None]] = None,
+                flashinfer_timeout: float = FLASHINFER_TIMEOUT_S) -> dict:
     import attncore
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -138,10 +199,11 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer
 
-        fi = _import_flashinfer(device)
+        fi = _import_flashinfer(device)  # the errors (no GPU, not importable, the attncore shim) here
         if progress:
-            progress("latency: flashinfer")
-        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _row(fi, device, {}, calls, progress)
+            progress("latency: flashinfer (its own process)")
+        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _child_row("flashinfer", device, calls,
+                                                                           flashinfer_timeout, progress)
     return info
 
 
