@@ -37,18 +37,24 @@ def single_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_
             tk(lse), o_dtype, _selector.env_key())
 
 
+def _hit_outputs(hit: tuple, q: Tensor, out, lse, return_lse: bool):
+    """(out, lse or None) of a run of a cached plan (``hit``: its ``ONE_CALL_PLANS`` entry), allocated as planned
+    where the caller gave none: out ``[*q's leading dims, head_dim_vo]``, lse ``[*q's leading dims]``."""
+    lead = q.shape[:-1]
+    if out is None:
+        out = torch.empty((*lead, hit[3]), dtype=hit[2], device=q.device)
+    if not return_lse:
+        lse = None
+    elif lse is None:
+        lse = torch.empty(lead, dtype=torch.float32, device=q.device)
+    return out, lse
+
+
 def hit_args(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse: bool, sinks) -> RunArgs:
     """The run's arguments of a cached plan (``hit``: its ``ONE_CALL_PLANS`` entry): the outputs allocated as
     planned, the scales as checked when it was planned."""
-    scales, out_dtype = hit[1], hit[2]
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=out_dtype, device=q.device)
-    if return_lse:
-        if lse is None:
-            lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
-    else:
-        lse = None
-    return RunArgs(q, k, v, out, lse, None if sinks is None else sinks.float(), *scales)
+    out, lse = _hit_outputs(hit, q, out, lse, return_lse)
+    return RunArgs(q, k, v, out, lse, None if sinks is None else sinks.float(), *hit[1])
 
 
 def run_cached(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse: bool, sinks):
@@ -56,28 +62,22 @@ def run_cached(hit: tuple, q: Tensor, k: Tensor, v: Tensor, out, lse, return_lse
     (out, lse or None).  A single decode passes q ``[Hq, D]`` (out and lse without their first dim too).  From
     its second run on, a plan whose backend offers one runs through its ``relaunch`` (Backend.relaunch: no
     run() checks, which the key made redundant), kept in the entry's last slot."""
-    planned, scales, out_dtype, dv, slot = hit
-    lead = q.shape[:-1]
-    if out is None:
-        out = torch.empty((*lead, dv), dtype=out_dtype, device=q.device)
-    if not return_lse:
-        lse = None
-    elif lse is None:
-        lse = torch.empty(lead, dtype=torch.float32, device=q.device)
-    if sinks is not None:
-        sinks = sinks.float()
+    slot = hit[4]
     go = slot[0]
     if go:
-        go(q, k, v, out, lse, sinks)
+        out, lse = _hit_outputs(hit, q, out, lse, return_lse)
+        go(q, k, v, out, lse, None if sinks is None else sinks.float())
         return out, lse
     if q.dim() == 2:  # a single decode: one row of single prefill
-        args = RunArgs(q.unsqueeze(0), k, v, out.unsqueeze(0), None if lse is None else lse.unsqueeze(0), sinks,
-                       *scales)
+        out, lse = _hit_outputs(hit, q, out, lse, return_lse)
+        args = RunArgs(q.unsqueeze(0), k, v, out.unsqueeze(0), None if lse is None else lse.unsqueeze(0),
+                       None if sinks is None else sinks.float(), *hit[1])
     else:
-        args = RunArgs(q, k, v, out, lse, sinks, *scales)
-    planned.run(args)
+        args = hit_args(hit, q, k, v, out, lse, return_lse, sinks)
+        out, lse = args.out, args.lse
+    hit[0].run(args)
     if go is None:
-        slot[0] = planned.relaunch(args) or False
+        slot[0] = hit[0].relaunch(args) or False
     return out, lse
 
 
