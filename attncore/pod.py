@@ -1,23 +1,28 @@
-"""POD (prefill-on-decode): a prefill and a decode batch in one call, in one of three modes (``mode``).
+"""POD (prefill-on-decode): a prefill and a decode batch in one call, in one of four modes (``mode``).
 
 * ``"fused"``: a backend's fused op (``pod`` / ``batch_pod``, ``attncore.core.problem.pod_problem``) runs
   both parts in one launch; ``fuse=False`` skips it.  The parts are composed (the backends chosen for a
   single or batch prefill and a batch decode) when no backend claims it, when ``auto``'s pick ranks below
   the reference (Triton's interpreter on the CPU), or when its plan() declines the batch (``PODDeclined``:
   fused would not win); ``fused_reason`` says which, ``backend`` names what ran.
+* ``"sm_split"`` (``overlap="sm_split"``, and ``overlap="auto"`` on sm_90 where its model says the split
+  gains): composed at the same time on disjoint sets of SMs, the prefill on one CUDA green context's stream,
+  the decode on the other's (``attncore.core.green``), both forked from the current stream and joined back
+  before run() returns; the split is chosen per pair of parts (``attncore.core.streams.choose_split``) and
+  ``sm_split`` gives the SMs of the last run.  CUDA-graph capture records it.
 * ``"streams"`` (``overlap="streams"``): composed at the same time, the prefill on the current stream, the
   decode on a side stream forked from it (one per device and priority per wrapper, at the current stream's
-  priority) and joined back before run() returns, so that the bandwidth-bound decode may overlap the
-  compute-bound prefill.  CUDA-graph capture records the fork and the join.
+  priority) and joined back before run() returns.  CUDA-graph capture records the fork and the join.
 * ``"serial"``: composed one after the other on the current stream: ``overlap="serial"``, ``overlap="auto"``
-  (the default: ``attncore.core.streams.AUTO_STREAMS``: streams were measured not to gain), on a device
-  without streams (the CPU), under torch.compile (no fork in a compiled region), or when the caller's float
-  workspace cannot hold both parts' scratch side by side; ``overlap_reason`` says why.
+  where the split's model says it would not gain or off sm_90, on a device without streams (the CPU), under
+  torch.compile (no fork in a compiled region), or when the caller's float workspace cannot hold both parts'
+  scratch side by side; ``overlap_reason`` says why.
 
 LSEs are returned when asked for (FlashInfer drops them); decode-side ``*_d`` arguments either match the
 plan (``None``: as planned) or raise.  Workspaces: parts that run at the same time never share scratch.
 The single POD's prefill uses the one-call workspace, its decode the caller's; the batch POD gives each
-part half of the caller's float workspace in streams mode, the whole of it to both when they run in turn.
+part half of the caller's float workspace where they may run at the same time, the whole of it to both when
+they always run in turn.
 Int workspaces are plan-scoped, so each plan has its own: the caller's goes to the decode part, the fused
 plan's work list to the wrapper's own (``INT_WORKSPACE_BYTES``), the batch prefill part keeps its wrapper's.
 """
@@ -168,10 +173,16 @@ class _Modes:
 
     @property
     def mode(self) -> Optional[str]:
-        """How the last eager run ran: ``"fused"`` (one launch), ``"streams"`` (the parts composed on two
-        CUDA streams at the same time), ``"serial"`` (composed, one after the other); None before a run.
-        Under torch.compile the composed parts run one after the other (and ``mode`` is not updated)."""
+        """How the last eager run ran: ``"fused"`` (one launch), ``"sm_split"`` (the parts composed at the same
+        time on disjoint SMs), ``"streams"`` (composed on two CUDA streams at the same time), ``"serial"``
+        (composed, one after the other); None before a run.  Under torch.compile the composed parts run one
+        after the other (and ``mode`` is not updated)."""
         return self._streams.mode
+
+    @property
+    def sm_split(self) -> Optional[tuple]:
+        """(prefill SMs, decode SMs) of the last run when it was an SM split, else None."""
+        return self._streams.sms
 
     @property
     def overlap_reason(self) -> Optional[str]:
@@ -187,9 +198,10 @@ class PODWithPagedKVCacheWrapper(_Modes):
                  paged_kv_last_page_len_buffer: Optional[Tensor] = None, jit_args=None, *, backend: str = "auto",
                  fuse: bool = True, overlap: str = "auto"):
         """``fuse`` (attncore): False always composes the parts (benchmarks time the composed paths so).
-        ``overlap`` (attncore): how composed parts run: ``"streams"`` on two CUDA streams (the decode on a
-        side stream) where the device has streams, ``"serial"`` one after the other, ``"auto"`` as measured
-        (``attncore.core.streams.AUTO_STREAMS``: serial).
+        ``overlap`` (attncore): how composed parts run: ``"sm_split"`` at the same time on disjoint SMs (CUDA
+        green contexts), ``"streams"`` on two CUDA streams (the decode on a side stream), ``"serial"`` one after
+        the other, ``"auto"`` (the default) split where ``attncore.core.streams.choose_split`` says it gains
+        on sm_90, else serial.
         The single prefill's scratch is the one-call workspace, the decode's the caller's: they never
         share one, so running them at the same time needs no split of the caller's workspace."""
         self._decode = BatchDecodeWithPagedKVCacheWrapper(
@@ -288,7 +300,8 @@ class PODWithPagedKVCacheWrapper(_Modes):
             _ready(planned_p, args_p)
             _ready(planned, args_d)
             self._prefill_backend = planned_p.backend_name
-            self._streams.compose(lambda: planned_p.run(args_p), lambda: planned.run(args_d))
+            why = self._streams.decide(planned_p.problem, planned_p.meta, planned.problem, planned.meta)
+            self._streams.compose(lambda: planned_p.run(args_p), lambda: planned.run(args_d), why)
         return _result(args_p), _result(args_d)
 
 
@@ -298,9 +311,10 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", *, backend: str = "auto",
                  fuse: bool = True, overlap: str = "auto"):
         """``fuse`` (attncore): False always composes the parts.  ``overlap`` (attncore): how composed parts
-        run: ``"streams"`` on two CUDA streams where the device has them and the float workspace holds both
-        parts' scratch side by side (each part plans into its half), ``"serial"`` one after the other, sharing
-        the whole float workspace, ``"auto"`` as measured (``attncore.core.streams.AUTO_STREAMS``: serial)."""
+        run: ``"sm_split"`` at the same time on disjoint SMs or ``"streams"`` on two CUDA streams, where the
+        device has them and the float workspace holds both parts' scratch side by side (each part plans into
+        its half), ``"serial"`` one after the other, sharing the whole float workspace, ``"auto"`` (the
+        default) split where ``attncore.core.streams.choose_split`` says it gains on sm_90, else serial."""
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, backend=backend)
         self._plan_args: Optional[tuple] = None
@@ -457,7 +471,8 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
                                                                 ("v_scale", v_scale)))
             fused = self._fuser.plan("batch_pod", _variant(pw._planned.problem, return_lse, False), pw._planned.meta,
                                      _variant(dw._planned.problem, return_lse, fp8), dw._planned.meta)
-            why = None if fused is not None else self._split_reason or self._streams.unavailable()
+            why = None if fused is not None else self._split_reason or self._streams.decide(
+                pw._planned.problem, pw._planned.meta, dw._planned.problem, dw._planned.meta)
             if why is not None:
                 # one part after the other on the current stream: each wrapper's own run(), whose repeated
                 # signature skips its checks (host time: a serving step runs this once per layer)

@@ -288,12 +288,15 @@ def test_pod_bench_rows_on_cpu(triton_pod):
     w = bench_pod._shrink(bench_pod.POD_WORKLOADS[0])
     row = bench_pod.measure(w, device="cpu", time_fn=lambda fn: (fn(), calls.append(1), 1.0)[2])
     assert "fused_error" not in row, row.get("fused_error")
-    assert row["fused"] == row["serial"] == row["streams"] == row["auto"] == 1.0 and len(calls) == 4
+    assert row["fused"] == row["serial"] == row["streams"] == row["sm_split"] == row["auto"] == 1.0
+    assert len(calls) == 5
     assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("serial: prefill=")
     assert row["streams_mode"] == "serial" and "no CUDA streams on cpu" in row["streams_reason"]
+    assert row["sm_split_sms"] is None and "overlap='sm_split': no CUDA streams on cpu" in row["sm_split_reason"]
     assert triton_pod._pod[0] == "always"  # the forced mode is restored to the fixture's
     table = bench_pod.format_pod_table({"device": "cpu", "rows": [row]})
     assert "PD1" in table and "fused x" in table and "streams x" in table and "streams_reason" in table
+    assert "split x" in table and "sm_split_reason" in table
     with pytest.raises(ValueError, match="unknown POD workload PD9"):
         bench_pod.run_pod_bench(["PD9"], device="cpu")
 

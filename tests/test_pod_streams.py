@@ -1,7 +1,8 @@
-"""POD's concurrent mode (issue 16): the composed parts on two CUDA streams (the decode on a side stream),
-its selection (``overlap=``, ``mode``, ``overlap_reason``), the batch POD's workspace split and its
-too-small fallback (on the CPU, with the stream fork faked), and on a GPU: streams == serial bit for bit,
-under CUDA-graph capture and replay after re-plan, memory flat over repeated runs."""
+"""POD's concurrent modes (issue 16): the composed parts on two CUDA streams (the decode on a side stream) or
+on two disjoint sets of SMs (``sm_split``; its model: tests/test_pod_sm_split.py), their selection
+(``overlap=``, ``mode``, ``overlap_reason``), the batch POD's workspace split and its too-small fallback (on
+the CPU, with the stream fork faked), and on a GPU: streams and sm_split == serial bit for bit, under
+CUDA-graph capture and replay after re-plan, memory flat over repeated runs."""
 
 from __future__ import annotations
 
@@ -45,13 +46,13 @@ def _batch_pod(ws, dtype, device="cpu", qo=7, kv_p=(7,), kv_d=(5, 9), **kw):
 @pytest.mark.parametrize("bad", ["parallel", "", True, None, 2])
 def test_bad_overlap_raises_naming_it(bad):
     ws = torch.empty(1 << 20, dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"overlap: got .*expected one of 'auto', 'streams', 'serial'"):
+    with pytest.raises(ValueError, match=r"overlap: got .*expected one of 'auto', 'sm_split', 'streams', 'serial'"):
         attncore.PODWithPagedKVCacheWrapper(ws, "NHD", overlap=bad)
     with pytest.raises(ValueError, match="overlap: got"):
         attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", overlap=bad)
 
 
-@pytest.mark.parametrize("overlap", ["auto", "streams", "serial"])
+@pytest.mark.parametrize("overlap", ["auto", "sm_split", "streams", "serial"])
 def test_pod_on_cpu_runs_serially_and_says_why(overlap):
     """On the CPU the concurrent mode degrades to serial (no streams), with the reason; results are
     the serial path's bit for bit and right against the golden."""
@@ -155,6 +156,7 @@ def fake_streams(monkeypatch):
 
     monkeypatch.setattr(_pod.Streams, "unavailable",
                         lambda self: "overlap='serial'" if self.overlap == "serial" else None)
+    monkeypatch.setattr(_pod.Streams, "decide", lambda self, *parts: self.unavailable())
     monkeypatch.setattr(_pod.Streams, "compose", compose)
     return calls
 
@@ -239,7 +241,8 @@ def test_batch_pod_prefill_mask_too_big_for_its_half_falls_back(fake_streams, mo
 def test_explain_mentions_streams():
     base = AttentionProblem(op="single_prefill", num_qo_heads=8, num_kv_heads=2, head_dim_qk=64, head_dim_vo=64)
     p = pod_problem("pod", base, base.replace(op="batch_decode", page_size=16, mask="causal"))
-    assert "side CUDA stream" in explain(p).note
+    note = explain(p).note
+    assert "side CUDA stream" in note and "disjoint SMs" in note and "choose_split" in note
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -261,14 +264,16 @@ def _flat(res):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["streams", "sm_split"])
 @pytest.mark.parametrize("lse", [False, True])
-def test_streams_equal_serial_bitwise_gpu(lse):
+def test_streams_equal_serial_bitwise_gpu(lse, mode):
     """PD-like shapes in bf16 (32/8 heads, d128, page 16, kv-0 and kv-1 decode rows): the concurrent mode
-    runs (side stream) and gives the serial mode's bits, with and without LSEs."""
+    runs (side stream, or two green-context streams on disjoint SMs) and gives the serial mode's bits, with
+    and without LSEs."""
     indptr, indices, last, cache, qp, kp, vp, qd = _pd()
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     res, sides = {}, None
-    for ov in ("streams", "serial"):
+    for ov in (mode, "serial"):
         w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", fuse=False, overlap=ov)
         w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
         res[ov] = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=lse, return_lse_d=lse)
@@ -279,14 +284,18 @@ def test_streams_equal_serial_bitwise_gpu(lse):
             assert sides[0].priority == torch.cuda.current_stream().priority
             w.run(qp, kp, vp, qd, cache, causal_p=True)
             assert list(w._streams._side.values()) == sides  # created once, reused
+        if ov == "sm_split":
+            n_p, n_d = w.sm_split
+            assert n_p % 8 == 0 and 0 < n_p < n_p + n_d <= torch.cuda.get_device_properties(0).multi_processor_count
     torch.cuda.synchronize()
-    for a, b in zip(_flat(res["streams"]), _flat(res["serial"])):
+    for a, b in zip(_flat(res[mode]), _flat(res["serial"])):
         assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["streams", "sm_split"])
 @pytest.mark.parametrize("lse", [False, True])
-def test_batch_pod_streams_equal_serial_bitwise_gpu(lse):
+def test_batch_pod_streams_equal_serial_bitwise_gpu(lse, mode):
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(4)
     ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
@@ -295,20 +304,21 @@ def test_batch_pod_streams_equal_serial_bitwise_gpu(lse):
     qo_d = torch.arange(33, dtype=torch.int32, device=dev)
     qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype, device=dev)
     res = {}
-    for ov in ("streams", "serial"):
+    for ov in (mode, "serial"):
         w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
                                                      fuse=False, overlap=ov)
         w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, 32, 8, 128, 16, q_data_type=dtype)
         res[ov] = w.run(qp, cp, qd, cd, causal_p=True, return_lse=lse)
         assert w.mode == ov, w.overlap_reason
-        assert (w._split is not None) == (ov == "streams")
+        assert (w._split is not None) == (ov == mode)
     torch.cuda.synchronize()
-    for a, b in zip(_flat(res["streams"]), _flat(res["serial"])):
+    for a, b in zip(_flat(res[mode]), _flat(res["serial"])):
         assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
-def test_streams_graph_capture_replay_after_replan_gpu():
+@pytest.mark.parametrize("mode", ["streams", "sm_split"])
+def test_streams_graph_capture_replay_after_replan_gpu(mode):
     """The fork/join is captured in a CUDA graph; a re-plan (new decode lengths, same batch size) and a
     replay give what an eager serial run of the same plan gives, bit for bit."""
     dev, dtype = "cuda", torch.bfloat16
@@ -318,7 +328,7 @@ def test_streams_graph_capture_replay_after_replan_gpu():
                 paged_kv_indices_buffer=torch.empty(cache.shape[0], dtype=torch.int32, device=dev),
                 paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device=dev))
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-    w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", True, fuse=False, overlap="streams", **bufs)
+    w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", True, fuse=False, overlap=mode, **bufs)
     w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=dtype)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -328,7 +338,7 @@ def test_streams_graph_capture_replay_after_replan_gpu():
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         (out_p, (out_d, lse_d)) = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
-    assert w.mode == "streams"
+    assert w.mode == mode
     # re-plan: shorter requests (same batch size, pages from the same cache)
     lens = [int(x) for x in torch.randint(0, 1024, (batch,))]
     pages = [(n + 15) // 16 for n in lens]
@@ -347,17 +357,18 @@ def test_streams_graph_capture_replay_after_replan_gpu():
 
 
 @pytest.mark.gpu
-def test_streams_memory_flat_gpu():
+@pytest.mark.parametrize("mode", ["streams", "sm_split"])
+def test_streams_memory_flat_gpu(mode):
     """Repeated concurrent runs whose results are dropped leave the allocated memory where it was (no block
-    kept alive, none lost to the side stream)."""
+    kept alive, none lost to the forked streams)."""
     indptr, indices, last, cache, qp, kp, vp, qd = _pd(prefill=512, batch=16, kv=1024)
     w = attncore.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
-                                            fuse=False, overlap="streams")
+                                            fuse=False, overlap=mode)
     w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
     for _ in range(3):
         w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
     torch.cuda.synchronize()
-    assert w.mode == "streams"
+    assert w.mode == mode
     base = torch.cuda.memory_allocated()
     for _ in range(20):
         r = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
@@ -366,15 +377,23 @@ def test_streams_memory_flat_gpu():
     assert torch.cuda.memory_allocated() == base
 
 
-def test_auto_composes_serially_as_measured(monkeypatch):
-    """overlap="auto" on a GPU runs the composed parts in turn (AUTO_STREAMS: two streams were measured not to
-    gain) and says why; "streams" still forks.  The device is faked: only the choice is tested here."""
-    from attncore.core import streams
+def test_auto_splits_only_where_the_model_was_fitted(monkeypatch):
+    """overlap="auto" may split the SMs on sm_90 (decide() says per pair of parts) and composes in turn
+    elsewhere, saying why; "streams" always forks, "serial" never.  The device is faked: only the choice is
+    tested here."""
+    from attncore.core import green, streams
 
-    for ov, want in (("auto", streams.AUTO_SERIAL), ("streams", None), ("serial", "overlap='serial'")):
-        st = streams.Streams(ov, torch.device("cuda", 0))
-        why = st.unavailable()
-        assert (why is None) if want is None else why.startswith(want), (ov, why)
-    monkeypatch.setattr(streams, "AUTO_STREAMS", True)
-    assert streams.Streams("auto", torch.device("cuda", 0)).unavailable() is None
+    monkeypatch.setattr(green, "unavailable", lambda device: None)
+    for cc, ov, want in (((9, 0), "auto", None), ((8, 0), "auto", "overlap='auto': serial on sm_80"),
+                         ((8, 0), "sm_split", None), ((9, 0), "streams", None),
+                         ((9, 0), "serial", "overlap='serial'")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
+        why = streams.Streams(ov, torch.device("cuda", 0)).unavailable()
+        assert (why is None) if want is None else why.startswith(want), (cc, ov, why)
+        if why is not None and cc == (8, 0):
+            assert "pass overlap='sm_split'" in why
+    monkeypatch.setattr(green, "unavailable", lambda device: "CUDA green contexts are not available on cuda:0: x")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    why = streams.Streams("sm_split", torch.device("cuda", 0)).unavailable()
+    assert why.startswith("overlap='sm_split': CUDA green contexts are not available") and "one after the" in why
     assert "no CUDA streams on cpu" in streams.Streams("auto", torch.device("cpu")).unavailable()

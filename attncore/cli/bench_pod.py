@@ -4,9 +4,11 @@ Every point runs through ``PODWithPagedKVCacheWrapper`` (a causal single prefill
 paged decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces the fused op of
 ``--pod-backend`` (default triton) on every batch, ``serial`` composes the parts one after the other
 (``fuse=False, overlap="serial"``, each part on auto's backend), ``streams`` composes them on two CUDA
-streams at the same time (``fuse=False, overlap="streams"``; serial on a CPU), ``auto`` is what the
-wrapper does by default (fused where the backend's plan estimates a gain, else streams; the table says
-which ran), and ``flashinfer`` (with ``--flashinfer``) is
+streams at the same time (``fuse=False, overlap="streams"``; serial on a CPU), ``sm_split`` on two
+disjoint sets of SMs (``fuse=False, overlap="sm_split"``: the split its model picks; serial on a CPU),
+``auto`` is what the wrapper does by default (fused where the backend's plan estimates a gain, else the SM
+split where its model says it gains, else serial; the table says which ran), and ``flashinfer`` (with
+``--flashinfer``) is
 FlashInfer's POD wrapper on the same inputs.  The sweep (``--pod-sweep``; alone, without PD ids, it
 runs only the sweep): prefill 512 / 2k / 8k x
 decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k, with the median speedup and, with ``--plot``, a
@@ -109,9 +111,14 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
     row["streams_mode"] = wr.mode  # "serial" where the device has no streams (overlap_reason says why)
     if wr.overlap_reason:
         row["streams_reason"] = wr.overlap_reason
+    run, wr = _setup(w, device, dtype, attncore, dict(fuse=False, overlap="sm_split"))
+    row["sm_split"] = t(run)
+    row["sm_split_sms"] = wr.sm_split  # None where the device cannot split (overlap_reason says why)
+    if wr.overlap_reason:
+        row["sm_split_reason"] = wr.overlap_reason
     run, wr = _setup(w, device, dtype, attncore, {})
     row["auto"] = t(run)
-    row["auto_ran"] = wr.backend if wr.mode == "fused" else f"{wr.mode}: {wr.backend}"
+    row["auto_ran"] = wr.backend if wr.mode == "fused" else f"{wr.mode}{wr.sm_split or ''}: {wr.backend}"
     row["auto_reason"] = wr.fused_reason
     if fi is not None:
         try:
@@ -119,7 +126,7 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
             row["flashinfer"] = t(run)
         except Exception as e:
             row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:160]}"
-    for k in ("fused", "streams", "auto", "flashinfer"):
+    for k in ("fused", "streams", "sm_split", "auto", "flashinfer"):
         if k in row:
             row[f"{k}_speedup"] = row["serial"] / row[k]
     return row
@@ -150,11 +157,14 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
     sp = [r["fused_speedup"] for r in rows if r["id"].startswith("S-") and "fused_speedup" in r]
     auto = [r["auto_speedup"] for r in rows if r["id"].startswith("S-") and "auto_speedup" in r]
     streams = [r["streams_speedup"] for r in rows if r["id"].startswith("S-") and "streams_speedup" in r]
+    split = [r["sm_split_speedup"] for r in rows if r["id"].startswith("S-") and "sm_split_speedup" in r]
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}
     if sp:
         info["sweep_median_fused_speedup"] = statistics.median(sp)
     if streams:
         info["sweep_median_streams_speedup"] = statistics.median(streams)
+    if split:
+        info["sweep_median_sm_split_speedup"] = statistics.median(split)
     if auto:
         info["sweep_median_auto_speedup"] = statistics.median(auto)
         info["sweep_worst_auto_speedup"] = min(auto)
@@ -167,23 +177,25 @@ def _ms(x) -> str:
 
 def _fmt_row(r: Dict) -> str:
     return (f"{r['id']:<20} {r['shape']:<18} {_ms(r.get('fused')):>8} {_ms(r.get('serial')):>8} "
-            f"{_ms(r.get('streams')):>8} {_ms(r.get('auto')):>8} {_ms(r.get('flashinfer')):>8} "
-            f"{r.get('fused_speedup', 0):>8.2f} {r.get('streams_speedup', 0):>9.2f} {r.get('auto_speedup', 0):>7.2f} "
+            f"{_ms(r.get('streams')):>8} {_ms(r.get('sm_split')):>8} {_ms(r.get('auto')):>8} "
+            f"{_ms(r.get('flashinfer')):>8} {r.get('fused_speedup', 0):>8.2f} {r.get('streams_speedup', 0):>9.2f} "
+            f"{r.get('sm_split_speedup', 0):>7.2f} {r.get('auto_speedup', 0):>7.2f} "
             f"{r.get('flashinfer_speedup', 0):>6.2f}  {r.get('auto_ran')}")
 
 
 def format_pod_table(info: Dict) -> str:
     lines = [f"POD on {info['device']} (ms; speedup = serial / x)",
-             f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'streams':>8} {'auto':>8} {'flashinf':>8} "
-             f"{'fused x':>8} {'streams x':>9} {'auto x':>7} {'fi x':>6}  auto ran"]
+             f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'streams':>8} {'sm_split':>8} {'auto':>8} "
+             f"{'flashinf':>8} {'fused x':>8} {'streams x':>9} {'split x':>7} {'auto x':>7} {'fi x':>6}  auto ran"]
     for r in info["rows"]:
         lines.append(_fmt_row(r))
-        for k in ("fused_error", "streams_reason", "flashinfer_error"):
+        for k in ("fused_error", "streams_reason", "sm_split_reason", "flashinfer_error"):
             if k in r:
                 lines.append(f"    {k}: {r[k]}")
     if "sweep_median_auto_speedup" in info:
         lines.append(f"sweep: median speedup over serial: fused {info.get('sweep_median_fused_speedup', 0):.3f}, "
-                     f"streams {info.get('sweep_median_streams_speedup', 0):.3f}, auto "
+                     f"streams {info.get('sweep_median_streams_speedup', 0):.3f}, "
+                     f"sm_split {info.get('sweep_median_sm_split_speedup', 0):.3f}, auto "
                      f"{info['sweep_median_auto_speedup']:.3f}; worst auto {info['sweep_worst_auto_speedup']:.3f} "
                      f"(target: >= 0.98)")
     return "\n".join(lines)
@@ -202,13 +214,14 @@ def check_plot():
 
 
 def plot(info: Dict, path: str) -> None:
-    """Speedup over serial of fused, streams and auto (and FlashInfer) per point; matplotlib is optional."""
+    """Speedup over serial of fused, streams, sm_split and auto (and FlashInfer) per point; matplotlib is
+    optional."""
     plt = check_plot()
     rows = info["rows"]
     xs = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(rows)), 4))
-    for key, mark in (("fused_speedup", "o"), ("streams_speedup", "^"), ("auto_speedup", "x"),
-                      ("flashinfer_speedup", "s")):
+    for key, mark in (("fused_speedup", "o"), ("streams_speedup", "^"), ("sm_split_speedup", "v"),
+                      ("auto_speedup", "x"), ("flashinfer_speedup", "s")):
         ys = [r.get(key) for r in rows]
         if any(y is not None for y in ys):
             ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], mark,

@@ -182,8 +182,10 @@ def _pod_note(problem: AttentionProblem, backend: str, ex: Explanation) -> str:
     else:
         head = (f"fused by {ex.chosen} where its plan() estimates a gain; otherwise (see the wrapper's "
                 f"fused_reason) the parts are composed")
-    tail = ("; composed parts run at the same time (decode on a side CUDA stream) on CUDA devices when the "
-            "float workspace holds both, else one after the other (overlap=, the wrapper's mode / overlap_reason)")
+    tail = ("; composed parts run at the same time on disjoint SMs where the split's model says it gains (sm_90, "
+            "overlap='auto'; always with overlap='sm_split'; attncore.core.streams.choose_split) or with the decode "
+            "on a side CUDA stream (overlap='streams'), when the float workspace holds both, else one after the "
+            "other (the wrapper's mode, sm_split and overlap_reason say how the last run ran)")
     return head + " (" + ", ".join(names) + ")" + tail
 
 

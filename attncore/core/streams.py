@@ -1,58 +1,171 @@
 """How the POD wrappers (attncore.pod) run their composed parts: one after the other on the current stream,
-or at the same time on two CUDA streams (``overlap=``), and the float workspace split that lets two parts
-run at once without sharing scratch."""
+at the same time on two CUDA streams, or at the same time on two disjoint sets of SMs (``overlap=``), and the
+float workspace split that lets two parts run at once without sharing scratch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from attncore.core import green
 from attncore.core.workspace import ALIGN
 
 Tensor = torch.Tensor
 
 # Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed in a
 # compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
-OVERLAPS = ("auto", "streams", "serial")
+OVERLAPS = ("auto", "sm_split", "streams", "serial")
 PREFILL_FIRST = True  # the launch order in streams mode (see Streams.compose; scripts/gpu_pod_streams.sh times both)
-# What overlap="auto" does on a GPU.  Measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16 32/8
-# heads d128 page 16): streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median of
-# 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32: the
-# fork, the join and half-size workspaces cost more than the overlap gives; the prefill kernels fill every SM,
-# so the decode overlaps little).  Either launch order measured the same.  So auto composes serially.
-AUTO_STREAMS = False
-AUTO_SERIAL = ("overlap='auto': serial, as measured (two streams: a median 1.005x over the H100 POD sweep, down "
-               "to 0.57x beside short decodes; pass overlap='streams' to run the parts on two streams)")
+# Why overlap="auto" never picks "streams": measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16
+# 32/8 heads d128 page 16), streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median
+# of 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32:
+# the fork, the join and half-size workspaces cost more than the overlap gives; the prefill kernels fill every
+# SM, so the decode overlaps little).  Either launch order measured the same.
+STREAMS_MEASURED = ("two streams measured a median 1.005x over serial on the H100 POD sweep, down to 0.57x beside "
+                    "short decodes; pass overlap='streams' to run the parts on two streams")
+
+# The SM split (overlap="sm_split"; "auto" on sm_90).  Two streams on disjoint SMs (attncore.core.green): the
+# prefill on S SMs, the decode on the rest, each part's own kernels.  Measured on an H100 (2026-11-25,
+# scripts/gpu_pod_smsplit.py, bf16 32/8 heads d128 page 16, Triton prefill + xqa decode, 29 points: PD1, PD2
+# and the 27-point sweep, S in steps of 8 or 16): the prefill slows about as 132/S; the decode keeps its speed
+# down to ~68 SMs, then falls off a cliff where its grid (sized for 132 SMs) quantizes badly (PD1's decode:
+# 0.369 ms on 132 SMs, 0.399 on 68, 0.453 on 60); the split ran PD1 (prefill 2k + 64 x 4k) in 0.415 ms
+# against 0.454 serial (S = 40), PD2 (4k + 32 x 4k) in 0.419 against 0.474 (S = 96), and lost where one part is
+# short (prefill 512) or dwarfs the other.  The model below: each part's time on the whole GPU from its FLOPs
+# or bytes, the split's time as the slower part on its share plus a fixed cost.  On those 29 points it picked a
+# split on 8 (PD1 40, PD2 96; 1.09-1.21x over serial where a time was measured at its S) and serial on the
+# other 21, where the best split measured at most 1.07x.
+PREFILL_FLOPS_PER_SM = 500e12 / 132  # the composed prefill kernels' rate on large problems
+PREFILL_FIXED_S = 30e-6  # ... and what a short prefill costs beyond its FLOPs (512 rows: 45 us)
+DECODE_BYTES_PER_SM = 3.0e12 / 132
+DECODE_FIXED_S = 10e-6
+DECODE_SATURATION = 68 / 132  # the share of the SMs below which the decode slows (as its SMs shrink)
+SPLIT_COST_S = 20e-6  # the fork, the join and each part's tail
+SPLIT_MARGIN = 0.9  # auto splits where the model says the split takes at most this share of serial
+SPLIT_MEASURED_ON = (9, 0)  # auto splits on the compute capability the model was fitted on
 
 
 def check_overlap(overlap) -> str:
     if overlap.__class__ is not str or overlap not in OVERLAPS:
-        raise ValueError(f"overlap: got {overlap!r}, expected one of 'auto', 'streams', 'serial'")
+        raise ValueError(f"overlap: got {overlap!r}, expected one of " + ", ".join(repr(o) for o in OVERLAPS))
     return overlap
 
 
+@dataclass(frozen=True)
+class SplitChoice:
+    """The SM split for one pair of parts: ``prefill_sms``, the best split by the model (None: the device is
+    too small to split), the model's times in seconds, whether auto takes it (``worth``) and the figures."""
+    prefill_sms: Optional[int]
+    split_s: float
+    serial_s: float
+    worth: bool
+    reason: str
+
+
+def part_work(prefill_problem, prefill_lens, decode_problem, decode_kv_lens) -> tuple:
+    """(prefill FLOPs, decode bytes read) of a POD pair: ``prefill_lens`` is [(qo, kv)] per request (a causal
+    mask is bottom-right; a window or custom mask is counted as no mask: an upper bound), ``decode_kv_lens``
+    the decode requests' KV lengths."""
+    pairs = 0
+    causal = prefill_problem.mask == "causal"
+    for qo, kv in prefill_lens:
+        pairs += (qo * kv - qo * (qo - 1) // 2 if kv >= qo else kv * (kv + 1) // 2) if causal else qo * kv
+    p = prefill_problem
+    flops = 2.0 * pairs * p.num_qo_heads * (p.head_dim_qk + p.head_dim_vo)
+    d = decode_problem
+    elt = torch.empty((), dtype=d.kv_dtype).element_size()
+    nbytes = float(sum(decode_kv_lens)) * d.num_kv_heads * (d.head_dim_qk + d.head_dim_vo) * elt
+    return flops, nbytes
+
+
+def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green.GRANULARITY) -> SplitChoice:
+    """The SMs to give the prefill (a multiple of ``granularity``) so that the slower part ends first, by the
+    model above; ``worth`` where the split saves at least ``1 - SPLIT_MARGIN`` of the serial time."""
+    p_all = flops / (PREFILL_FLOPS_PER_SM * sms) + PREFILL_FIXED_S
+    d_all = nbytes / (DECODE_BYTES_PER_SM * sms) + DECODE_FIXED_S
+    serial = p_all + d_all
+    best = None
+    for s in range(granularity, sms - granularity + 1, granularity):
+        t = max(p_all * sms / s, d_all * max(1.0, DECODE_SATURATION * sms / (sms - s))) + SPLIT_COST_S
+        if best is None or t < best[0]:
+            best = (t, s)
+    if best is None:
+        return SplitChoice(None, serial, serial, False, f"{sms} SMs: too few to split in groups of {granularity}")
+    t, s = best
+    fig = (f"model: prefill {p_all * 1e6:.0f} us + decode {d_all * 1e6:.0f} us one after the other, "
+           f"{t * 1e6:.0f} us with the prefill on {s} of {sms} SMs")
+    worth = t <= SPLIT_MARGIN * serial
+    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved")
+
+
 class Streams:
-    """How one POD wrapper runs its composed parts: the decode part on a side stream forked from the
-    current stream (``"streams"``) or both in turn on the current stream (``"serial"``).  ``mode`` and
-    ``reason`` describe the last run (``reason``: why composed parts ran serially; None otherwise)."""
+    """How one POD wrapper runs its composed parts (``overlap``): the prefill and the decode on disjoint sets of
+    SMs (``"sm_split"``; ``"auto"`` where the model above says it gains), the decode on a side stream forked
+    from the current one (``"streams"``), or both in turn on the current stream (``"serial"``).  ``mode``,
+    ``reason`` and ``sms`` describe the last run (``reason``: why composed parts ran serially, else None;
+    ``sms``: (prefill SMs, decode SMs) of an SM split, else None)."""
 
     def __init__(self, overlap, device: torch.device):
         self.overlap = check_overlap(overlap)
         self.device = device
         self._side: dict = {}  # (device index, priority) -> the side stream, created once and reused
+        self._why: Optional[tuple] = None  # (unavailable()'s answer,): fixed per wrapper, asked every run
+        self._decided: Optional[tuple] = None  # (prefill meta, decode meta, SplitChoice or None, why)
+        self._events: Optional[tuple] = None  # the split's fork and join events, made once (host time)
+        self.choice: Optional[SplitChoice] = None  # the split the next compose() runs (None: not a split)
         self.mode: Optional[str] = None
         self.reason: Optional[str] = None
+        self.sms: Optional[tuple] = None
 
     def unavailable(self) -> Optional[str]:
-        """Why the composed parts cannot run on two streams here (None: they can)."""
+        """Why the composed parts never run at the same time here (None: they may; for ``"auto"`` and
+        ``"sm_split"``, ``decide()`` says for each pair of parts)."""
+        if self._why is None:
+            self._why = (self._unavailable(),)
+        return self._why[0]
+
+    def _unavailable(self) -> Optional[str]:
         if self.overlap == "serial":
             return "overlap='serial': the composed parts run one after the other"
         if self.device.type != "cuda":
             return f"overlap={self.overlap!r}: no CUDA streams on {self.device.type}: the parts run in turn"
-        if self.overlap == "auto" and not AUTO_STREAMS:
-            return AUTO_SERIAL
-        return None
+        if self.overlap == "streams":
+            return None
+        cc = torch.cuda.get_device_capability(self.device)
+        if self.overlap == "auto" and cc != SPLIT_MEASURED_ON:
+            return (f"overlap='auto': serial on sm_{cc[0]}{cc[1]} (the SM split's model was fitted on "
+                    f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]}: pass overlap='sm_split' to split anyway; "
+                    f"{STREAMS_MEASURED})")
+        why = green.unavailable(self.device)
+        return None if why is None else f"overlap={self.overlap!r}: {why}; the parts run one after the other"
+
+    def decide(self, problem_p, meta_p, problem_d, meta_d) -> Optional[str]:
+        """Choose how the next compose() runs this pair of planned parts; the reason they will run one after
+        the other (None: at the same time).  Kept for the last pair of metas (a serving step runs the same
+        plans in every layer)."""
+        why = self.unavailable()
+        if why is not None or self.overlap == "streams":
+            self.choice = None
+            return why
+        hit = self._decided
+        if hit is not None and hit[0] is meta_p and hit[1] is meta_d:
+            self.choice = hit[2]
+            return hit[3]
+        kv_d = meta_d.kv_lens_host
+        if kv_d is None:  # block tables planned in graph capture: bounded by the longest
+            kv_d = [meta_d.max_seq_len or 0] * meta_d.batch_size
+        kv_p = meta_p.kv_lens_host or [0] * meta_p.batch_size
+        work = part_work(problem_p, zip(meta_p.qo_lens_host, kv_p), problem_d, kv_d)
+        c = choose_split(*work, green.sm_count(self.device))
+        if c.prefill_sms is None or (self.overlap == "auto" and not c.worth):
+            choice, why = None, f"overlap={self.overlap!r}: serial ({c.reason})"
+        else:
+            choice, why = c, None
+        self._decided = (meta_p, meta_d, choice, why)
+        self.choice = choice
+        return why
 
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
@@ -64,24 +177,47 @@ class Streams:
         return s
 
     def compose(self, prefill, decode, why_serial: Optional[str] = None, prefill_first: Optional[bool] = None) -> None:
-        """Run the parts (callables that launch them; everything they write is allocated already).
-        ``prefill_first``: the launch order on two streams (None: ``PREFILL_FIRST``; measurement scripts
-        time both, scripts/gpu_pod_coresident.py).
+        """Run the parts (callables that launch them; everything they write is allocated already): on the
+        split ``decide()`` chose, on the current and a side stream (``"streams"``), or in turn with the reason
+        ``why_serial`` (or ``unavailable()``'s).  ``prefill_first``: the launch order on two streams (None:
+        ``PREFILL_FIRST``; measurement scripts time both, scripts/gpu_pod_coresident.py).
 
         Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
-        are the caller's, used as if on the current stream; the current stream waits for the side stream
-        before this returns (the join).  The caching allocator hands a freed block back only to the stream
-        it was allocated on (or after the events of record_stream, recorded later on the current stream),
-        so any reuse is queued after the join: after the decode read or wrote it; no record_stream is
-        needed.  What the decode allocates under the side stream goes back to the side stream's pool,
-        whose later users queue after it.  Under CUDA-graph capture the side stream joins the capture
-        through the fork's event and leaves it at the join."""
+        are the caller's, used as if on the current stream; the current stream waits for every stream it
+        forked before this returns (the join).  The caching allocator hands a freed block back only to the
+        stream it was allocated on (or after the events of record_stream, recorded later on the current
+        stream), so any reuse is queued after the join: after the parts read or wrote it; no record_stream is
+        needed.  What a part allocates under another stream goes back to that stream's pool, whose later
+        users queue after it.  Under CUDA-graph capture the forked streams join the capture through the
+        fork's event and leave it at the join."""
         why = why_serial or self.unavailable()
+        if why is None and self.overlap != "streams" and self.choice is None:
+            why = f"overlap={self.overlap!r}: no split chosen for these parts (decide() was not called)"
         if why is not None:
             prefill(), decode()
-            self.mode, self.reason = "serial", why
+            self.mode, self.reason, self.sms = "serial", why, None
             return
         cur = torch.cuda.current_stream(self.device)
+        if self.overlap != "streams":
+            (sp, n_p), (sd, n_d) = green.split(self.device, self.choice.prefill_sms)
+            if self._events is None:
+                self._events = tuple(torch.cuda.Event() for _ in range(3))
+            fork, join_p, join_d = self._events
+            fork.record(cur)  # fork both before either part is queued
+            sp.wait_event(fork)
+            sd.wait_event(fork)
+            try:
+                with torch.cuda.stream(sp):
+                    prefill()
+                with torch.cuda.stream(sd):
+                    decode()
+            finally:  # join, even when a launch raised: nothing forked dangles
+                join_p.record(sp)
+                join_d.record(sd)
+                cur.wait_event(join_p)
+                cur.wait_event(join_d)
+            self.mode, self.reason, self.sms = "sm_split", None, (n_p, n_d)
+            return
         side = self.side(cur)
         side.wait_stream(cur)  # fork, before the prefill is queued: the decode must not wait for it
         try:
@@ -97,7 +233,7 @@ class Streams:
                 prefill()
         finally:
             cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
-        self.mode, self.reason = "streams", None
+        self.mode, self.reason, self.sms = "streams", None, None
 
 
 def halves(ws: Tensor) -> Optional[tuple]:

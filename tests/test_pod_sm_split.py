@@ -1,0 +1,121 @@
+"""POD's SM split (issue 16, ``overlap="sm_split"``, and ``"auto"`` on sm_90): the work of a pair of parts, the
+split the model picks and where auto declines it (the H100 sweep it was fitted to), the per-pair decision and
+its memo, and green contexts' refusal off CUDA.  The split itself (two green-context streams, outputs equal to
+serial bit for bit, graph capture) runs on a GPU: tests/test_pod_streams.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attncore.core import green, streams
+from attncore.core.problem import AttentionProblem
+from attncore.core.streams import SplitChoice, choose_split, part_work
+
+H100_SMS = 132
+PREFILL = AttentionProblem(op="single_prefill", device_type="cuda", q_dtype=torch.bfloat16,
+                           kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=8,
+                           mask="causal")
+DECODE = PREFILL.replace(op="batch_decode", page_size=16)
+
+
+def work(qo, batch, kv, decode=DECODE):
+    return part_work(PREFILL, [(qo, qo)], decode, [kv] * batch)
+
+
+def test_part_work_counts_visible_pairs_and_bytes():
+    f, b = part_work(PREFILL, [(4, 4)], DECODE, [3, 5])
+    assert f == 2.0 * 10 * 32 * 256  # causal 4 x 4: 1 + 2 + 3 + 4 pairs
+    assert b == 8.0 * 8 * 256 * 2  # 8 keys, 8 kv heads, K and V of d128, bf16
+    f, _ = part_work(PREFILL, [(4, 6)], DECODE, [])
+    assert f == 2.0 * (3 + 4 + 5 + 6) * 32 * 256  # bottom-right: row i sees kv - qo + i + 1 keys
+    f, _ = part_work(PREFILL, [(6, 4)], DECODE, [])
+    assert f == 2.0 * (1 + 2 + 3 + 4) * 32 * 256  # qo > kv: the first rows see nothing
+    f, _ = part_work(PREFILL.replace(mask="none"), [(4, 6), (2, 2)], DECODE, [])
+    assert f == 2.0 * (24 + 4) * 32 * 256
+    _, b8 = part_work(PREFILL, [], DECODE.replace(kv_dtype=torch.float8_e4m3fn), [8])
+    assert b8 == b / 2
+
+
+@pytest.mark.parametrize("qo,batch,kv,want", [
+    (2048, 64, 4096, 40),  # PD1: measured best 40 (0.415 ms against 0.454 serial)
+    (4096, 32, 4096, 96),  # PD2: measured 0.419 at 96, serial 0.474
+    (2048, 32, 4096, 64),  # measured 0.232 at 64 against 0.279 serial (the decode on 60 SMs: a cliff)
+])
+def test_split_where_the_h100_sweep_gained(qo, batch, kv, want):
+    c = choose_split(*work(qo, batch, kv), H100_SMS)
+    assert isinstance(c, SplitChoice) and c.worth and c.prefill_sms == want, c
+    assert c.split_s <= streams.SPLIT_MARGIN * c.serial_s
+    assert f"prefill on {want} of 132 SMs" in c.reason
+
+
+@pytest.mark.parametrize("qo,batch,kv", [
+    (512, 8, 1024),  # both parts short: the split measured 1.68x slower
+    (512, 128, 16384),  # the decode dwarfs the prefill
+    (8192, 8, 4096),  # the prefill dwarfs the decode
+    (2048, 32, 16384),
+])
+def test_no_split_where_the_h100_sweep_lost(qo, batch, kv):
+    c = choose_split(*work(qo, batch, kv), H100_SMS)
+    assert not c.worth and c.prefill_sms is not None and "saved" in c.reason, c
+
+
+def test_split_sizes_are_multiples_of_the_granularity():
+    for sms in (16, 78, 108, 132):
+        s = choose_split(*work(2048, 64, 4096), sms).prefill_sms
+        assert s % green.GRANULARITY == 0 and 0 < s < sms
+    c = choose_split(*work(2048, 64, 4096), 12)
+    assert c.prefill_sms is None and not c.worth and "too few to split" in c.reason
+
+
+def _metas(qo, batch, kv):
+    p = SimpleNamespace(qo_lens_host=[qo], kv_lens_host=[qo], batch_size=1)
+    d = SimpleNamespace(qo_lens_host=[1] * batch, kv_lens_host=[kv] * batch, batch_size=batch, max_seq_len=kv)
+    return p, d
+
+
+@pytest.fixture
+def h100(monkeypatch):
+    monkeypatch.setattr(green, "unavailable", lambda device: None)
+    monkeypatch.setattr(green, "sm_count", lambda device: H100_SMS)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+
+def test_decide_splits_gaining_pairs_and_keeps_the_choice(h100):
+    st = streams.Streams("auto", torch.device("cuda", 0))
+    mp, md = _metas(2048, 64, 4096)
+    assert st.decide(PREFILL, mp, DECODE, md) is None
+    assert st.choice.prefill_sms == 40
+    first = st.choice
+    assert st.decide(PREFILL, mp, DECODE, md) is None and st.choice is first  # same metas: the memo
+    small = _metas(512, 8, 1024)
+    why = st.decide(PREFILL, small[0], DECODE, small[1])
+    assert st.choice is None and why.startswith("overlap='auto': serial (model: ") and "saved" in why
+    forced = streams.Streams("sm_split", torch.device("cuda", 0))
+    assert forced.decide(PREFILL, small[0], DECODE, small[1]) is None and forced.choice.prefill_sms > 0
+    # block tables planned in graph capture carry no host lengths: the decode is bounded by the longest
+    md.kv_lens_host = None
+    st2 = streams.Streams("auto", torch.device("cuda", 0))
+    assert st2.decide(PREFILL, mp, DECODE, md) is None and st2.choice.prefill_sms == 40
+
+
+def test_streams_and_serial_never_split(h100):
+    mp, md = _metas(2048, 64, 4096)
+    st = streams.Streams("streams", torch.device("cuda", 0))
+    assert st.decide(PREFILL, mp, DECODE, md) is None and st.choice is None
+    st = streams.Streams("serial", torch.device("cuda", 0))
+    assert st.decide(PREFILL, mp, DECODE, md).startswith("overlap='serial'") and st.choice is None
+
+
+def test_compose_without_a_decision_runs_serially_and_says_so(h100):
+    st = streams.Streams("sm_split", torch.device("cuda", 0))
+    ran = []
+    st.compose(lambda: ran.append("p"), lambda: ran.append("d"))
+    assert ran == ["p", "d"] and st.mode == "serial" and "decide() was not called" in st.reason
+    assert st.sms is None
+
+
+def test_green_contexts_refused_off_cuda():
+    assert green.unavailable(torch.device("cpu")) == "no SM partitions on cpu"
