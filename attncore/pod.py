@@ -42,9 +42,9 @@ from attncore.core import params as _params
 from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
-from attncore.core.page_table import read_whole
+from attncore.core.page_table import _paged_kv_lens, read_whole
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
-from attncore.core.streams import halves, Streams
+from attncore.core.streams import Streams, decode_bytes, halves, prefill_flops
 from attncore.core.workspace import WorkspaceTooSmall
 from attncore.core.single_prefill import plan_single
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
@@ -326,6 +326,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         self._split: Optional[tuple] = None  # (prefill's, decode's) workspace views while the parts are split
         self._half = halves(float_workspace_buffer)  # made once per buffer: a plan memo is keyed by them
         self._split_reason: Optional[str] = None  # why the parts share the workspace (so run serially)
+        self._overlap_why: Optional[str] = None  # plan()'s answer: why the parts will run in turn (None: at once)
         # plan() plans the prefill side with the causal_p of the last eager run without a custom mask (a
         # serving step runs the same mask every step: planning causal_p=False first planned it twice a step)
         self._run_causal = False
@@ -382,7 +383,30 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
             self._plan_args = (qo_indptr_p, kv_indptr_p, kv_indices_p, last_page_len_p, num_qo_heads, num_kv_heads,
                                head_dim, page_size, pos_encoding_mode, window_left, q_data_type, kv_data_type,
                                sm_scale, rope_scale, rope_theta)
+            self._overlap_why = self._concurrency((qo_indptr_p, kv_indptr_p, last_page_len_p, kv_indptr_d,
+                                                   last_page_len_d), num_qo_heads, num_kv_heads, head_dim, page_size,
+                                                  kv_data_type or q_data_type)
             self._plan_parts(self._run_causal, None, None)
+
+    def _concurrency(self, tables, hq: int, hkv: int, d: int, page_size: int, kv_dtype) -> Optional[str]:
+        """Why the parts of this plan will run one after the other (None: at the same time): the overlap mode's
+        reason or, for an SM split, ``choose_split``'s answer on the work the index tables describe.  Decided
+        before the parts are planned, so that parts which will run in turn plan into the whole float workspace
+        (a part planned into a half that then falls back plans twice: host time in every serving step)."""
+        st = self._streams
+        why = st.unavailable()
+        if why is not None or st.overlap == "streams":
+            return why
+        try:
+            qo, kv_p, last_p, kv_d, last_d = _checks.read_host(list(tables))
+            lens_p = zip([b - a for a, b in zip(qo, qo[1:])], _paged_kv_lens(kv_p, last_p, page_size, "last_page_len_p"))
+            work = (prefill_flops(lens_p, self._run_causal, hq, d, d),
+                    decode_bytes(_paged_kv_lens(kv_d, last_d, page_size, "last_page_len_d"), hkv, d, d,
+                                 _checks.to_dtype(kv_dtype, "kv_data_type")))
+        except (ValueError, TypeError, IndexError) as e:  # the parts' own plans report bad tables
+            st.choice = None
+            return f"overlap={st.overlap!r}: serial (the index tables could not be read for the split's model: {e})"
+        return st.decide_work(*work)
 
     def _assign(self, split: Optional[tuple]) -> None:
         """Give each part its workspace: its half of the split, or the whole buffer (no-op when unchanged:
@@ -399,7 +423,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         (the scratch of one must not be the other's), else into the whole buffer.  A part too big for its
         half (``WorkspaceTooSmall``) sends both back to the whole buffer, run one after the other, and
         ``overlap_reason`` says so."""
-        why = self._streams.unavailable()
+        why = self._overlap_why
         if why is None:
             split = self._half
             if split is None:
@@ -471,8 +495,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
                                                                 ("v_scale", v_scale)))
             fused = self._fuser.plan("batch_pod", _variant(pw._planned.problem, return_lse, False), pw._planned.meta,
                                      _variant(dw._planned.problem, return_lse, fp8), dw._planned.meta)
-            why = None if fused is not None else self._split_reason or self._streams.decide(
-                pw._planned.problem, pw._planned.meta, dw._planned.problem, dw._planned.meta)
+            why = None if fused is not None else self._split_reason or self._overlap_why
             if why is not None:
                 # one part after the other on the current stream: each wrapper's own run(), whose repeated
                 # signature skips its checks (host time: a serving step runs this once per layer)

@@ -119,3 +119,49 @@ def test_compose_without_a_decision_runs_serially_and_says_so(h100):
 
 def test_green_contexts_refused_off_cuda():
     assert green.unavailable(torch.device("cpu")) == "no SM partitions on cpu"
+
+
+def _paged_tables(kv_lens, page=16):
+    pages = [-(-n // page) for n in kv_lens]
+    indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0).tolist()), dtype=torch.int32)
+    last = torch.tensor([(n - 1) % page + 1 if n else 0 for n in kv_lens], dtype=torch.int32)
+    return indptr, last
+
+
+def test_batch_pod_decides_from_its_index_tables(monkeypatch):
+    """BatchPOD decides the split in plan() from the tables (before planning the parts, so that parts that will
+    run in turn plan into the whole float workspace); bad tables leave the decision to the parts' own checks."""
+    import attncore
+    from attncore import pod as _pod
+
+    monkeypatch.setattr(_pod.Streams, "unavailable", lambda self: None)
+    monkeypatch.setattr(green, "sm_count", lambda device: H100_SMS)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD")
+    w._run_causal = True
+    qo = torch.tensor([0, 2048], dtype=torch.int32)
+    kvp, lp = _paged_tables([2048])
+    kvd, ld = _paged_tables([4096] * 64)
+    assert w._concurrency((qo, kvp, lp, kvd, ld), 32, 8, 128, 16, "bfloat16") is None
+    assert w._streams.choice.prefill_sms == 40  # PD1, as choose_split gives it from the problems
+    kvd, ld = _paged_tables([1024] * 8)
+    small = w._concurrency((torch.tensor([0, 512], dtype=torch.int32), *_paged_tables([512]), kvd, ld),
+                           32, 8, 128, 16, "bfloat16")
+    assert small.startswith("overlap='auto': serial (model: ") and w._streams.choice is None
+    bad = w._concurrency((qo, kvp, torch.tensor([99], dtype=torch.int32), kvd, ld), 32, 8, 128, 16, "bfloat16")
+    assert "could not be read for the split's model" in bad and "last_page_len_p" in bad
+
+
+def test_batch_pod_plans_serial_parts_into_the_whole_workspace(monkeypatch):
+    """Where plan() decides the parts run in turn, both plan into the whole float workspace, once each (a
+    plan into the halves first would plan them twice when a half is too small)."""
+    from tests.test_pod_streams import _batch_pod
+    from attncore import pod as _pod
+
+    monkeypatch.setattr(_pod.Streams, "unavailable", lambda self: None)
+    monkeypatch.setattr(green, "sm_count", lambda device: H100_SMS)
+    ws = torch.empty(4 << 20, dtype=torch.uint8)
+    w, args, _ = _batch_pod(ws, torch.float32, backend="reference", fuse=False)
+    assert w._split is None and w._overlap_why.startswith("overlap='auto': serial (model: ")
+    assert w._prefill._float_workspace_buffer is ws and w._decode._float_workspace_buffer is ws
+    w.run(*args)
+    assert w.mode == "serial" and w.overlap_reason == w._overlap_why

@@ -64,20 +64,25 @@ class SplitChoice:
     reason: str
 
 
-def part_work(prefill_problem, prefill_lens, decode_problem, decode_kv_lens) -> tuple:
-    """(prefill FLOPs, decode bytes read) of a POD pair: ``prefill_lens`` is [(qo, kv)] per request (a causal
-    mask is bottom-right; a window or custom mask is counted as no mask: an upper bound), ``decode_kv_lens``
-    the decode requests' KV lengths."""
+def prefill_flops(lens, causal: bool, num_qo_heads: int, head_dim_qk: int, head_dim_vo: int) -> float:
+    """FLOPs of a prefill batch: ``lens`` is [(qo, kv)] per request; a causal mask is bottom-right (a window or
+    custom mask is counted as no mask: an upper bound)."""
     pairs = 0
-    causal = prefill_problem.mask == "causal"
-    for qo, kv in prefill_lens:
+    for qo, kv in lens:
         pairs += (qo * kv - qo * (qo - 1) // 2 if kv >= qo else kv * (kv + 1) // 2) if causal else qo * kv
-    p = prefill_problem
-    flops = 2.0 * pairs * p.num_qo_heads * (p.head_dim_qk + p.head_dim_vo)
-    d = decode_problem
-    elt = torch.empty((), dtype=d.kv_dtype).element_size()
-    nbytes = float(sum(decode_kv_lens)) * d.num_kv_heads * (d.head_dim_qk + d.head_dim_vo) * elt
-    return flops, nbytes
+    return 2.0 * pairs * num_qo_heads * (head_dim_qk + head_dim_vo)
+
+
+def decode_bytes(kv_lens, num_kv_heads: int, head_dim_qk: int, head_dim_vo: int, kv_dtype) -> float:
+    """K and V bytes a decode batch reads."""
+    return float(sum(kv_lens)) * num_kv_heads * (head_dim_qk + head_dim_vo) * kv_dtype.itemsize
+
+
+def part_work(prefill_problem, prefill_lens, decode_problem, decode_kv_lens) -> tuple:
+    """(prefill FLOPs, decode bytes read) of a POD pair of planned problems (see the two above)."""
+    p, d = prefill_problem, decode_problem
+    return (prefill_flops(prefill_lens, p.mask == "causal", p.num_qo_heads, p.head_dim_qk, p.head_dim_vo),
+            decode_bytes(decode_kv_lens, d.num_kv_heads, d.head_dim_qk, d.head_dim_vo, d.kv_dtype))
 
 
 def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green.GRANULARITY) -> SplitChoice:
@@ -157,15 +162,23 @@ class Streams:
         if kv_d is None:  # block tables planned in graph capture: bounded by the longest
             kv_d = [meta_d.max_seq_len or 0] * meta_d.batch_size
         kv_p = meta_p.kv_lens_host or [0] * meta_p.batch_size
-        work = part_work(problem_p, zip(meta_p.qo_lens_host, kv_p), problem_d, kv_d)
-        c = choose_split(*work, green.sm_count(self.device))
-        if c.prefill_sms is None or (self.overlap == "auto" and not c.worth):
-            choice, why = None, f"overlap={self.overlap!r}: serial ({c.reason})"
-        else:
-            choice, why = c, None
-        self._decided = (meta_p, meta_d, choice, why)
-        self.choice = choice
+        why = self.decide_work(*part_work(problem_p, zip(meta_p.qo_lens_host, kv_p), problem_d, kv_d))
+        self._decided = (meta_p, meta_d, self.choice, why)
         return why
+
+    def decide_work(self, flops: float, nbytes: float) -> Optional[str]:
+        """decide() from the parts' work (prefill FLOPs, decode bytes): sets ``choice``; the reason the parts
+        will run one after the other, or None."""
+        why = self.unavailable()
+        if why is not None or self.overlap == "streams":
+            self.choice = None
+            return why
+        c = choose_split(flops, nbytes, green.sm_count(self.device))
+        if c.prefill_sms is None or (self.overlap == "auto" and not c.worth):
+            self.choice = None
+            return f"overlap={self.overlap!r}: serial ({c.reason})"
+        self.choice = c
+        return None
 
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
