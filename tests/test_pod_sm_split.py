@@ -165,3 +165,34 @@ def test_batch_pod_plans_serial_parts_into_the_whole_workspace(monkeypatch):
     assert w._prefill._float_workspace_buffer is ws and w._decode._float_workspace_buffer is ws
     w.run(*args)
     assert w.mode == "serial" and w.overlap_reason == w._overlap_why
+
+
+POD_ARGS = ["explain", "--op", "pod", "--device", "cuda", "--heads", "32/8", "--head-dim", "128", "--q-dtype",
+            "bfloat16", "--mask", "causal"]
+
+
+@pytest.mark.parametrize("sizes,cc,sms,want", [
+    ("2048,2048,64,4096", "9.0", "132", "overlap='auto': SM split, the prefill on 40 SMs, the decode on 92 (model: "),
+    ("512,512,8,1024", "9.0", "132", "overlap='auto': serial (model: prefill"),
+    ("2048,2048,64,4096", "8.0", "108", "overlap='auto': serial on sm_80 (the split's model was fitted on sm_90); "
+                                        "overlap='sm_split' would put the prefill on 32 of 108 SMs"),
+])
+def test_explain_says_how_auto_runs_a_pod_of_these_sizes(capsys, sizes, cc, sms, want):
+    from attncore.cli import main
+
+    main(POD_ARGS + ["--cc", cc, "--pod-sizes", sizes, "--sms", sms])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"pod sizes: prefill {sizes.split(',')[0]} x") and want in last, last
+
+
+@pytest.mark.parametrize("extra,err", [
+    (["--pod-sizes", "1,2"], "--pod-sizes: got '1,2', expected PREFILL_QO,PREFILL_KV,DECODE_BATCH,DECODE_KV"),
+    (["--pod-sizes", "1,2,-3,4"], "--pod-sizes: got '1,2,-3,4'"),
+    (["--pod-sizes", "1,2,3,4", "--op", "batch_decode"], "--pod-sizes: describes a POD; give --op pod"),
+])
+def test_explain_pod_sizes_refuses_bad_input(capsys, extra, err):
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(POD_ARGS + ["--cc", "9.0"] + extra)
+    assert e.value.code == 2 and err in capsys.readouterr().err

@@ -147,7 +147,37 @@ def cmd_explain(a) -> int:
         ex.note = "; ".join(x for x in (ex.note, note(a.q_dtype, problem.q_dtype, problem.out_dtype, "--out-dtype"))
                             if x)
     print(ex)
+    if a.pod_sizes:
+        print(_pod_split_line(a, problem))
     return 0 if ex.chosen else 1
+
+
+def _pod_split_line(a, problem) -> str:
+    """``--pod-sizes``: how overlap="auto" runs the composed parts of a POD of these sizes (the SM split's model)."""
+    from attncore.core import streams
+    from attncore.core.problem import pod_parts
+
+    if problem.op not in ("pod", "batch_pod"):
+        raise UsageError(f"--pod-sizes: describes a POD; give --op pod or --op batch_pod (got --op {problem.op})")
+    try:
+        qo, kv, batch, kv_d = (int(x) for x in a.pod_sizes.split(","))
+        if min(qo, kv, batch, kv_d) < 0:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--pod-sizes: got {a.pod_sizes!r}, expected PREFILL_QO,PREFILL_KV,DECODE_BATCH,DECODE_KV "
+                         f"(non-negative integers, e.g. 2048,2048,64,4096)") from None
+    pp, pd = pod_parts(problem)
+    flops, nbytes = streams.part_work(pp, [(qo, kv)], pd, [kv_d] * batch)
+    sms, whose = a.sms, "given"
+    if sms is None:
+        import torch
+
+        if problem.device_type == "cuda" and torch.cuda.is_available():
+            sms, whose = torch.cuda.get_device_properties(0).multi_processor_count, "this GPU's"
+        else:
+            sms, whose = 132, "an H100's: no GPU here, --sms sets it"
+    return (f"pod sizes: prefill {qo} x {kv} keys, decode {batch} x {kv_d} keys, {sms} SMs ({whose}): "
+            + streams.describe_split(flops, nbytes, sms, problem.compute_capability or (0, 0)))
 
 
 def cmd_check(a) -> int:
@@ -369,6 +399,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--backend", default="auto")
     e.add_argument("--sizes", metavar="B,QO,KV", help="planned batch, longest query, longest KV: the measured "
                                                      "ranking uses their bucket (default: all buckets' mean)")
+    e.add_argument("--pod-sizes", metavar="QO,KV,B,KV_D", help="with --op pod/batch_pod: prefill query rows and "
+                   "keys, decode batch and keys per request: how overlap='auto' runs the composed parts (the SM "
+                   "split's model)")
+    e.add_argument("--sms", type=arg_types.positive, help="with --pod-sizes: the GPU's SMs (default: this GPU's, "
+                   "else an H100's 132)")
 
     c = sub.add_parser("check", help="cross-check backends against the fp64 golden (exit 1 on any failure)")
     c.add_argument("--backend", action="append", help="backend name (repeatable); default: all available")

@@ -105,6 +105,20 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved")
 
 
+def describe_split(flops: float, nbytes: float, sms: int, compute_capability) -> str:
+    """What overlap="auto" does with a POD pair of this work on a GPU of ``sms`` SMs and this compute capability,
+    and why (``attncore explain --pod-sizes``)."""
+    c = choose_split(flops, nbytes, sms)
+    cc = tuple(compute_capability)
+    if cc != SPLIT_MEASURED_ON:
+        return (f"overlap='auto': serial on sm_{cc[0]}{cc[1]} (the split's model was fitted on "
+                f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]}); overlap='sm_split' would put the prefill on "
+                f"{c.prefill_sms} of {sms} SMs ({c.reason})")
+    if c.prefill_sms is None or not c.worth:
+        return f"overlap='auto': serial ({c.reason})"
+    return f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} ({c.reason})"
+
+
 class Streams:
     """How one POD wrapper runs its composed parts (``overlap``): the prefill and the decode on disjoint sets of
     SMs (``"sm_split"``; ``"auto"`` where the model above says it gains), the decode on a side stream forked
