@@ -174,8 +174,8 @@ POD_ARGS = ["explain", "--op", "pod", "--device", "cuda", "--heads", "32/8", "--
 @pytest.mark.parametrize("sizes,cc,sms,want", [
     ("2048,2048,64,4096", "9.0", "132", "overlap='auto': SM split, the prefill on 40 SMs, the decode on 92 (model: "),
     ("512,512,8,1024", "9.0", "132", "overlap='auto': serial (model: prefill"),
-    ("2048,2048,64,4096", "8.0", "108", "overlap='auto': serial on sm_80 (the split's model was fitted on sm_90); "
-                                        "overlap='sm_split' would put the prefill on 32 of 108 SMs"),
+    ("2048,2048,64,4096", "8.0", "108", "overlap='auto': serial on sm_80 (the SM split's model was fitted on "
+                                        "sm_90); overlap='sm_split' would put the prefill on 32 of 108 SMs"),
 ])
 def test_explain_says_how_auto_runs_a_pod_of_these_sizes(capsys, sizes, cc, sms, want):
     from attncore.cli import main

@@ -105,15 +105,18 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved")
 
 
+def _fitted_elsewhere(cc) -> str:
+    return (f"overlap='auto': serial on sm_{cc[0]}{cc[1]} (the SM split's model was fitted on "
+            f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]})")
+
+
 def describe_split(flops: float, nbytes: float, sms: int, compute_capability) -> str:
     """What overlap="auto" does with a POD pair of this work on a GPU of ``sms`` SMs and this compute capability,
     and why (``attncore explain --pod-sizes``)."""
     c = choose_split(flops, nbytes, sms)
     cc = tuple(compute_capability)
     if cc != SPLIT_MEASURED_ON:
-        return (f"overlap='auto': serial on sm_{cc[0]}{cc[1]} (the split's model was fitted on "
-                f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]}); overlap='sm_split' would put the prefill on "
-                f"{c.prefill_sms} of {sms} SMs ({c.reason})")
+        return f"{_fitted_elsewhere(cc)}; overlap='sm_split' would put the prefill on {c.prefill_sms} of {sms} SMs ({c.reason})"
     if c.prefill_sms is None or not c.worth:
         return f"overlap='auto': serial ({c.reason})"
     return f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} ({c.reason})"
@@ -154,9 +157,7 @@ class Streams:
             return None
         cc = torch.cuda.get_device_capability(self.device)
         if self.overlap == "auto" and cc != SPLIT_MEASURED_ON:
-            return (f"overlap='auto': serial on sm_{cc[0]}{cc[1]} (the SM split's model was fitted on "
-                    f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]}: pass overlap='sm_split' to split anyway; "
-                    f"{STREAMS_MEASURED})")
+            return f"{_fitted_elsewhere(cc)}: pass overlap='sm_split' to split anyway; {STREAMS_MEASURED}"
         why = green.unavailable(self.device)
         return None if why is None else f"overlap={self.overlap!r}: {why}; the parts run one after the other"
 
