@@ -160,6 +160,53 @@ def test_nan_query_row_that_sees_no_key_gives_zero_and_minus_inf(sdpa):
     assert torch.isneginf(lse[1]).all() and torch.isfinite(lse[2]).all() and not torch.isnan(o[:3]).any()
 
 
+@pytest.mark.parametrize("op, qo, kv, causal, relaunches", [
+    ("single_decode", 1, 9, False, True),
+    ("single_prefill", 6, 6, True, True),  # square causal: SDPA's is_causal
+    ("single_prefill", 4, 9, False, True),
+    ("single_prefill", 3, 9, True, False),  # bottom-right: a planned bias, so run() each time
+])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("lse", [False, True])
+def test_one_call_hits_relaunch_where_one_sdpa_call_serves(sdpa, monkeypatch, op, qo, kv, causal, relaunches, layout,
+                                                          lse):
+    """From a signature's second hit on, a one-call that is one SDPA call over the whole q and K/V runs through
+    SdpaBackend.relaunch (run()'s piece without its loops and slices), right against the golden on fresh inputs,
+    a NaN query row included; the others keep calling run()."""
+    from attncore.testing.golden import golden_and_baseline, max_error, tolerance
+
+    calls = []
+    real = SdpaBackend.relaunch
+
+    def counted(self, plan, args):
+        go = real(self, plan, args)
+        return None if go is None else (lambda *a: (calls.append(1), go(*a)))
+    monkeypatch.setattr(SdpaBackend, "relaunch", counted)
+    g = torch.Generator().manual_seed(qo * 31 + kv)
+    fn = getattr(attncore, f"{op}_with_kv_cache")
+    kw = dict(backend="sdpa", return_lse=lse, kv_layout=layout, **({} if op == "single_decode" else {"causal": causal}))
+    for i in range(4):
+        q = torch.randn(qo, 8, 64, generator=g).half()
+        if i == 3:
+            q[0, 2] = float("nan")
+        k, v = torch.randn(kv, 2, 64, generator=g).half(), torch.randn(kv, 2, 64, generator=g).half()
+        kk, vv = (t.transpose(0, 1).contiguous() for t in (k, v)) if layout == "HND" else (k, v)
+        res = fn(q[0] if op == "single_decode" else q, kk, vv, **kw)
+        out, got_lse = (res if lse else (res, None))
+        out = out.reshape(qo, 8, 64).double()
+        go, glse, bo, blse = golden_and_baseline(q, k, v, dtype=q.dtype, causal=causal or op == "single_decode")
+        ok = torch.ones(qo, 8, dtype=torch.bool)
+        if i == 3:
+            ok[0, 2] = False
+            assert torch.isnan(out[0, 2]).all()
+        assert max_error(out[ok], go[ok]) <= tolerance(bo[ok], go[ok], q.dtype)
+        if lse:
+            got_lse = got_lse.reshape(qo, 8).double()
+            assert max_error(got_lse[ok], glse[ok]) <= tolerance(blse[ok], glse[ok], torch.float32)
+    # the first call plans and runs, the second runs and asks for the relaunch, the last two relaunch
+    assert len(calls) == (2 if relaunches else 0)
+
+
 def test_forced_sdpa_refuses_with_reasons(sdpa):
     q = torch.randn(3, 4, 64).half()
     k = torch.randn(5, 2, 64).half()

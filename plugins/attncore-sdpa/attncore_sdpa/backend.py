@@ -128,35 +128,53 @@ class SdpaBackend(Backend):
         return _Plan(problem, tuple(pieces), tuple(dead), biases, meta.params.sm_scale)
 
     def run(self, plan: _Plan, args: RunArgs) -> None:
-        p = plan.problem
-        scale = plan.sm_scale * args.q_scale * args.k_scale
-        out_scale = args.v_scale / args.o_scale
-        hnd = p.kv_layout == "HND"
+        scale, out_scale = _scales(plan, args)
+        hnd = plan.problem.kv_layout == "HND"
         for r0, r1 in plan.dead_rows:
             args.out[r0:r1].zero_()
             if args.lse is not None:
                 args.lse[r0:r1].fill_(float("-inf"))
         for pc in plan.pieces:
-            q = args.q[pc.q0:pc.q1].transpose(0, 1).unsqueeze(0)  # [1, Hq, qo, D]
-            if hnd:
-                k = args.k[:, pc.k0:pc.k1].unsqueeze(0)  # [1, Hkv, kv, D]
-                v = args.v[:, pc.k0:pc.k1].unsqueeze(0)
-            else:
-                k = args.k[pc.k0:pc.k1].transpose(0, 1).unsqueeze(0)
-                v = args.v[pc.k0:pc.k1].transpose(0, 1).unsqueeze(0)
-            # every row of a piece sees >= 1 key, so a NaN query row must give NaN (out and LSE); torch's
-            # CPU flash kernel returns 0 for some lengths (e.g. kv < 8), so the NaN is put back here
-            nan_q = q.isnan().any(dim=-1, keepdim=True)  # [1, Hq, qo, 1]
-            if args.lse is None:
-                o = self._sdpa(q, k, v, pc, scale)
-            else:
-                o, lse_e = self._sdpa_lse(q, k, v, pc, scale, plan)
-                lse_e = lse_e[..., : pc.q1 - pc.q0].masked_fill(nan_q[..., 0], float("nan"))
-                args.lse[pc.q0:pc.q1].copy_(lse_e[0].transpose(0, 1).float() * LOG2E)
-            o = o.masked_fill(nan_q, float("nan"))
-            if out_scale != 1.0:
-                o = o * out_scale
-            args.out[pc.q0:pc.q1].copy_(o[0].transpose(0, 1))
+            q = args.q[pc.q0:pc.q1]
+            k, v = (args.k[:, pc.k0:pc.k1], args.v[:, pc.k0:pc.k1]) if hnd else (args.k[pc.k0:pc.k1], args.v[pc.k0:pc.k1])
+            lse = None if args.lse is None else args.lse[pc.q0:pc.q1]
+            self._piece(q, k, v, args.out[pc.q0:pc.q1], lse, pc, scale, out_scale, plan)
+
+    def relaunch(self, plan: _Plan, args: RunArgs):
+        """Backend.relaunch for a one-call of one request that is one SDPA call over all of q and K/V (no dead
+        rows, no bottom-right bias): run()'s piece on the whole tensors, without its loops and slices."""
+        if len(plan.pieces) != 1 or plan.dead_rows or plan.pieces[0].mode == "bottom_right":
+            return None
+        pc = plan.pieces[0]
+        scale, out_scale = _scales(plan, args)
+
+        def go(q, k, v, out, lse, sinks) -> None:
+            if q.dim() == 2:  # a single decode: q, out (and lse) without their unit first dim
+                q, out, lse = q.unsqueeze(0), out.unsqueeze(0), None if lse is None else lse.unsqueeze(0)
+            self._piece(q, k, v, out, lse, pc, scale, out_scale, plan)
+        return go
+
+    def _piece(self, q, k, v, out, lse, pc: _Piece, scale: float, out_scale: float, plan: _Plan) -> None:
+        """One SDPA call: q [qo, Hq, D] token-major, K/V of the problem's layout sliced to the piece's keys,
+        written into out [qo, Hq, Dv] (and lse [qo, Hq], base 2)."""
+        q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, qo, D]
+        if plan.problem.kv_layout == "HND":
+            k, v = k.unsqueeze(0), v.unsqueeze(0)  # [1, Hkv, kv, D]
+        else:
+            k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        # every row of a piece sees >= 1 key, so a NaN query row must give NaN (out and LSE); torch's
+        # CPU flash kernel returns 0 for some lengths (e.g. kv < 8), so the NaN is put back here
+        nan_q = q.isnan().any(dim=-1, keepdim=True)  # [1, Hq, qo, 1]
+        if lse is None:
+            o = self._sdpa(q, k, v, pc, scale)
+        else:
+            o, lse_e = self._sdpa_lse(q, k, v, pc, scale, plan)
+            lse_e = lse_e[..., : q.shape[2]].masked_fill(nan_q[..., 0], float("nan"))
+            lse.copy_(lse_e[0].transpose(0, 1).float() * LOG2E)
+        o = o.masked_fill(nan_q, float("nan"))
+        if out_scale != 1.0:
+            o = o * out_scale
+        out.copy_(o[0].transpose(0, 1))
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -190,6 +208,11 @@ class SdpaBackend(Backend):
             None if bias is None else bias[None, None].expand(1, q.shape[1], qo, kv),
             True, 0.0, causal, scale=scale)
         return o, lse
+
+
+def _scales(plan: _Plan, args: RunArgs) -> Tuple[float, float]:
+    """(SDPA's scale, the factor on its output) from the plan's sm_scale and the run's fp scales."""
+    return plan.sm_scale * args.q_scale * args.k_scale, args.v_scale / args.o_scale
 
 
 def _repeat_kv(k: torch.Tensor, v: torch.Tensor, hq: int):
