@@ -399,7 +399,8 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
             return why
         try:
             qo, kv_p, last_p, kv_d, last_d = _checks.read_host(list(tables))
-            lens_p = zip([b - a for a, b in zip(qo, qo[1:])], _paged_kv_lens(kv_p, last_p, page_size, "last_page_len_p"))
+            kv_lens_p = _paged_kv_lens(kv_p, last_p, page_size, "last_page_len_p")
+            lens_p = zip([b - a for a, b in zip(qo, qo[1:])], kv_lens_p)
             work = (prefill_flops(lens_p, self._run_causal, hq, d, d),
                     decode_bytes(_paged_kv_lens(kv_d, last_d, page_size, "last_page_len_d"), hkv, d, d,
                                  _checks.to_dtype(kv_dtype, "kv_data_type")))

@@ -173,7 +173,8 @@ def _pod_split_line(a, problem) -> str:
         import torch
 
         if problem.device_type == "cuda" and torch.cuda.is_available():
-            sms, whose = torch.cuda.get_device_properties(0).multi_processor_count, "this GPU's"
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            sms, whose = props.multi_processor_count, "this GPU's"
         else:
             sms, whose = 132, "an H100's: no GPU here, --sms sets it"
     return (f"pod sizes: prefill {qo} x {kv} keys, decode {batch} x {kv_d} keys, {sms} SMs ({whose}): "

@@ -22,6 +22,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from attncore.core import current
+
 # CUdevResource (cuda.h): ``type`` (int), 92 bytes the driver keeps, then a union whose first field, for an SM
 # resource, is ``smCount``.  The struct is 144 bytes in CUDA 12.4-12.9 and may grow; each one here gets a
 # generous buffer, and only one resource is ever passed where the API takes an array.
@@ -88,7 +90,9 @@ _drivers: Dict[int, object] = {}  # device index -> _Driver, or the reason there
 _lock = threading.Lock()
 
 
-def _driver(index: int):
+def _driver(device: torch.device):
+    """The device's _Driver, or the reason there is none (made once per device index)."""
+    index = device.index if device.index is not None else current.device_index()
     with _lock:
         d = _drivers.get(index)
         if d is None:
@@ -104,20 +108,20 @@ def unavailable(device: torch.device) -> Optional[str]:
     """Why the SMs of ``device`` cannot be split between two streams (None: they can)."""
     if device.type != "cuda":
         return f"no SM partitions on {device.type}"
-    d = _driver(device.index if device.index is not None else torch.cuda.current_device())
+    d = _driver(device)
     return d if isinstance(d, str) else None
 
 
 def sm_count(device: torch.device) -> int:
     """The SMs a split divides (the device's SM resource)."""
-    return _driver(device.index if device.index is not None else torch.cuda.current_device()).sms
+    return _driver(device).sms
 
 
 def split(device: torch.device, n: int) -> Tuple[Part, Part]:
     """((stream, SMs), (stream, SMs)): a stream on ``n`` SMs (as the driver rounds n up to its granularity)
     and one on the remaining SMs of ``device``; made on first use and kept.  Raises RuntimeError with the
     driver's error when the split cannot be made."""
-    d = _driver(device.index if device.index is not None else torch.cuda.current_device())
+    d = _driver(device)
     if isinstance(d, str):
         raise RuntimeError(d)
     with _lock:

@@ -116,10 +116,12 @@ def describe_split(flops: float, nbytes: float, sms: int, compute_capability) ->
     c = choose_split(flops, nbytes, sms)
     cc = tuple(compute_capability)
     if cc != SPLIT_MEASURED_ON:
-        return f"{_fitted_elsewhere(cc)}; overlap='sm_split' would put the prefill on {c.prefill_sms} of {sms} SMs ({c.reason})"
+        return (f"{_fitted_elsewhere(cc)}; overlap='sm_split' would put the prefill on {c.prefill_sms} of {sms} SMs "
+                f"({c.reason})")
     if c.prefill_sms is None or not c.worth:
         return f"overlap='auto': serial ({c.reason})"
-    return f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} ({c.reason})"
+    return (f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} "
+            f"({c.reason})")
 
 
 class Streams:

@@ -136,7 +136,10 @@ class SdpaBackend(Backend):
                 args.lse[r0:r1].fill_(float("-inf"))
         for pc in plan.pieces:
             q = args.q[pc.q0:pc.q1]
-            k, v = (args.k[:, pc.k0:pc.k1], args.v[:, pc.k0:pc.k1]) if hnd else (args.k[pc.k0:pc.k1], args.v[pc.k0:pc.k1])
+            if hnd:
+                k, v = args.k[:, pc.k0:pc.k1], args.v[:, pc.k0:pc.k1]
+            else:
+                k, v = args.k[pc.k0:pc.k1], args.v[pc.k0:pc.k1]
             lse = None if args.lse is None else args.lse[pc.q0:pc.q1]
             self._piece(q, k, v, args.out[pc.q0:pc.q1], lse, pc, scale, out_scale, plan)
 
