@@ -37,6 +37,7 @@ import torch
 
 from attncore.core import _api
 from attncore.core import checks as _checks
+from attncore.core import current
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core import ranking as _ranking
@@ -393,21 +394,18 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         reason or, for an SM split, ``choose_split``'s answer on the work the index tables describe.  Decided
         before the parts are planned, so that parts which will run in turn plan into the whole float workspace
         (a part planned into a half that then falls back plans twice: host time in every serving step)."""
-        st = self._streams
-        why = st.unavailable()
-        if why is not None or st.overlap == "streams":
-            return why
-        try:
+        def work():
             qo, kv_p, last_p, kv_d, last_d = _checks.read_host(list(tables))
             kv_lens_p = _paged_kv_lens(kv_p, last_p, page_size, "last_page_len_p")
             lens_p = zip([b - a for a, b in zip(qo, qo[1:])], kv_lens_p)
-            work = (prefill_flops(lens_p, self._run_causal, hq, d, d),
+            return (prefill_flops(lens_p, self._run_causal, hq, d, d),
                     decode_bytes(_paged_kv_lens(kv_d, last_d, page_size, "last_page_len_d"), hkv, d, d,
                                  _checks.to_dtype(kv_dtype, "kv_data_type")))
+        try:
+            return self._streams.decide_work(work)
         except (ValueError, TypeError, IndexError) as e:  # the parts' own plans report bad tables
-            st.choice = None
-            return f"overlap={st.overlap!r}: serial (the index tables could not be read for the split's model: {e})"
-        return st.decide_work(*work)
+            return (f"overlap={self._streams.overlap!r}: serial (the index tables could not be read for the split's "
+                    f"model: {e})")
 
     def _assign(self, split: Optional[tuple]) -> None:
         """Give each part its workspace: its half of the split, or the whole buffer (no-op when unchanged:
@@ -432,7 +430,9 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
             else:
                 try:
                     self._assign(split)
-                    self._decode_plan()
+                    n_p, n_d = self._streams.shares()  # each part planned for the SMs it will run on
+                    with current.sm_share(n_d):
+                        self._decode_plan()
                     self._prefill_key = None
                     self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
                     self._split_reason = None
@@ -456,10 +456,11 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         if key == self._prefill_key:
             return
         (qo, kvp, kvi, lpl, hq, hkv, d, page, pe, wl, qdt, kvdt, sm, rs, rt) = self._plan_args
-        self._prefill.plan(qo, kvp, kvi, lpl, hq, hkv, d, page, custom_mask=custom_mask_p,
-                           packed_custom_mask=packed_custom_mask_p, causal=causal_p, pos_encoding_mode=pe,
-                           window_left=wl, sm_scale=sm, rope_scale=rs, rope_theta=rt, q_data_type=qdt,
-                           kv_data_type=kvdt)
+        with current.sm_share(self._streams.shares()[0] if self._split is not None else None):
+            self._prefill.plan(qo, kvp, kvi, lpl, hq, hkv, d, page, custom_mask=custom_mask_p,
+                               packed_custom_mask=packed_custom_mask_p, causal=causal_p, pos_encoding_mode=pe,
+                               window_left=wl, sm_scale=sm, rope_scale=rs, rope_theta=rt, q_data_type=qdt,
+                               kv_data_type=kvdt)
         self._prefill_key = key
 
     def run(self, q_p: Tensor, paged_kv_cache_p, q_d: Tensor, paged_kv_cache_d,

@@ -157,7 +157,7 @@ def fake_streams(monkeypatch):
     monkeypatch.setattr(_pod.Streams, "unavailable",
                         lambda self: "overlap='serial'" if self.overlap == "serial" else None)
     monkeypatch.setattr(_pod.Streams, "decide", lambda self, *parts: self.unavailable())
-    monkeypatch.setattr(_pod.Streams, "decide_work", lambda self, flops, nbytes: self.unavailable())
+    monkeypatch.setattr(_pod.Streams, "decide_work", lambda self, work: self.unavailable())
     monkeypatch.setattr(_pod.Streams, "compose", compose)
     return calls
 

@@ -127,8 +127,12 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) 
         # shape axis splits kv1025-4096 B5-16, where P3 and P4 share length and batch buckets
         prefill_shapes = [(4, 1024, 1024), (16, 512, 4096), (8, 2048, 2048), (2, 8192, 8192)]
         decode_shapes = [(8, 1, 16384), (64, 1, 4096)]  # D2-like and D1
+        # single decode (one query row of single prefill, mask none): short, where a call's host time decides
+        # (single_decode_with_kv_cache), medium and long
+        single_decode_shapes = [(1, 1, 128), (1, 1, 2048), (1, 1, 32768)]
         cases = (_cases("single_prefill", ("causal", "none"), dims, (1, 4), dts, (False,), (None,),
                         [(1, 1024, 1024), (1, 8192, 8192)], 32)
+                 + _cases("single_prefill", ("none",), dims, (1, 4), dts, (False,), (None,), single_decode_shapes, 32)
                  + _cases("batch_prefill_ragged", ("causal",), dims, (4,), dts, (False,), (None,), prefill_shapes, 32)
                  + _cases("batch_prefill_paged", ("causal",), dims, (4,), dts, (False,), (1, 16), prefill_shapes, 32)
                  + _cases("batch_decode", ("causal",), dims, (1, 4, 8), dts, (False, True), (1, 16), decode_shapes, 32)

@@ -5,7 +5,7 @@ float workspace split that lets two parts run at once without sharing scratch.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -136,9 +136,10 @@ class Streams:
         self.device = device
         self._side: dict = {}  # (device index, priority) -> the side stream, created once and reused
         self._why: Optional[tuple] = None  # (unavailable()'s answer,): fixed per wrapper, asked every run
-        self._decided: Optional[tuple] = None  # (prefill meta, decode meta, SplitChoice or None, why)
+        self._decided: Optional[tuple] = None  # (prefill meta, decode meta, choice, pair, why)
         self._events: Optional[tuple] = None  # the split's fork and join events, made once (host time)
         self.choice: Optional[SplitChoice] = None  # the split the next compose() runs (None: not a split)
+        self.pair: Optional[tuple] = None  # ... and its green.split() streams and SM counts, kept (host time)
         self.mode: Optional[str] = None
         self.reason: Optional[str] = None
         self.sms: Optional[tuple] = None
@@ -167,35 +168,39 @@ class Streams:
         """Choose how the next compose() runs this pair of planned parts; the reason they will run one after
         the other (None: at the same time).  Kept for the last pair of metas (a serving step runs the same
         plans in every layer)."""
-        why = self.unavailable()
-        if why is not None or self.overlap == "streams":
-            self.choice = None
-            return why
         hit = self._decided
         if hit is not None and hit[0] is meta_p and hit[1] is meta_d:
-            self.choice = hit[2]
-            return hit[3]
-        kv_d = meta_d.kv_lens_host
-        if kv_d is None:  # block tables planned in graph capture: bounded by the longest
-            kv_d = [meta_d.max_seq_len or 0] * meta_d.batch_size
-        kv_p = meta_p.kv_lens_host or [0] * meta_p.batch_size
-        why = self.decide_work(*part_work(problem_p, zip(meta_p.qo_lens_host, kv_p), problem_d, kv_d))
-        self._decided = (meta_p, meta_d, self.choice, why)
+            self.choice, self.pair = hit[2], hit[3]
+            return hit[4]
+
+        def work():
+            kv_d = meta_d.kv_lens_host
+            if kv_d is None:  # block tables planned in graph capture: bounded by the longest
+                kv_d = [meta_d.max_seq_len or 0] * meta_d.batch_size
+            kv_p = meta_p.kv_lens_host or [0] * meta_p.batch_size
+            return part_work(problem_p, zip(meta_p.qo_lens_host, kv_p), problem_d, kv_d)
+        why = self.decide_work(work)
+        self._decided = (meta_p, meta_d, self.choice, self.pair, why)
         return why
 
-    def decide_work(self, flops: float, nbytes: float) -> Optional[str]:
-        """decide() from the parts' work (prefill FLOPs, decode bytes): sets ``choice``; the reason the parts
-        will run one after the other, or None."""
+    def decide_work(self, work: Callable[[], tuple]) -> Optional[str]:
+        """decide() from the parts' work: ``work()`` gives (prefill FLOPs, decode bytes), asked only where a
+        split is to be chosen.  Sets ``choice`` and ``pair``; the reason the parts will run one after the
+        other, or None."""
+        self.choice = self.pair = None
         why = self.unavailable()
         if why is not None or self.overlap == "streams":
-            self.choice = None
             return why
-        c = choose_split(flops, nbytes, green.sm_count(self.device))
+        c = choose_split(*work(), green.sm_count(self.device))
         if c.prefill_sms is None or (self.overlap == "auto" and not c.worth):
-            self.choice = None
             return f"overlap={self.overlap!r}: serial ({c.reason})"
-        self.choice = c
+        self.choice, self.pair = c, green.split(self.device, c.prefill_sms)
         return None
+
+    def shares(self) -> tuple:
+        """(prefill SMs, decode SMs) of the chosen split, (None, None) without one: what each part's plan may
+        count on (attncore.core.current.sm_share)."""
+        return (None, None) if self.pair is None else (self.pair[0][1], self.pair[1][1])
 
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
@@ -221,7 +226,7 @@ class Streams:
         users queue after it.  Under CUDA-graph capture the forked streams join the capture through the
         fork's event and leave it at the join."""
         why = why_serial or self.unavailable()
-        if why is None and self.overlap != "streams" and self.choice is None:
+        if why is None and self.overlap != "streams" and self.pair is None:
             why = f"overlap={self.overlap!r}: no split chosen for these parts (decide() was not called)"
         if why is not None:
             prefill(), decode()
@@ -229,7 +234,7 @@ class Streams:
             return
         cur = torch.cuda.current_stream(self.device)
         if self.overlap != "streams":
-            (sp, n_p), (sd, n_d) = green.split(self.device, self.choice.prefill_sms)
+            (sp, n_p), (sd, n_d) = self.pair
             if self._events is None:
                 self._events = tuple(torch.cuda.Event() for _ in range(3))
             fork, join_p, join_d = self._events
