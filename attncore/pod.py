@@ -37,7 +37,6 @@ import torch
 
 from attncore.core import _api
 from attncore.core import checks as _checks
-from attncore.core import current
 from attncore.core import ops as _ops
 from attncore.core import params as _params
 from attncore.core import ranking as _ranking
@@ -430,9 +429,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
             else:
                 try:
                     self._assign(split)
-                    n_p, n_d = self._streams.shares()  # each part planned for the SMs it will run on
-                    with current.sm_share(n_d):
-                        self._decode_plan()
+                    self._decode_plan()
                     self._prefill_key = None
                     self._plan_prefill(causal_p, custom_mask_p, packed_custom_mask_p)
                     self._split_reason = None
@@ -456,11 +453,10 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
         if key == self._prefill_key:
             return
         (qo, kvp, kvi, lpl, hq, hkv, d, page, pe, wl, qdt, kvdt, sm, rs, rt) = self._plan_args
-        with current.sm_share(self._streams.shares()[0] if self._split is not None else None):
-            self._prefill.plan(qo, kvp, kvi, lpl, hq, hkv, d, page, custom_mask=custom_mask_p,
-                               packed_custom_mask=packed_custom_mask_p, causal=causal_p, pos_encoding_mode=pe,
-                               window_left=wl, sm_scale=sm, rope_scale=rs, rope_theta=rt, q_data_type=qdt,
-                               kv_data_type=kvdt)
+        self._prefill.plan(qo, kvp, kvi, lpl, hq, hkv, d, page, custom_mask=custom_mask_p,
+                           packed_custom_mask=packed_custom_mask_p, causal=causal_p, pos_encoding_mode=pe,
+                           window_left=wl, sm_scale=sm, rope_scale=rs, rope_theta=rt, q_data_type=qdt,
+                           kv_data_type=kvdt)
         self._prefill_key = key
 
     def run(self, q_p: Tensor, paged_kv_cache_p, q_d: Tensor, paged_kv_cache_d,

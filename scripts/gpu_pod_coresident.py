@@ -181,16 +181,6 @@ class Inputs:
             b, plan = be, be.plan(planned.problem, dataclasses.replace(planned.meta, int_workspace=None))
         return (lambda: b.run(plan, args)), args.out, b.name
 
-    def decode_for_share(self, sms: int):
-        """(launch callable, its output) of auto's decode planned for ``sms`` SMs (its own int scratch)."""
-        from attncore.core import current
-
-        planned = self.dec._planned
-        with current.sm_share(sms):
-            plan = planned.backend.plan(planned.problem, dataclasses.replace(planned.meta, int_workspace=None))
-        args = dataclasses.replace(self.args_d, out=torch.empty_like(self.args_d.out))
-        return (lambda: planned.backend.run(plan, args)), args.out
-
     def golden_errors(self, out_p, out_d) -> Dict[str, float]:
         """max error / tolerance of each part's output on a slice (1 means at the bound)."""
         from attncore.testing.golden import golden_and_baseline, max_error, tolerance

@@ -14,12 +14,10 @@ part) give streams whose kernels run only on a given number of SMs.  For PD1 and
     stream (outputs, NaN-poisoned first, must equal the serial run's bit for bit);
   - serial on all SMs (the reference);
   - with --open, one part on its SMs and the other on a plain stream (every SM), the confined one launched
-    first;
-  - with --share, the decode planned for the SMs each split gives it (attncore.core.current.sm_share, as
-    BatchPOD plans its parts), alone on them and beside the prefill.
+    first.
 
     python scripts/gpu_pod_smsplit.py [--json PATH] [--workloads PD1,PD2|sweep] [--prefill auto,fa2p90]
-                                      [--splits 16,24,...] [--share] [--open]
+                                      [--splits 16,24,...] [--open]
 
 Needs a GPU with green-context support (CUDA 12.4+ driver).  SM counts are multiples of 8 (sm_90's
 partition granularity).  Raw results of session 15: benchmarks/results/pod-smsplit-probe-*-s15.json.
@@ -77,7 +75,7 @@ def split(sp, sd, run_p, run_d):
 
 
 def measure(inp: Inputs, prefill: str, gs: GreenStreams, timer, splits: List[int], alone: bool,
-            share: bool = False, opened: bool = False) -> Dict:
+            opened: bool = False) -> Dict:
     run_p, out_p, pb = inp.part("prefill", PREFILLS[prefill]())
     run_d, out_d, db = inp.part("decode", DECODES["auto"]())
     row: Dict = {"workload": inp.w.id, "prefill": prefill, "prefill_backend": pb, "decode_backend": db}
@@ -116,23 +114,6 @@ def measure(inp: Inputs, prefill: str, gs: GreenStreams, timer, splits: List[int
                 torch.cuda.synchronize()
                 same = torch.equal(out_p, ref_p) and torch.equal(out_d, ref_d)
                 row[key][s] = dict(sms=(gp, gd), ms=timer(go), equal=same)
-    if share:  # the decode planned for the SMs it gets (attncore.core.current.sm_share), as BatchPOD plans it
-        row["decode_share_on"], row["split_share"] = {}, {}
-        for s in splits:
-            (sp, gp), (sd, gd) = gs.pair(s)
-            run_ds, out_ds = inp.decode_for_share(gd)
-            _poison(out_ds)
-            run_ds()
-            torch.cuda.synchronize()
-            ref_ds = out_ds.clone()  # its own serial result (another split count sums in another order)
-            row["decode_share_on"][gd] = timer(lambda: on(sd, run_ds))
-            go = lambda: split(sp, sd, run_p, run_ds)  # noqa: E731
-            _poison(out_p, out_ds)
-            go()
-            torch.cuda.synchronize()
-            same = torch.equal(out_p, ref_p) and torch.equal(out_ds, ref_ds)
-            err = inp.golden_errors(out_p, out_ds)["decode"]  # against the reference (1: at the tolerance)
-            row["split_share"][s] = dict(sms=(gp, gd), ms=timer(go), equal=same and err <= 1.0, err=round(err, 3))
     if alone:  # the best split captured in a CUDA graph: does replay run the parts on their SMs?
         s = min(row["split"], key=lambda k: row["split"][k]["ms"])
         (sp, _), (sd, _) = gs.pair(s)
@@ -156,7 +137,6 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="PD1,PD2", help="ids of POD_WORKLOADS and SWEEP, or 'sweep'")
     ap.add_argument("--splits", default="16,24,32,40,48,56,64,72,80,88,96,104,112", help="SMs of the prefill")
     ap.add_argument("--prefill", default="auto,fa2p90")
-    ap.add_argument("--share", action="store_true", help="also plan the decode for its share of each split")
     ap.add_argument("--open", action="store_true", help="also confine one part only, the other on every SM")
     a = ap.parse_args(argv)
     from triton.testing import do_bench
@@ -175,7 +155,7 @@ def main(argv=None) -> int:
         main_wl = wid in WORKLOADS
         for pn in (a.prefill.split(",") if main_wl else ["auto"]):
             try:
-                row = measure(inp, pn, gs, timer, splits, alone=main_wl, share=a.share, opened=a.open)
+                row = measure(inp, pn, gs, timer, splits, alone=main_wl, opened=a.open)
             except Exception as e:  # a prefill this machine cannot serve: the row says why
                 row = {"workload": wid, "prefill": pn, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             info["rows"].append(row)
@@ -197,12 +177,6 @@ def main(argv=None) -> int:
                 print(f"   {what}: best P{best[1]['sms'][0]}/D{best[1]['sms'][1]} {best[1]['ms']:.3f} = "
                       f"{best[1]['ms'] / r['serial']:.2f}x serial | "
                       + " ".join(f"{s}:{v['ms']:.3f}{'' if v['equal'] else '!'}" for s, v in r[key].items()))
-        if "split_share" in r:
-            best = min(r["split_share"].items(), key=lambda kv: kv[1]["ms"])
-            print(f"   decode planned for its share: best split P{best[1]['sms'][0]}/D{best[1]['sms'][1]} "
-                  f"{best[1]['ms']:.3f} = {best[1]['ms'] / r['serial']:.2f}x serial | splits "
-                  + " ".join(f"{s}:{v['ms']:.3f}{'' if v['equal'] else '!'}" for s, v in r["split_share"].items())
-                  + " | decode on N SMs " + " ".join(f"{n}:{t:.3f}" for n, t in r["decode_share_on"].items()))
         if "prefill_on" in r:
             print("   prefill on N SMs " + " ".join(f"{n}:{t:.3f}" for n, t in r["prefill_on"].items())
                   + " | decode on N SMs " + " ".join(f"{n}:{t:.3f}" for n, t in r["decode_on"].items()))

@@ -47,6 +47,8 @@ def test_part_work_counts_visible_pairs_and_bytes():
 def test_split_where_the_h100_sweep_gained(qo, batch, kv, want):
     c = choose_split(*work(qo, batch, kv), H100_SMS)
     assert isinstance(c, SplitChoice) and c.worth and c.prefill_sms == want, c
+    # the shorter part is held to its SMs (PD1's prefill, PD2's decode), the other runs free
+    assert c.confine == ("decode" if qo == 4096 else "prefill")
     assert c.split_s <= streams.SPLIT_MARGIN * c.serial_s
     assert f"prefill on {want} of 132 SMs" in c.reason
 
@@ -93,13 +95,12 @@ def test_decide_splits_gaining_pairs_and_keeps_the_choice(h100):
     st = streams.Streams("auto", torch.device("cuda", 0))
     mp, md = _metas(2048, 64, 4096)
     assert st.decide(PREFILL, mp, DECODE, md) is None
-    assert st.choice.prefill_sms == 40 and st.shares() == (40, 92)
+    assert st.choice.prefill_sms == 40 and st.pair == ((None, 40), (None, 92))
     first = st.choice
     assert st.decide(PREFILL, mp, DECODE, md) is None and st.choice is first  # same metas: the memo
     small = _metas(512, 8, 1024)
     why = st.decide(PREFILL, small[0], DECODE, small[1])
     assert st.choice is None and why.startswith("overlap='auto': serial (model: ") and "saved" in why
-    assert st.shares() == (None, None)
     assert st.decide(PREFILL, small[0], DECODE, small[1]) == why and st.pair is None  # the memo of a serial pair
     forced = streams.Streams("sm_split", torch.device("cuda", 0))
     assert forced.decide(PREFILL, small[0], DECODE, small[1]) is None and forced.choice.prefill_sms > 0
@@ -205,59 +206,3 @@ def test_explain_pod_sizes_refuses_bad_input(capsys, extra, err):
         main(POD_ARGS + ["--cc", "9.0"] + extra)
     assert e.value.code == 2 and err in capsys.readouterr().err
 
-
-def test_sm_share_scopes_the_sms_a_plan_counts_on():
-    from attncore.core import current
-
-    assert current.share() is None and current.sms(132) == 132
-    with current.sm_share(40):
-        assert current.share() == 40 and current.sms(132) == 40 and current.sms(16) == 16
-        with current.sm_share(None):  # a nested whole-device plan
-            assert current.sms(132) == 132
-        assert current.sms(132) == 40
-    assert current.share() is None
-
-
-def test_xqa_plans_its_split_count_for_the_share():
-    """xqa's split-KV count is chosen for the SMs the launch will have (PD1's decode: 512 CTAs over 4k keys);
-    in CUDA-graph mode it depends on the frozen batch shape only, whatever the share."""
-    from attncore.backends.xqa.plan import choose_splits, split_count
-    from attncore.core import current
-
-    lib = SimpleNamespace(num_sms=H100_SMS, ctas_per_sm=2, tile=16)
-    meta = SimpleNamespace(q_len_per_req=1, params=SimpleNamespace(window_left=-1), fixed_split_size=None,
-                           disable_split_kv=False)
-    whole = split_count(DECODE, meta, lib, 512, 4096, None)
-    assert whole == choose_splits(512, 256, 2 * H100_SMS)
-    with current.sm_share(60):
-        share = split_count(DECODE, meta, lib, 512, 4096, None)
-        graph = split_count(DECODE.replace(cuda_graph=True), meta, lib, 512, 4096, None)
-    assert share == choose_splits(512, 256, 2 * 60) != whole
-    assert graph == split_count(DECODE.replace(cuda_graph=True), meta, lib, 512, 4096, None)
-
-
-def test_batch_pod_plans_each_part_for_its_share(monkeypatch):
-    """Parts that will run at the same time are planned for their shares of the split (and a variant planned at
-    run time, for an LSE, for the same share); parts run in turn are planned for the whole device."""
-    from tests.test_pod_streams import _batch_pod
-    from attncore import pod as _pod
-    from attncore.core import current, registry
-
-    monkeypatch.setattr(_pod.Streams, "unavailable", lambda self: "serial" if self.overlap == "serial" else None)
-    monkeypatch.setattr(_pod.Streams, "compose", lambda self, p, d, why=None: (p(), d()))
-    _fake_h100(monkeypatch)
-    ref = type(registry.get_backend("reference"))
-    seen, plan = [], ref.plan
-    monkeypatch.setattr(ref, "plan", lambda self, problem, meta: seen.append((problem.op, current.share()))
-                        or plan(self, problem, meta))
-    ws = torch.empty(4 << 20, dtype=torch.uint8)
-    w, args, _ = _batch_pod(ws, torch.float32, backend="reference", fuse=False, overlap="sm_split")
-    n_p = w._streams.choice.prefill_sms
-    assert w._streams.shares() == (n_p, H100_SMS - n_p)
-    assert seen == [("batch_decode", H100_SMS - n_p), ("batch_prefill_paged", n_p)]
-    seen.clear()
-    w.run(*args, return_lse=True)  # LSE variants, planned at run time: each on its part's share
-    assert sorted(seen) == [("batch_decode", H100_SMS - n_p), ("batch_prefill_paged", n_p)]
-    seen.clear()
-    _batch_pod(ws, torch.float32, backend="reference", fuse=False, overlap="serial")
-    assert seen == [("batch_decode", None), ("batch_prefill_paged", None)]

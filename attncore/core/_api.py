@@ -16,7 +16,6 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from attncore.core import current
 from attncore.core import params as _params
 from attncore.core import selector
 from attncore.core import tables
@@ -173,7 +172,6 @@ class Planned:
         self.problem = problem
         self._flags = (problem.return_lse, problem.sinks, problem.fp8_scales)
         self.q_dtype = problem.q_dtype  # the caller's q dtype (an fp8 one: attncore.core.fp8_query.plan)
-        self.sm_share = current.share()  # a variant planned later (run-time features) runs on the same SMs
         self._primary = (self.backend, self.backend.plan(problem, meta))
         self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {problem: self._primary}
 
@@ -212,8 +210,7 @@ class Planned:
                 log.info("attncore: run-time features of %s need backend %s instead of %s",
                          p.describe(), b.name, self.backend.name)
             meta = self.meta if self.meta.int_workspace is None else dataclasses.replace(self.meta, int_workspace=None)
-            with current.sm_share(self.sm_share):
-                v = (b, b.plan(p, meta))
+            v = (b, b.plan(p, meta))
             self._variants[p] = v
         return v
 

@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from attncore.core import current, graphs
+from attncore.core import graphs
 from attncore.core import schedule as sched
 from attncore.core import uploads
 from attncore.core.backend import BatchMeta
@@ -127,10 +127,8 @@ def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_spl
     qo_lens = meta.qo_lens_host
     tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
                             causal=key.mask == "causal", window_left=meta.params.window_left)
-    # the SMs this launch will have (fewer on a POD part's share of an SM split)
     chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
-                               slots=current.sms(lib.num_sms) * lib.ctas_per_sm, kv_tile=lib.kv_tile,
-                               min_chunk=min_split_chunk)
+                               slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile, min_chunk=min_split_chunk)
     return sched.build(tiles, qo_lens, chunk=chunk), tiles
 
 

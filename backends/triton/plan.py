@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from attncore.core import current, graphs
+from attncore.core import graphs
 from attncore.core import schedule as sched
 from attncore.core import uploads
 from attncore.core.backend import BatchMeta
@@ -268,8 +268,8 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
         chunk = None
     elif meta.fixed_split_size:  # the user's hint, in pages (tokens for ragged KV)
         chunk = int(meta.fixed_split_size) * (problem.page_size or 1)
-    elif len(tiles) * Hkv < current.sms(sms):  # ~2 programs per SM (of a POD part's share of an SM split)
-        chunk = sched.choose_chunk(extents, Hkv, slots=2 * current.sms(sms), kv_tile=BN, min_chunk=4 * BN)
+    elif len(tiles) * Hkv < sms:  # ~2 programs per SM where the unsplit items leave SMs idle
+        chunk = sched.choose_chunk(extents, Hkv, slots=2 * sms, kv_tile=BN, min_chunk=4 * BN)
     if chunk:
         chunk = -(-chunk // BN) * BN
     s = sched.build(tiles, qo_lens, chunk=chunk)

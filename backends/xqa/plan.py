@@ -35,7 +35,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from attncore.core import current
 from attncore.core.backend import BatchMeta
 from attncore.core.problem import AttentionProblem
 from attncore.core.workspace import WorkspaceLayout
@@ -106,9 +105,7 @@ def split_count(problem: AttentionProblem, meta: BatchMeta, lib, base: int, max_
         # depend on the frozen batch shape only, not on the lengths.
         slots = lib.num_sms * lib.ctas_per_sm
         return 1 if 2 * base >= slots else min(64, -(-slots // base))
-    # the SMs this launch will have (fewer on a POD part's share of an SM split); not in graph mode above,
-    # whose split count may depend on the frozen batch shape only
-    return choose_splits(base, max_tiles, current.sms(lib.num_sms) * lib.ctas_per_sm)
+    return choose_splits(base, max_tiles, lib.num_sms * lib.ctas_per_sm)
 
 
 # ------------------------------------------------------------------------------------------ scratch
