@@ -30,13 +30,17 @@ STREAMS_MEASURED = ("two streams measured a median 1.005x over serial on the H10
 # prefill on S SMs, the decode on the rest, each part's own kernels.  Measured on an H100 (2026-11-25,
 # scripts/gpu_pod_smsplit.py, bf16 32/8 heads d128 page 16, Triton prefill + xqa decode, 29 points: PD1, PD2
 # and the 27-point sweep, S in steps of 8 or 16): the prefill slows about as 132/S; the decode keeps its speed
-# down to ~68 SMs, then falls off a cliff where its grid (sized for 132 SMs) quantizes badly (PD1's decode:
-# 0.369 ms on 132 SMs, 0.399 on 68, 0.453 on 60); the split ran PD1 (prefill 2k + 64 x 4k) in 0.415 ms
+# down to ~68 SMs, then slows as its SMs shrink (PD1's decode: 0.369 ms on 132 SMs, 0.399 on 68, 0.453 on 60;
+# planned for 60 SMs, 0.444: its bandwidth per SM, not its grid, session 16); the split ran PD1 (prefill 2k + 64 x 4k) in 0.415 ms
 # against 0.454 serial (S = 40), PD2 (4k + 32 x 4k) in 0.419 against 0.474 (S = 96), and lost where one part is
 # short (prefill 512) or dwarfs the other.  The model below: each part's time on the whole GPU from its FLOPs
 # or bytes, the split's time as the slower part on its share plus a fixed cost.  On those 29 points it picked a
 # split on 8 (PD1 40, PD2 96; 1.09-1.21x over serial where a time was measured at its S) and serial on the
 # other 21, where the best split measured at most 1.07x.
+# Tried and dropped (session 16, same probe): planning each part's split-KV for its share of the SMs (PD1 0.415 ms
+# either way, PD2 0.420 against 0.418); holding only the shorter part to its SMs, the other on a plain stream free
+# to take every SM (PD2 0.397 ms in the probe, but 0.603 through the wrapper, and up to 1.4x slower than both held
+# where the prefill held few SMs: the free part's CTAs can take the held part's SMs first, so it depends on timing).
 PREFILL_FLOPS_PER_SM = 500e12 / 132  # the composed prefill kernels' rate on large problems
 PREFILL_FIXED_S = 30e-6  # ... and what a short prefill costs beyond its FLOPs (512 rows: 45 us)
 DECODE_BYTES_PER_SM = 3.0e12 / 132
@@ -62,7 +66,6 @@ class SplitChoice:
     serial_s: float
     worth: bool
     reason: str
-    confine: str = "prefill"  # the part held to its SMs (the shorter one); the other may use every SM
 
 
 def prefill_flops(lens, causal: bool, num_qo_heads: int, head_dim_qk: int, head_dim_vo: int) -> float:
@@ -100,11 +103,10 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     if best is None:
         return SplitChoice(None, serial, serial, False, f"{sms} SMs: too few to split in groups of {granularity}")
     t, s = best
-    confine = "prefill" if p_all <= d_all else "decode"
     fig = (f"model: prefill {p_all * 1e6:.0f} us + decode {d_all * 1e6:.0f} us one after the other, "
            f"{t * 1e6:.0f} us with the prefill on {s} of {sms} SMs")
     worth = t <= SPLIT_MARGIN * serial
-    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved", confine)
+    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved")
 
 
 def _fitted_elsewhere(cc) -> str:
@@ -231,32 +233,24 @@ class Streams:
             return
         cur = torch.cuda.current_stream(self.device)
         if self.overlap != "streams":
-            # the shorter part on its SMs (a green-context stream), launched first; the longer on a plain stream,
-            # free to fill the other SMs and then the shorter part's as they empty (both parts held to their
-            # SMs measured 0.419 ms on PD2 where this ran 0.397, H100, scripts/gpu_pod_smsplit.py --open)
-            (s_p, n_p), (s_d, n_d) = self.pair
-            whole = n_p + n_d
-            if self.choice.confine == "prefill":
-                first, second, self.sms = (s_p, prefill), (self.side(cur), decode), (n_p, whole)
-            else:
-                first, second, self.sms = (s_d, decode), (self.side(cur), prefill), (whole, n_d)
+            (sp, n_p), (sd, n_d) = self.pair
             if self._events is None:
                 self._events = tuple(torch.cuda.Event() for _ in range(3))
-            fork, join_1, join_2 = self._events
+            fork, join_p, join_d = self._events
             fork.record(cur)  # fork both before either part is queued
-            first[0].wait_event(fork)
-            second[0].wait_event(fork)
+            sp.wait_event(fork)
+            sd.wait_event(fork)
             try:
-                with torch.cuda.stream(first[0]):
-                    first[1]()
-                with torch.cuda.stream(second[0]):
-                    second[1]()
+                with torch.cuda.stream(sp):
+                    prefill()
+                with torch.cuda.stream(sd):
+                    decode()
             finally:  # join, even when a launch raised: nothing forked dangles
-                join_1.record(first[0])
-                join_2.record(second[0])
-                cur.wait_event(join_1)
-                cur.wait_event(join_2)
-            self.mode, self.reason = "sm_split", None
+                join_p.record(sp)
+                join_d.record(sd)
+                cur.wait_event(join_p)
+                cur.wait_event(join_d)
+            self.mode, self.reason, self.sms = "sm_split", None, (n_p, n_d)
             return
         side = self.side(cur)
         side.wait_stream(cur)  # fork, before the prefill is queued: the decode must not wait for it
