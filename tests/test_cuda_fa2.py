@@ -773,3 +773,41 @@ def test_rope_fp8_window_decode_lse_matches_rounding_model():
             assert d_model < 1e-3, (f"seed {seed} request {i}: |lse - rounding model| {d_model:.3g}, "
                                     f"|lse - golden| {float((got - gl).abs().max()):.3g}")
             row0 += n
+
+
+@pytest.mark.parametrize("qo,kv,lse,sinks", [(1, 300, False, False), (1, 4096, True, True), (40, 700, True, False)])
+def test_relaunch_launches_what_run_launches_cpu(qo, kv, lse, sinks):
+    """Backend.relaunch (the one-call functions' repeated signature): the structs run() built for the signature,
+    with the new call's pointers; byte for byte what run() launches on the same tensors (the merge of split
+    partials included).  None before a run() of that signature; a misaligned tensor is refused."""
+    import unittest.mock as um
+
+    from attncore.backends.cuda_fa2 import binding
+
+    prob = _problem(op="single_prefill", page_size=None, num_qo_heads=8, num_kv_heads=2, mask="none",
+                    return_lse=lse, sinks=sinks)
+    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, qo], dtype=torch.int32), qo_indptr_host=[0, qo],
+                     kv_indptr=torch.tensor([0, kv], dtype=torch.int32), kv_indptr_host=[0, kv], kv_lens_host=[kv],
+                     params=AttnParams(sm_scale=0.1))
+    b, plan, launched = _cpu_plan(prob, meta)
+
+    def args():
+        return RunArgs(q=torch.randn(qo, 8, 128, dtype=torch.bfloat16), k=torch.randn(kv, 2, 128, dtype=torch.bfloat16),
+                       v=torch.randn(kv, 2, 128, dtype=torch.bfloat16), out=torch.empty(qo, 8, 128, dtype=torch.bfloat16),
+                       lse=torch.empty(qo, 8) if lse else None, sinks=torch.randn(8) if sinks else None)
+    first = args()
+    with um.patch.object(current, "stream", lambda index: 0):
+        assert b.relaunch(plan, first) is None  # no run() of this signature yet
+        b.run(plan, first)
+        go = b.relaunch(plan, first)
+        a = args()
+        del launched[:]
+        b.run(plan, a)
+        by_run = [bytes(x) for x in launched]
+        del launched[:]
+        go(a.q, a.k, a.v, a.out, a.lse, a.sinks)
+        assert [bytes(x) for x in launched] == by_run and len(by_run) == 1 + plan.needs_merge
+        bad = torch.empty(qo * 8 * 128 + 1, dtype=torch.bfloat16)[1:].view(qo, 8, 128)
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            go(bad, a.k, a.v, a.out, a.lse, a.sinks)
+    assert plan.needs_merge or kv != 4096  # the long decode splits: its merge is relaunched too

@@ -229,3 +229,8 @@ class CudaFa2Backend(Backend):
         from attncore.backends.cuda_fa2 import binding
 
         binding.launch(plan, args)
+
+    def relaunch(self, plan: Fa2Plan, args):
+        from attncore.backends.cuda_fa2 import binding
+
+        return binding.relaunch(plan, args)

@@ -293,6 +293,40 @@ def _structs(plan, args) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     return p, mp
 
 
+def relaunch(plan, args):
+    """Backend.relaunch: the launch structs run() made for ``args``'s signature and scales, behind a fresh
+    pointer store and the alignment check (the one-call key holds shapes and strides, not addresses); None
+    before a run() of that signature, and where there is nothing to launch."""
+    sig = _signature(args)
+    hit = plan.structs.get((sig, args.q_scale, args.k_scale, args.v_scale, args.o_scale))
+    if hit is None or sig != plan.checked_sig or plan.nnz_q == 0:
+        return None
+    p, mp = hit
+    run, merge, index = plan.lib.run, plan.lib.merge, plan.device.index
+
+    def go(q, k, v, out, lse, sinks) -> None:
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15:
+            raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+        p.q, p.k, p.v, p.o = ptrs
+        lse_ptr = None if lse is None else lse.data_ptr()
+        sinks_ptr = None if sinks is None else sinks.data_ptr()
+        if lse_ptr is not None:
+            p.lse = lse_ptr
+        if sinks_ptr is not None:
+            p.sinks = sinks_ptr
+        stream = current.stream(index)
+        run(p, stream)
+        if mp is not None:
+            mp.o = ptrs[3]
+            if lse_ptr is not None:
+                mp.lse = lse_ptr
+            if sinks_ptr is not None:
+                mp.sinks = sinks_ptr
+            merge(mp, stream)
+    return go
+
+
 def launch(plan, args) -> None:
     """Launch a plan (plan.Fa2Plan) on ``RunArgs``: the main kernel, then the merge of split partials."""
     p, mp = build_params(plan, args)
