@@ -782,7 +782,6 @@ def test_relaunch_launches_what_run_launches_cpu(qo, kv, lse, sinks):
     partials included).  None before a run() of that signature; a misaligned tensor is refused."""
     import unittest.mock as um
 
-
     prob = _problem(op="single_prefill", page_size=None, num_qo_heads=8, num_kv_heads=2, mask="none",
                     return_lse=lse, sinks=sinks)
     meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, qo], dtype=torch.int32), qo_indptr_host=[0, qo],
