@@ -28,15 +28,15 @@ STREAMS_MEASURED = ("two streams measured a median 1.005x over serial on the H10
 
 # The SM split (overlap="sm_split"; "auto" on sm_90).  Two streams on disjoint SMs (attncore.core.green): the
 # prefill on S SMs, the decode on the rest, each part's own kernels.  Measured on an H100 (2026-11-25,
-# scripts/gpu_pod_smsplit.py, bf16 32/8 heads d128 page 16, Triton prefill + xqa decode, 29 points: PD1, PD2
-# and the 27-point sweep, S in steps of 8 or 16): the prefill slows about as 132/S; the decode keeps its speed
-# down to ~68 SMs, then slows as its SMs shrink (PD1's decode: 0.369 ms on 132 SMs, 0.399 on 68, 0.453 on 60;
-# planned for 60 SMs, 0.444: its bandwidth per SM, not its grid, session 16); the split ran PD1 (prefill 2k + 64 x 4k) in 0.415 ms
+# scripts/gpu_pod_smsplit.py, bf16 32/8 heads d128 page 16, Triton prefill + xqa decode, 29 points: PD1, PD2 and the
+# 27-point sweep, S in steps of 8 or 16): the prefill slows about as 132/S; the decode keeps its speed down to ~68
+# SMs, then slows as its SMs shrink (PD1's decode: 0.369 ms on 132 SMs, 0.399 on 68, 0.453 on 60; planned for 60
+# SMs, 0.444: its bandwidth per SM, not its grid, session 16); the split ran PD1 (prefill 2k + 64 x 4k) in 0.415 ms
 # against 0.454 serial (S = 40), PD2 (4k + 32 x 4k) in 0.419 against 0.474 (S = 96), and lost where one part is
-# short (prefill 512) or dwarfs the other.  The model below: each part's time on the whole GPU from its FLOPs
-# or bytes, the split's time as the slower part on its share plus a fixed cost.  On those 29 points it picked a
-# split on 8 (PD1 40, PD2 96; 1.09-1.21x over serial where a time was measured at its S) and serial on the
-# other 21, where the best split measured at most 1.07x.
+# short (prefill 512) or dwarfs the other.  The model below: each part's time on the whole GPU from its FLOPs or
+# bytes, the split's time as the slower part on its share plus a fixed cost.  On those 29 points it picked a split
+# on 8 (PD1 40, PD2 96; 1.09-1.21x over serial where a time was measured at its S) and serial on the other 21, where
+# the best split measured at most 1.07x.
 # Tried and dropped (session 16, same probe): planning each part's split-KV for its share of the SMs (PD1 0.415 ms
 # either way, PD2 0.420 against 0.418); holding only the shorter part to its SMs, the other on a plain stream free
 # to take every SM (PD2 0.397 ms in the probe, but 0.603 through the wrapper, and up to 1.4x slower than both held
