@@ -241,11 +241,7 @@ def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergePara
         plan.checked_sig = sig
     if plan.nnz_q == 0:
         return None, None
-    q, out = args.q, args.out
-    ptrs = (q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), out.data_ptr())
-    # test the ints: a c_void_p field reads back None for 0, the data_ptr() of an empty K/V (kv_len 0)
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15:
-        raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+    _check_aligned(args.q, args.k, args.v, args.out)
     # the structs of this signature and these scales, made once per plan: a launch passes them by value (a
     # captured graph keeps the values), so the next run() may overwrite the pointers
     key = (sig, args.q_scale, args.k_scale, args.v_scale, args.o_scale)
@@ -255,18 +251,29 @@ def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergePara
             plan.structs.clear()
         hit = plan.structs[key] = _structs(plan, args)
     p, mp = hit
-    p.q, p.k, p.v, p.o = ptrs
-    if args.lse is not None:
-        p.lse = args.lse.data_ptr()
-    if args.sinks is not None:
-        p.sinks = args.sinks.data_ptr()
-    if mp is not None:
-        mp.o = ptrs[3]
-        if args.lse is not None:
-            mp.lse = args.lse.data_ptr()
-        if args.sinks is not None:
-            mp.sinks = args.sinks.data_ptr()
+    _set_pointers(p, mp, args.q, args.k, args.v, args.out, args.lse, args.sinks)
     return p, mp
+
+
+def _check_aligned(q, k, v, out) -> None:
+    # test the ints: a c_void_p field reads back None for 0, the data_ptr() of an empty K/V (kv_len 0)
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15:
+        raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
+
+
+def _set_pointers(p, mp, q, k, v, out, lse, sinks) -> None:
+    """A run's tensors' addresses into its launch structs (the merge's too)."""
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    if lse is not None:
+        p.lse = lse.data_ptr()
+    if sinks is not None:
+        p.sinks = sinks.data_ptr()
+    if mp is not None:
+        mp.o = out.data_ptr()
+        if lse is not None:
+            mp.lse = lse.data_ptr()
+        if sinks is not None:
+            mp.sinks = sinks.data_ptr()
 
 
 def _structs(plan, args) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
@@ -305,24 +312,11 @@ def relaunch(plan, args):
     run, merge, index = plan.lib.run, plan.lib.merge, plan.device.index
 
     def go(q, k, v, out, lse, sinks) -> None:
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15:
-            raise ValueError("cuda_fa2: q, k, v and out must be 16-byte aligned")
-        p.q, p.k, p.v, p.o = ptrs
-        lse_ptr = None if lse is None else lse.data_ptr()
-        sinks_ptr = None if sinks is None else sinks.data_ptr()
-        if lse_ptr is not None:
-            p.lse = lse_ptr
-        if sinks_ptr is not None:
-            p.sinks = sinks_ptr
+        _check_aligned(q, k, v, out)
+        _set_pointers(p, mp, q, k, v, out, lse, sinks)
         stream = current.stream(index)
         run(p, stream)
         if mp is not None:
-            mp.o = ptrs[3]
-            if lse_ptr is not None:
-                mp.lse = lse_ptr
-            if sinks_ptr is not None:
-                mp.sinks = sinks_ptr
             merge(mp, stream)
     return go
 
