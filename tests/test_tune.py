@@ -244,6 +244,10 @@ def test_grid_and_buckets():
     assert all(c.head_dim in (64, 128, 256) for c in full)
     assert [c.op for c in tune.grid("cuda", ops=["batch_decode"])] == ["batch_decode"] * sum(
         c.op == "batch_decode" for c in full)
+    # short single prefill has its own points: causal a 16-row chunk and 128 over 128 keys, mask none the latter
+    short = {(c.mask, c.bucket().length, c.bucket().shape) for c in full if c.op == "single_prefill" and c.kv == 128
+             and c.qo > 1}
+    assert short == {("causal", "kv1-256", "append"), ("causal", "kv1-256", "prefill"), ("none", "kv1-256", "prefill")}
     with pytest.raises(ValueError, match="unknown op"):
         tune.grid("cpu", ops=["pod"])
 

@@ -130,8 +130,11 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) 
         # single decode (one query row of single prefill, mask none): short, where a call's host time decides
         # (single_decode_with_kv_cache), medium and long
         single_decode_shapes = [(1, 1, 128), (1, 1, 2048), (1, 1, 32768)]
+        # short single prefill (128 rows over 128 keys; causal also a 16-row chunk, whose bucket the mask-none
+        # single decode over 128 keys holds): launch and host cost decide there, not the 1k-row points
         cases = (_cases("single_prefill", ("causal", "none"), dims, (1, 4), dts, (False,), (None,),
-                        [(1, 1024, 1024), (1, 8192, 8192)], 32)
+                        [(1, 128, 128), (1, 1024, 1024), (1, 8192, 8192)], 32)
+                 + _cases("single_prefill", ("causal",), dims, (1, 4), dts, (False,), (None,), [(1, 16, 128)], 32)
                  + _cases("single_prefill", ("none",), dims, (1, 4), dts, (False,), (None,), single_decode_shapes, 32)
                  + _cases("batch_prefill_ragged", ("causal",), dims, (4,), dts, (False,), (None,), prefill_shapes, 32)
                  + _cases("batch_prefill_paged", ("causal",), dims, (4,), dts, (False,), (1, 16), prefill_shapes, 32)
