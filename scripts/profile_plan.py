@@ -153,7 +153,7 @@ def timed(fn, reps: int, rounds: int = 5) -> float:
     return best / reps * 1e6
 
 
-def profile(fn, reps: int, top: int = 20) -> str:
+def profile(fn, reps: int, top: int = 20, sort: str = "tottime") -> str:
     fn()
     pr = cProfile.Profile()
     pr.enable()
@@ -161,7 +161,7 @@ def profile(fn, reps: int, top: int = 20) -> str:
         fn()
     pr.disable()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(top)
     return s.getvalue()
 
 
@@ -183,7 +183,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--stub-kernels", choices=("auto", "on", "off"), default="auto",
                     help="run() without the triton kernel launches (auto: on for triton on the CPU)")
-    ap.add_argument("--profile", action="store_true", help="cProfile top-20 of plan() and run()")
+    ap.add_argument("--profile", action="store_true", help="cProfile of plan() and run()")
+    ap.add_argument("--sort", choices=("tottime", "cumulative"), default="tottime", help="--profile: the order")
+    ap.add_argument("--top", type=int, default=20, help="--profile: the functions shown")
     ap.add_argument("--fake-cuda-fa2", action="store_true",
                     help="CPU: plan() on cuda_fa2 with tests/test_cuda_fa2.py's fakes (plan only)")
     a = ap.parse_args()
@@ -199,7 +201,7 @@ def main() -> None:
             print(f"{a.op} cuda_fa2 (CPU fakes) batch {a.batch} on cpu: plan {t_plan:.1f} us "
                   f"(config {w._planned._primary[1].config})")
             if a.profile:
-                print("---- plan()\n" + profile(plan, a.reps))
+                print("---- plan()\n" + profile(plan, a.reps, a.top, a.sort))
         return
     if a.op.startswith("single"):
         fn, planned = build_one_call(a.op, a.backend, a.device)
@@ -213,7 +215,7 @@ def main() -> None:
         print(f"{a.op} {a.backend} (chose {p.backend_name}) on {a.device}: call {t:.1f} us"
               f"{' (kernels stubbed)' if stubbed else ''}")
         if a.profile:
-            print("---- call\n" + profile(fn, a.reps))
+            print("---- call\n" + profile(fn, a.reps, a.top, a.sort))
         return
     w, plan, run = build(a.op, a.backend, a.batch, a.device, device_tables=a.device_tables)
     t_plan = timed(plan, a.reps)
@@ -228,12 +230,12 @@ def main() -> None:
     print(f"{a.op} {a.backend} (chose {w.backend}) batch {a.batch} on {a.device}: plan {t_plan:.1f} us, "
           f"run {t_run:.1f} us{' (kernels stubbed)' if stubbed else ''}")
     if a.profile:
-        print("---- plan()\n" + profile(plan, a.reps))
+        print("---- plan()\n" + profile(plan, a.reps, a.top, a.sort))
         plan()  # a new plan: its first run prepares the launchers, stubbed again
         run()
         if stubbed:
             stub_kernels(w)
-        print("---- run()\n" + profile(run, a.reps))
+        print("---- run()\n" + profile(run, a.reps, a.top, a.sort))
 
 
 if __name__ == "__main__":
