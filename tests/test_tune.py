@@ -222,6 +222,32 @@ def test_tune_classes_are_the_problems_the_api_builds(monkeypatch):
         assert seen and {tables.problem_class(p) for p in seen} == {c.key()}, c.describe()
 
 
+def test_an_auto_plan_selects_by_the_bucket_of_its_batch(monkeypatch):
+    """plan() hands selection the bucket of its batch (requests, longest query, longest KV), a forced backend
+    none; a decode batch's longest query is its q_len_per_req."""
+    seen = []
+    real = selector.choose
+
+    def spy(problem, backend, sizes=None):
+        seen.append((problem.op, backend, sizes))
+        return real(problem, backend, sizes)
+
+    monkeypatch.setattr(selector, "choose", spy)
+    ws = torch.empty(8 << 20, dtype=torch.uint8)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    qo, kv = i32([0, 3, 203, 204]), i32([0, 40, 250, 253])  # the longest query makes it a prefill bucket
+    for backend in ("auto", "reference"):
+        seen.clear()
+        w = attncore.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+        w.plan(qo, kv, 4, 2, 32, causal=True, q_data_type=torch.float16)
+        want = tables.Sizes(3, 200, 210).bucket("batch_prefill_ragged") if backend == "auto" else None
+        assert seen == [("batch_prefill_ragged", backend, want)] and (want is None or want.shape == "prefill")
+    seen.clear()
+    w = attncore.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="auto")
+    w.plan(i32([0, 2, 5]), i32([0, 1, 2, 3, 4]), i32([3, 1]), 4, 2, 32, 4, q_data_type=torch.float16, q_len_per_req=2)
+    assert seen[-1][2] == tables.Sizes(2, 2, 9).bucket(seen[-1][0])  # kv 4 + 3 and 4 * 2 + 1
+
+
 def test_merge_keeps_what_this_run_did_not_measure():
     old = {"format": 1, "device": "d", "seconds": 1, "backends": {"a": "x"},
            "entries": [entry(times={"a": 1.0, "b": 2.0}), entry(times={"a": 3.0}, len_bucket="kv257-1024")]}

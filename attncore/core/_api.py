@@ -160,8 +160,9 @@ class Planned:
         # the planned sizes pick the measured bucket (attncore.core.tables); selection is cached per bucket
         # (a forced backend is chosen whatever the sizes: none computed, host time)
         if backend is None or backend == "auto":
-            kv = meta.kv_lens_host if meta.kv_lens_host is not None else [meta.max_seq_len or 0] * meta.batch_size
-            sizes = tables.Sizes.of(meta.qo_lens_host, kv)
+            kv = meta.kv_lens_host
+            max_kv = max(kv, default=0) if kv is not None else (meta.max_seq_len or 0) if meta.batch_size else 0
+            sizes = tables.bucket_at(problem.op, meta.batch_size, max(meta.qo_lens_host, default=0), max_kv)
         else:
             sizes = None
         self.requested, self.backend = selector.choose(problem, backend, sizes)

@@ -24,6 +24,7 @@ it).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -158,10 +159,17 @@ class Sizes(NamedTuple):
         return cls(*map(int, parts))
 
     def bucket(self, op: str) -> Bucket:
-        return Bucket(length_bucket(self.max_kv), batch_bucket(self.batch), shape_bucket(op, self.max_qo, self.max_kv))
+        return bucket_at(op, self.batch, self.max_qo, self.max_kv)
 
     def describe(self) -> str:
         return f"B{self.batch} qo{self.max_qo} kv{self.max_kv}"
+
+
+@functools.lru_cache(maxsize=4096)
+def bucket_at(op: str, batch: int, max_qo: int, max_kv: int) -> Bucket:
+    """The bucket of a batch of ``batch`` requests, the longest query ``max_qo`` and KV ``max_kv`` (made once per
+    sizes: plan() asks for it on every auto plan, host time)."""
+    return Bucket(length_bucket(max_kv), batch_bucket(batch), shape_bucket(op, max_qo, max_kv))
 
 
 def bucket_of(op: str, sizes: Union[Sizes, Bucket, None]) -> Optional[Bucket]:
