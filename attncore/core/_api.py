@@ -160,8 +160,10 @@ class Planned:
         # the planned sizes pick the measured bucket (attncore.core.tables); selection is cached per bucket
         # (a forced backend is chosen whatever the sizes: none computed, host time)
         if backend is None or backend == "auto":
-            kv = meta.kv_lens_host
-            max_kv = max(kv, default=0) if kv is not None else (meta.max_seq_len or 0) if meta.batch_size else 0
+            if meta.kv_lens_host is not None:
+                max_kv = max(meta.kv_lens_host, default=0)
+            else:  # block tables planned inside capture: the longest sequence the batch may hold
+                max_kv = (meta.max_seq_len or 0) if meta.batch_size else 0
             sizes = tables.bucket_at(problem.op, meta.batch_size, max(meta.qo_lens_host, default=0), max_kv)
         else:
             sizes = None
