@@ -87,9 +87,12 @@ class CudaFa2Backend(Backend):
     # The Hopper prefill kernel (prefill90, sm_90a wgmma) for the prefill problems it serves;
     # ATTNCORE_FA2_SM90=0 turns it off (then every prefill takes the FA2 kernel).
     sm90 = True
-    # prefill90 main loop: False = plain 2-stage loop (default), True = the pipelined 3-stage loop
-    # (`_pipe`; measured within noise of the plain loop on H100, 2026-11-22: 373 vs 384 TFLOP/s on P1 causal).
-    sm90_pipe = False
+    # prefill90 main loop: True = the pipelined loop (`_pipe`; warp-specialized: with ping-pong turns), False = the
+    # plain loop, None = the rule: pipelined for contiguous K/V (ragged, single), plain for paged K/V.
+    # Measured on H100, 2026-11-25 (session 18, warp-specialized): P1 non-causal 0.476 vs 0.519 ms, causal 0.276 vs
+    # 0.295, P2 d64 0.196 vs 0.213; paged P3 0.764 vs 0.772, P4 1.217 vs 1.175 (the page gather slows the
+    # producer, and the pipelined loop holds two of the three stages).
+    sm90_pipe: Optional[bool] = None
     # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
     # P4 328 vs 316 for the non-specialized plain loop, same run.
@@ -155,15 +158,15 @@ class CudaFa2Backend(Backend):
         ``BatchMeta.resolve_mask`` (decode without a mask is causal)."""
         # memoized (host time: plan() asks for one or two keys per batch): by everything the key reads
         prefetch = config == "decode" and 0 < page_size <= 4
-        memo = (problem, config, prefetch, bool(self.sm90_pipe), bool(self.sm90_ws), tuple(self.tune))
+        memo = (problem, config, prefetch, paged, self.sm90_pipe, bool(self.sm90_ws), tuple(self.tune))
         key = _KEYS.get(memo)
         if key is None:
             if len(_KEYS) > 1024:
                 _KEYS.clear()
-            key = _KEYS[memo] = self._key_for(problem, config, prefetch)
+            key = _KEYS[memo] = self._key_for(problem, config, prefetch, paged)
         return key
 
-    def _key_for(self, problem: AttentionProblem, config: str, prefetch: bool):
+    def _key_for(self, problem: AttentionProblem, config: str, prefetch: bool, paged: bool):
         from attncore.backends.cuda_fa2.specs import Fa2Key
 
         mask = BatchMeta.resolve_mask(problem.mask, decode=problem.op in DECODE_OPS)
@@ -172,9 +175,15 @@ class CudaFa2Backend(Backend):
                       softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
                       rope=problem.pos_encoding == "ROPE_LLAMA",
                       prefetch=prefetch,
-                      pipe=config == "prefill90" and bool(self.sm90_pipe),
+                      pipe=config == "prefill90" and self._sm90_pipe(paged),
                       ws=config == "prefill90" and bool(self.sm90_ws),
                       tune=tuple(self.tune))
+
+    def _sm90_pipe(self, paged: bool) -> bool:
+        """Whether prefill90 runs its pipelined loop (``sm90_pipe``; None: the rule there)."""
+        if self.sm90_pipe is not None:
+            return bool(self.sm90_pipe)
+        return bool(self.sm90_ws) and not paged
 
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
         """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""

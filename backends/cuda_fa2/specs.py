@@ -13,8 +13,8 @@ at most 16 packed rows.
 built for sm_90a only; it serves 16-bit KV, d64/d128, masks none/causal and no soft cap / ALiBi /
 RoPE (plan() checks the rest: no window).
 ``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
-cores while the softmax runs); measured within noise of the plain loop, so an option
-(``CudaFa2Backend.sm90_pipe``), not the default.
+cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
+(ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V, plain for paged.
 ``_ws`` (prefill90 only): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers, and the two
 consumer warpgroups (224 registers) only compute (``CudaFa2Backend.sm90_ws``).

@@ -35,6 +35,12 @@ struct Cfg90 {
   // (Q, K/V page gather) and hands stages over with mbarriers; the NWG consumer warpgroups only compute.
   static constexpr bool WS = WS_;
   static constexpr int PREG = PREG_;
+  // PP: the pipelined warp-specialized loop takes turns at the tensor cores (FlashAttention-3's ping-pong):
+  // a consumer warpgroup issues S of its next tile and P V of its current one, then hands the turn to the
+  // other, whose GEMMs then queue behind; each softmax runs while the other warpgroup's GEMMs execute.
+  // Measured on H100 (2026-11-25, session 18) with the producer's early arrival: P1 non-causal 0.476 ms
+  // against 0.478 without turns and 0.519 for the plain loop; P1 causal 0.276 / 0.284 / 0.295.
+  static constexpr bool PP = WS && PIPE && NWG == 2;
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -180,21 +186,37 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 
   // The tensor-core steps both loop variants (warp-specialized or not) share; they differ only in
   // how a stage is known to be full and handed back.
+  // Ping-pong turns (Cfg::PP): warpgroup w waits on named barrier 1 + w before its GEMMs and arrives on
+  // the other's after issuing them.  Turns: S of tile 0, then one per pipe_step, then P V of the last tile
+  // (turn n_tiles); warpgroup 1 opens turn 0 for warpgroup 0 and skips its last hand-over, so that every
+  // barrier phase completes (both warpgroups of a CTA run the same n_tiles).
+  auto turn_begin = [&]() {
+    if constexpr (Cfg::PP) named_sync(1 + wg, 256);
+  };
+  auto turn_end = [&](int turn) {
+    if constexpr (Cfg::PP) {
+      if (wg == 0 || turn < n_tiles) named_arrive(2 - wg, 256);
+    }
+  };
   // S of `stage` alone, waited (the plain loop's first half, the pipelined loop's first tile)
   auto s_step = [&](int stage) {
     reg_fence<NS>(s);
+    turn_begin();
     wg_fence();
     issue_s(stage);
     wg_commit();
+    turn_end(0);
     wg_wait<0>();
     reg_fence<NS>(s);
   };
   // O += P V of `stage` alone, waited (the plain loop's second half, the pipelined loop's last tile)
   auto pv_step = [&](int stage) {
     reg_fence<NO>(o);
+    turn_begin();
     wg_fence();
     issue_pv(stage);
     wg_commit();
+    turn_end(n_tiles);
     wg_wait<0>();
     reg_fence<NO>(o);
   };
@@ -203,12 +225,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   auto pipe_step = [&](int cur, int nx) {
     reg_fence<NS>(s);
     reg_fence<NO>(o);
+    turn_begin();
     wg_fence();
     issue_s(nx % STAGES);
     wg_commit();
     wg_fence();
     issue_pv(cur % STAGES);
     wg_commit();
+    turn_end(nx);
     wg_wait<1>();
     reg_fence<NS>(s);
     softmax(nx);
@@ -297,27 +321,39 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         kv.prefetch(tile);
         kv.issue(tile, dk, dk + Cfg::tile_bytes);
         ac::cp_async_commit();
-        if (tile > 0) {
+        if constexpr (Cfg::PIPE) {
+          // the pipelined loop holds two of the three stages: the stage's arrival fires as soon as this
+          // thread's copies of the tile (and of Q) have landed, and the producer goes on at once.  (Arriving
+          // after waiting for them, one tile late, starved it: 700-1200 clocks per tile on H100.)
+          mbar_arrive_on_copies(bar_full + 8 * stage);
+        } else if (tile > 0) {  // the plain loop keeps the waited arrival (the early one spills here)
           ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
           fence_async_smem();
           mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
         }
       }
-      ac::cp_async_wait<0>();
-      fence_async_smem();
-      mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
+      ac::cp_async_wait<0>();  // no thread leaves with copies in flight
+      if constexpr (!Cfg::PIPE) {
+        fence_async_smem();
+        mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
+      }
     } else {
       // ---------------- consumers
       setmaxnreg_inc<Cfg::CREG>();
+      if constexpr (Cfg::PP) {
+        if (wg == 1 && n_tiles > 0) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+      }
       if (n_tiles > 0) {
         if constexpr (Cfg::PIPE) {
           mbar_wait(bar_full, 0);
+          fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
           s_step(0);
           softmax(0);
           rescale_pack();
           for (int tile = 0; tile < n_tiles - 1; ++tile) {
             const int nx = tile + 1;
             mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
+            fence_async_smem();
             pipe_step(tile, nx);
             mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
             rescale_pack();

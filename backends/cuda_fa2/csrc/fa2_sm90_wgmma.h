@@ -1,5 +1,5 @@
 // attncore cuda_fa2: the sm_90a instruction wrappers fa2_sm90.cuh uses: wgmma and its fences, shared-
-// memory matrix descriptors (128-byte swizzle), mbarriers and setmaxnreg.
+// memory matrix descriptors (128-byte swizzle), mbarriers, named barriers and setmaxnreg.
 //
 // wgmma: one warpgroup (128 threads) issues each; accumulators d[] are fp32 in the m64nN register layout
 // (n8 block j, element e: row 16 * warp + lane / 4 + 8 * (e / 2), column 8 j + 2 (lane % 4) + e % 2).
@@ -60,6 +60,11 @@ __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t a) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
 }
+// An arrival on `a` once every cp.async this thread issued so far has landed (.noinc: it is the thread's
+// one arrival of the phase, so the barrier's count is the number of copying threads).
+__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
   uint32_t done = 0;
   do {
@@ -67,6 +72,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done) : "r"(a), "r"(parity) : "memory");
   } while (!done);
+}
+// named CTA barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, the arriving ones included
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
