@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       l[h2] = l[h2] * alpha[h2] + rs;
     }
   };
-  // O *= alpha (only when some row max of the warp moved), then P (s) -> 16-bit register-A fragments
-  auto rescale_pack = [&]() {
+  // O *= alpha (only when some row max of the warp moved)
+  auto rescale = [&]() {
     if (__any_sync(0xffffffff, moved)) {
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
@@ -175,6 +175,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         o[j * 4 + 3] *= alpha[1];
       }
     }
+  };
+  // P (s) -> 16-bit register-A fragments
+  auto pack = [&]() {
 #pragma unroll
     for (int kk = 0; kk < KVT / 16; ++kk) {
       a[kk][0] = ac::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -182,6 +185,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       a[kk][2] = ac::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
       a[kk][3] = ac::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  };
+  auto rescale_pack = [&]() {
+    rescale();
+    pack();
   };
 
   // The tensor-core steps both loop variants (warp-specialized or not) share; they differ only in
@@ -221,14 +228,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     reg_fence<NO>(o);
   };
   // pipelined: S of tile `nx` and O += P V of tile `cur` on the tensor cores while the softmax of
-  // `nx` runs (P of `cur` already packed); returns with both waited
-  auto pipe_step = [&](int cur, int nx) {
+  // `nx` runs (P of `cur` already packed; `early`: O rescaled for `cur` here, between the two issues,
+  // not after the P V wait; H100 2026-11-25: P1 causal -2%, P2 d64 -3%); returns with both waited
+  auto pipe_step = [&](int cur, int nx, bool early) {
     reg_fence<NS>(s);
     reg_fence<NO>(o);
     turn_begin();
     wg_fence();
     issue_s(nx % STAGES);
     wg_commit();
+    if (early) rescale();  // O *= alpha of `cur` while S executes (the issue below waits for it anyway)
     wg_fence();
     issue_pv(cur % STAGES);
     wg_commit();
@@ -349,15 +358,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
           fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
           s_step(0);
           softmax(0);
-          rescale_pack();
+          pack();  // O is rescaled for each tile in pipe_step, before its P V
           for (int tile = 0; tile < n_tiles - 1; ++tile) {
             const int nx = tile + 1;
             mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
             fence_async_smem();
-            pipe_step(tile, nx);
+            pipe_step(tile, nx, true);
             mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
-            rescale_pack();
+            pack();
           }
+          rescale();
           pv_step((n_tiles - 1) % STAGES);
         } else {
           for (int tile = 0; tile < n_tiles; ++tile) {
@@ -417,7 +427,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
             kv.prefetch(tile + 3);
           }
           ac::cp_async_commit();
-          pipe_step(tile, tile + 1);
+          pipe_step(tile, tile + 1, false);
           rescale_pack();
         }
         pv_step((n_tiles - 1) % STAGES);
