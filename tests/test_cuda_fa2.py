@@ -536,6 +536,7 @@ def test_prefill90(dtype, pipe, ws):
     run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
                   page_size=16, **kw))
     run_case(Case([(64, 1000), (200, 201)], hq=8, hkv=2, paged=False, d=64, **kw))
+    run_case(Case([(90, 333), (17, 17), (300, 300)], hq=8, hkv=2, page_size=16, d=64, **kw))  # d64: 192-key tiles
     run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, paged=False, mask="none", **kw))
     run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
     for ps in (1, 3):

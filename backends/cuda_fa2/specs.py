@@ -9,7 +9,7 @@ URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GP
 (one m16 tile per warp), chosen for causal problems whose diagonal dominates (qo_len ~ kv_len);
 ``decode`` is the 16-row Q tile with 4 warps along KV (GQA rows packed), used when a request has
 at most 16 packed rows.
-``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles),
+``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles, 192 at d64),
 built for sm_90a only; it serves 16-bit KV, d64/d128, masks none/causal and no soft cap / ALiBi /
 RoPE (plan() checks the rest: no window).
 ``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
