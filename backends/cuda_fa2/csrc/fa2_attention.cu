@@ -151,6 +151,12 @@ int setup(int dev) {
 }  // namespace
 
 #define FA2_EXPORT extern "C" __attribute__((visibility("default")))
+#if defined(FA2_TRACE) && FA2_CONFIG == 3
+// prefill90's clock64 timeline (csrc/fa2_sm90_trace.cuh) into `host` (sizeof g_trace bytes)
+FA2_EXPORT int fa2_trace_dump(void* host) {
+  return (int)cudaMemcpyFromSymbol(host, fa2::sm90::g_trace, sizeof(fa2::sm90::g_trace));
+}
+#endif
 
 // fa2_params_size / _offsets / _fields and the same for fa2_merge_params (attncore/abi.h)
 AC_EXPORT_LAYOUT(fa2_params, Fa2Params, FA2_PARAMS_FIELDS)

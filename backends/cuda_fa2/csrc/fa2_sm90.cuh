@@ -18,10 +18,12 @@
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
 // RoPE, fp8 KV, head dims other than 64 / 128.
 // Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, setmaxnreg), fa2_sm90_load.cuh
-// (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel).
+// (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
+// clock64 timeline of the loops, built only with -DFA2_TRACE=1).
 #pragma once
 #include "fa2_kernel_traits.cuh"
 #include "fa2_sm90_load.cuh"
+#include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
 namespace fa2 {
@@ -78,6 +80,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 
   const int tid = threadIdx.x, lane = tid & 31, wq = (tid >> 5) & 3;
   const int wg = (tid >> 7) - (Cfg::WS ? 1 : 0);  // consumer warpgroup (-1: the WS producer)
+#ifdef FA2_TRACE
+  const int tslot = trace_slot();
+#endif
   const int kvh = blockIdx.y;
   const int G = p.group;
 
@@ -234,6 +239,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     reg_fence<NS>(s);
     reg_fence<NO>(o);
     turn_begin();
+    FA2_TR(nx, 7);
     wg_fence();
     issue_s(nx % STAGES);
     wg_commit();
@@ -242,11 +248,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     issue_pv(cur % STAGES);
     wg_commit();
     turn_end(nx);
+    FA2_TR(nx, 6);
     wg_wait<1>();
     reg_fence<NS>(s);
+    FA2_TR(nx, 2);
     softmax(nx);
+    FA2_TR(nx, 3);
     wg_wait<0>();
     reg_fence<NO>(o);
+    FA2_TR(nx, 5);
   };
 
   // ---- epilogue from registers
@@ -323,13 +333,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
                                             kv_base, pr0, pcc, kv_lo, kv_hi);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES;
+        FA2_TR(tile, 0);
         if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
+        FA2_TR(tile, 1);
         uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
         // page ids of this tile just before its copies: read-only-cache hits after the first tile,
         // and holding them a tile ahead would not fit the producer's registers
         kv.prefetch(tile);
         kv.issue(tile, dk, dk + Cfg::tile_bytes);
         ac::cp_async_commit();
+        FA2_TR(tile, 2);
         if constexpr (Cfg::PIPE) {
           // the pipelined loop holds two of the three stages: the stage's arrival fires as soon as this
           // thread's copies of the tile (and of Q) have landed, and the producer goes on at once.  (Arriving
@@ -354,29 +367,43 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
       }
       if (n_tiles > 0) {
         if constexpr (Cfg::PIPE) {
+          FA2_TR(0, 0);
           mbar_wait(bar_full, 0);
           fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
+          FA2_TR(0, 1);
           s_step(0);
+          FA2_TR(0, 2);
           softmax(0);
+          FA2_TR(0, 3);
           pack();  // O is rescaled for each tile in pipe_step, before its P V
+          FA2_TR(0, 4);
           for (int tile = 0; tile < n_tiles - 1; ++tile) {
             const int nx = tile + 1;
+            FA2_TR(nx, 0);
             mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
             fence_async_smem();
+            FA2_TR(nx, 1);
             pipe_step(tile, nx, true);
             mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
             pack();
+            FA2_TR(nx, 4);
           }
           rescale();
           pv_step((n_tiles - 1) % STAGES);
         } else {
           for (int tile = 0; tile < n_tiles; ++tile) {
             const int stage = tile % STAGES;
+            FA2_TR(tile, 0);
             mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
+            FA2_TR(tile, 1);
             s_step(stage);
+            FA2_TR(tile, 2);
             softmax(tile);
+            FA2_TR(tile, 3);
             rescale_pack();
+            FA2_TR(tile, 4);
             pv_step(stage);
+            FA2_TR(tile, 5);
             mbar_arrive(bar_empty + 8 * stage);
           }
         }

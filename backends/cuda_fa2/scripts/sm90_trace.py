@@ -1,0 +1,95 @@
+"""A clock64 timeline of prefill90's warp-specialized loops on `attncore bench` workloads (GPU, sm90).
+
+Builds cuda_fa2 with ``-DFA2_TRACE=1`` (csrc/fa2_sm90_trace.cuh says what is stamped, where and in which
+CTAs), times each workload with the traced build, runs it once more and reads the stamps back.  Prints,
+per traced CTA and role, the median clocks of each phase over the steady-state tiles (the first three and
+last two left out), and writes the raw stamps with ``--json``.  The stamps cost a few percent of the time.
+
+    python3 backends/cuda_fa2/scripts/sm90_trace.py --workload P1-full --workload P3-p16 [--pipe 0|1] [--json F]
+
+``--pipe``: force the plain (0) or the pipelined (1) loop; default: the backend's rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+
+SLOTS, ROLES, TILES, PHASES = 4, 3, 64, 8  # csrc/fa2_sm90_trace.cuh
+PLAIN = {"wait full": (0, 1), "S": (1, 2), "softmax": (2, 3), "rescale+pack": (3, 4), "P V": (4, 5)}
+PIPE = {"wait full": (0, 1), "turn": (1, 7), "issue": (7, 6), "S wait": (6, 2), "softmax": (2, 3),
+        "P V wait": (3, 5), "pack": (5, 4)}
+PRODUCER = {"wait empty": (0, 1), "issue": (1, 2)}
+
+
+def summary(stamps, label: str) -> list:
+    """Lines of the median phase clocks per traced CTA (slots 0 and 2: the first CTA and one a wave later)."""
+    def at(slot, role, tile, ph):
+        return stamps[((slot * ROLES + role) * TILES + tile) * PHASES + ph]
+
+    out = []
+    for slot in range(SLOTS):
+        n = sum(1 for t in range(TILES) if at(slot, 1, t, 0))
+        if n < 6:
+            out.append(f"{label} CTA {slot}: {n} tiles traced, too few for a steady state")
+            continue
+        tiles = range(3, n - 2)
+        for role, name in ((0, "producer"), (1, "consumer 0"), (2, "consumer 1")):
+            phases = PRODUCER if role == 0 else (PIPE if any(at(slot, role, t, 7) for t in tiles) else PLAIN)
+            period = statistics.median(at(slot, role, t + 1, 0) - at(slot, role, t, 0) for t in tiles)
+            parts = {k: statistics.median(at(slot, role, t, b) - at(slot, role, t, a) for t in tiles)
+                     for k, (a, b) in phases.items()}
+            out.append(f"{label} CTA {slot} {name:10s} ({n} tiles): period {period:5.0f} | "
+                       + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", action="append", default=None, help="attncore bench workload id (repeatable)")
+    ap.add_argument("--pipe", choices=("0", "1"), default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    os.environ["ATTNCORE_NVCC_FLAGS"] = (os.environ.get("ATTNCORE_NVCC_FLAGS", "") + " -DFA2_TRACE=1").strip()
+
+    import torch
+    import triton
+
+    from attncore.backends.cuda_fa2 import binding
+    from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+    from attncore.cli.bench import _setup, select_workloads
+
+    if a.pipe is not None:
+        CudaFa2Backend.sm90_pipe = a.pipe == "1"
+    raw = {}
+    for w in select_workloads(a.workload or ["P1-full"]):
+        runs, _ = _setup(w, "cuda_fa2", "cuda", torch.bfloat16, 1)
+        runs[0]()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(runs[0], warmup=50, rep=300)
+        runs[0]()
+        torch.cuda.synchronize()
+        libs = [lib for lib in binding._LIBS.values() if hasattr(lib.lib, "fa2_trace_dump")]
+        if not libs:
+            print(f"{w.id}: {ms:.4f} ms, no traced prefill90 library ran (not a prefill90 problem?)")
+            continue
+        buf = (ctypes.c_uint64 * (SLOTS * ROLES * TILES * PHASES))()
+        err = libs[-1].lib.fa2_trace_dump(buf)
+        if err:
+            raise RuntimeError(f"fa2_trace_dump: CUDA error {err}")
+        stamps = list(buf)
+        raw[w.id] = dict(ms=ms, key=str(libs[-1].key), stamps=stamps)
+        print(f"{w.id}: {ms:.4f} ms (traced build)")
+        print("\n".join(summary(stamps, w.id)))
+        binding._LIBS.clear()  # the next workload's library is looked up afresh
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), layout="[slot][role][tile][phase]", runs=raw), f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
