@@ -47,7 +47,8 @@ def main():
         print("check vs SDPA fp32", name, r, flush=True)
     CudaFa2Backend.sm90_ws = True
     P = res["prefill"]
-    # prefill90 variants: warp-specialized plain loop (default), the non-specialized loops, pipelined + ws
+    # prefill90 variants, each forced: the warp-specialized plain loop, the non-specialized loops, pipelined + ws
+    # (the backend's rule takes pipe_ws for contiguous K/V and ws for paged)
     names = os.environ.get("FA2_SM90_BENCH_VARIANTS", "ws,loop,pipe,pipe_ws").split(",")
     for vi, var in enumerate(names):
         pipe, ws = "pipe" in var, "ws" in var
@@ -73,7 +74,7 @@ def main():
                 r["pipe"], r["ws"], r["variant"] = pipe, ws, var
                 print(r, flush=True)
     CudaFa2Backend.sm90_ws = True
-    CudaFa2Backend.sm90_pipe = False
+    CudaFa2Backend.sm90_pipe = None  # the rule again
     CudaFa2Backend.sm90 = False  # the FA2 kernel on the same day, same process
     F = res["fa2"]
     F.append(cb.prefill_case("P1 causal", [(4096, 4096)], 32, 8, 128, True, False))
