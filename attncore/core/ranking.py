@@ -201,6 +201,13 @@ RULES: Tuple[Rule, ...] = (
     Rule("triton/other", "triton", -1, evidence=Evidence(
         "the interpreter is far slower than the reference backend: auto on CPU keeps the reference")),
     # ---- cuda_fa2
+    Rule("cuda_fa2/sm90-single", "cuda_fa2", 54, ops=frozenset({"single_prefill"}), devices=_CUDA,
+         compute_capabilities=_SM90, fast_path=FA2_PREFILL90, evidence=Evidence(
+             "single prefill on Hopper: prefill90's pipelined ping-pong loop measured above Triton's dense "
+             "kernel (53) in the same run: P1 causal 0.276 vs 0.284 ms, non-causal 0.494 vs 0.515; P2 d64 "
+             "0.190 vs 0.191 with its 192-key tiles (another call). Ragged batches stay below Triton (B8 x 2k "
+             "causal 0.670 vs 0.636 ms, the sm90 table)",
+             H100, "2026-11-25", "BENCHMARKS.md 2o; backends/cuda_fa2/bench/cuda_fa2.md 'Session 18'")),
     Rule("cuda_fa2/sm90-prefill90", "cuda_fa2", 52, ops=_PREFILL, devices=_CUDA, compute_capabilities=_SM90,
          fast_path=FA2_PREFILL90, evidence=Evidence(
              "the Hopper prefill90 kernel beats Triton's generic kernel on the prefill it serves (P1 causal "
