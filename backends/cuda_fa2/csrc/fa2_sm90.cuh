@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         if constexpr (Cfg::PIPE) {
           // the pipelined loop holds two of the three stages: the stage's arrival fires as soon as this
           // thread's copies of the tile (and of Q) have landed, and the producer goes on at once.  (Arriving
-          // after waiting for them, one tile late, starved it: 700-1200 clocks per tile on H100.)
+          // after waiting for them, one tile late, starved it: 650-1200 clocks per tile on H100.)
           mbar_arrive_on_copies(bar_full + 8 * stage);
         } else if (tile > 0) {  // the plain loop keeps the waited arrival (the early one spills here)
           ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
