@@ -156,7 +156,8 @@ def test_priority_ranks_prefill90_against_triton_as_measured():
     b, t = CudaFa2Backend(), TritonBackend()
     assert _rank(b, _problem()) > _rank(t, _problem())  # paged prefill: P4 424 vs 414
     # single prefill: the pipelined ping-pong loop, P1 causal 0.276 vs Triton's dense kernel 0.284 ms (session 18)
-    assert _rank(b, _problem(op="single_prefill", page_size=None)) > _rank(t, _problem(op="single_prefill", page_size=None))
+    single = _problem(op="single_prefill", page_size=None)
+    assert _rank(b, single) > _rank(t, single)
     for p in (_problem(op="batch_prefill_ragged", page_size=None),  # Triton's dense kernel: B8 x 2k 0.636 vs 0.670
               _problem(op="single_prefill", page_size=None, compute_capability=(8, 0)),
               _problem(op="single_prefill", page_size=None, soft_cap=True),

@@ -38,7 +38,8 @@ def test_summary_phase_medians(mod):
     plain = {0: 0, 1: 20, 2: 220, 3: 620, 4: 700, 5: 900}
     pipe = {0: 0, 1: 10, 7: 40, 6: 240, 2: 260, 3: 760, 5: 770, 4: 800}
     lines = mod.summary(_stamps(mod, 12, [producer, plain, pipe]), "W")
-    prod, c0, c1 = (next(ln for ln in lines if f"CTA 0 {name}" in ln) for name in ("producer", "consumer 0", "consumer 1"))
+    prod, c0, c1 = (next(ln for ln in lines if f"CTA 0 {name}" in ln)
+                    for name in ("producer", "consumer 0", "consumer 1"))
     assert "period  1000" in prod and "wait empty 300, issue 400" in prod
     assert "wait full 20, S 200, softmax 400, rescale+pack 80, P V 200" in c0
     assert "turn 30, issue 200, S wait 20, softmax 500, P V wait 10, pack 30" in c1
