@@ -87,7 +87,8 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #if FA2_CONFIG == 3
 #ifndef FA2_H_KVT
 // keys per K/V tile: 192 at d64 (H100 2026-11-25, pipelined loop: P2 d64 0.187 / 0.188 ms against 0.195 / 0.195
-// with 128; the plain loop 0.212 / 0.214 against 0.213), 128 at d128 (three 64 KiB stages and the Q tile fill shared memory)
+// with 128; the plain loop 0.212 / 0.214 against 0.213), 128 at d128 (three 64 KiB stages and the Q tile fill
+// shared memory)
 #define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : 128)
 #endif
 #ifndef FA2_H_NWG
