@@ -153,9 +153,14 @@ int setup(int dev) {
 
 #define FA2_EXPORT extern "C" __attribute__((visibility("default")))
 #if defined(FA2_TRACE) && FA2_CONFIG == 3
-// prefill90's clock64 timeline (csrc/fa2_sm90_trace.cuh) into `host` (sizeof g_trace bytes)
+// prefill90's clock64 timeline (csrc/fa2_sm90_trace.cuh) into `host` (sizeof g_trace bytes), then zeroed: a later
+// launch with fewer tiles must not leave the stamps of an earlier, longer one behind
 FA2_EXPORT int fa2_trace_dump(void* host) {
-  return (int)cudaMemcpyFromSymbol(host, fa2::sm90::g_trace, sizeof(fa2::sm90::g_trace));
+  int err = (int)cudaMemcpyFromSymbol(host, fa2::sm90::g_trace, sizeof(fa2::sm90::g_trace));
+  void* dev = nullptr;
+  if (err == 0) err = (int)cudaGetSymbolAddress(&dev, fa2::sm90::g_trace);
+  if (err == 0) err = (int)cudaMemset(dev, 0, sizeof(fa2::sm90::g_trace));
+  return err;
 }
 #endif
 
