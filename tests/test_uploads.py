@@ -100,6 +100,10 @@ def test_merged_image_needs_the_tables_before_the_staged_ones():
 
 
 def test_triton_sends_index_and_work_tables_in_one_copy_and_stays_correct():
+    from attncore.kernels import interpreting
+
+    if not interpreting():  # CPU tensors: Triton's interpreter (a GPU run leaves TRITON_INTERPRET unset)
+        pytest.skip("CPU tensors through Triton's interpreter, which TRITON_INTERPRET (unset here) selects")
     ws = torch.empty(1 << 22, dtype=torch.uint8)
     w = attncore.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="triton")
     cache = torch.randn(16, 2, PAGE, HKV, D).half()
@@ -152,8 +156,8 @@ class _CountUploads(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "cuda_fa2"])
-@pytest.mark.parametrize("op", ["decode", "paged"])
+@pytest.mark.parametrize("backend,op", [("triton", "decode"), ("triton", "paged"), ("cuda_fa2", "decode"),
+                                        ("cuda_fa2", "paged"), ("xqa", "decode")])
 def test_gpu_plan_sends_one_copy_and_stays_correct(backend, op):
     """On a GPU, plan() with host index tensors makes ONE host-to-device copy (the index tables and the backend's
     tables together) and the runs of re-plans with other batch sizes equal the reference backend's."""
@@ -180,3 +184,32 @@ def test_gpu_plan_sends_one_copy_and_stays_correct(backend, op):
             w.plan(*args, **kw)
         assert c.n == 1, f"{backend} {op} batch {b}: {c.n} host-to-device copies in plan()"
         _check_golden(w.run(q, cache), q, cache, indptr, indices, w._planned.meta.kv_lens_host, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
+def test_send_writes_the_bytes_of_a_host_array(dtype):
+    """uploads.send on the CPU writes the array's bytes into the destination (int32 tables, uint8 images)."""
+    import numpy as np
+
+    arr = np.arange(64, dtype=np.int32) * 7 - 100
+    dst = torch.full((64 * 4 // dtype.itemsize,), 3, dtype=dtype)
+    uploads.send(arr, dst)
+    assert torch.equal(dst.view(torch.int32), torch.from_numpy(arr))
+
+
+@pytest.mark.gpu
+def test_gpu_send_reuses_a_pinned_slot_only_after_its_copy_ran():
+    """Three rounds of the ring's slots sent while the stream sleeps behind a long kernel: a slot written again
+    before its earlier copy ran would land the later data in the earlier destination."""
+    import numpy as np
+
+    n = 3 * uploads._PinnedRing.SLOTS
+    dsts = [torch.zeros(1000 + i, dtype=torch.int32, device="cuda") for i in range(n)]
+    arrs = [np.random.default_rng(i).integers(-1 << 30, 1 << 30, size=1000 + i, dtype=np.int32) for i in range(n)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of the stream: every copy below is queued behind it
+    for a, d in zip(arrs, dsts):
+        uploads.send(a, d)
+    torch.cuda.synchronize()
+    for i, (a, d) in enumerate(zip(arrs, dsts)):
+        assert torch.equal(d.cpu(), torch.from_numpy(a)), f"upload {i}"

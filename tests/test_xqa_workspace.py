@@ -66,6 +66,26 @@ def test_scratch_is_carved_from_the_callers_workspaces():
     assert p.part_o.shape == (2 * 8, p.num_splits, 16, 128) and p.part_lse.shape == (2 * 8, p.num_splits, 16)
 
 
+def test_staged_index_tables_and_zeroed_counters_go_in_one_copy():
+    """Host index tables (staged by BatchMeta.paged): the counters are carved right before them, and one image of
+    both (the counters' zeros, the tables) is written; the caller's buffer held 0xFF."""
+    lens = [5000, 17]
+    npages = [-(-n // 16) for n in lens]
+    indptr = torch.tensor([0, npages[0], sum(npages)], dtype=torch.int32)
+    indices = torch.randperm(sum(npages)).to(torch.int32)
+    last = torch.tensor([n - 16 * (p - 1) for n, p in zip(lens, npages)], dtype=torch.int32)
+    iws = torch.full((1 << 16,), 0xFF, dtype=torch.uint8)
+    meta = BatchMeta.paged([0, 1, 2], indptr, indices, last, 16, device=CPU, params=AttnParams(0.1), decode=True,
+                           workspace=_ws(), int_workspace=iws)
+    assert meta.staged is not None and not meta.staged.sent
+    p = xplan.make_plan(_problem("batch_decode"), meta, LIB, CPU)
+    assert p.num_splits > 1 and meta.staged.sent
+    assert (p.counters == 0).all(), "the counters' zeros went with the tables"
+    region = meta.staged.region
+    assert p.counters.data_ptr() < region.data_ptr() <= p.counters.data_ptr() + 4096, "carved right before them"
+    assert torch.equal(meta.kv_indices.cpu(), indices) and meta.kv_lens.tolist() == lens
+
+
 @pytest.mark.parametrize("graph", [False, True])
 def test_same_layout_same_addresses_across_replans(graph):
     """Re-plans with new lengths (same batch shape) give byte-identical params in graph mode: the
@@ -276,3 +296,29 @@ def test_graph_capacity_follows_the_memory_not_the_view():
     with pytest.raises(ValueError, match="captured layout"):
         xplan.make_plan(g, _meta([9000, 40], ws=ws, iws=iws[:], bt=bt, seq=seq, fixed=512), LIB, CPU)
     del a
+
+
+@gpu
+def test_gpu_host_tables_with_split_kv_over_a_poisoned_int_workspace():
+    """Host index tables (FlashInfer's convention) and split KV: the counters' zeros travel in the tables' copy.
+    The wrapper's int workspace is filled with 0xFF before each plan; outputs equal the fp64 golden."""
+    import attncore
+    from attncore.testing.golden import golden_and_baseline, max_error, tolerance
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    hq, hkv, d, ps, pool = 32, 8, 128, 16, 1024
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    wr = attncore.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="xqa")
+    cache = torch.randn(pool, 2, ps, hkv, d, device=dev, dtype=dt)
+    for lens in ([6000, 17], [3000, 2500, 1]):
+        ip, ix, last = _paged(lens, ps, hkv, d, "cpu", pool)
+        wr._int_workspace_buffer.fill_(0xFF)
+        wr.plan(ip, ix, last, hq, hkv, d, ps, q_data_type=dt)
+        assert wr._planned._primary[1].num_splits > 1
+        q = torch.randn(len(lens), hq, d, device=dev, dtype=dt)
+        out = wr.run(q, cache)
+        for i, n in enumerate(lens):
+            pages = ix[ip[i]:ip[i + 1]].long().to(dev)
+            k, v = (cache[pages, j].reshape(-1, hkv, d)[:n] for j in (0, 1))
+            go, _, bo, _ = golden_and_baseline(q[i:i + 1], k, v, dtype=dt, causal=True, device="cuda")
+            assert max_error(out[i:i + 1], go) <= tolerance(bo, go, dt), f"lens {lens} request {i}"

@@ -79,6 +79,7 @@ class XqaBackend(Backend):
     name = "xqa"
     description = "XQA-style GQA decode (group rows packed into mma.sync M, paged cp.async, split-KV), sm80/sm90"
     capabilities = CAPABILITIES
+    sends_index_tables = True  # one copy with its zeroed counters (plan.make_plan, attncore.core.uploads)
 
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs

@@ -14,9 +14,11 @@ Scratch (issue 15, "the workspace is the only scratch"), laid out with ``Workspa
   ``stage`` (staging for a misaligned q or out, non-float32 sinks, a strided spec mask: copied on
   the stream in ``run()``), ``part_lse``, ``part_o``;
 * int workspace (``BatchMeta.int_workspace``, plan-scoped, the wrapper's own): ``counters`` (one
-  arrival counter per (request, KV head, m-group): zeroed by a memset on the stream at plan time,
-  and left at zero by the kernel's last CTA after every launch), ``page_table_stub`` (a valid
-  pointer for a batch without pages; never read).
+  arrival counter per (request, KV head, m-group): zeroed at plan time, and left at zero by the
+  kernel's last CTA after every launch), ``page_table_stub`` (a valid pointer for a batch without
+  pages; never read).  While the batch's index tables are staged on the host (``BatchMeta.staged``),
+  this layout is carved right before them and both go in one copy, the counters' zeros included
+  (``attncore.core.uploads``); else the counters are zeroed by a memset on the stream.
 
 Without a caller's buffer, the float scratch is one fresh allocation per plan (a backend driven
 directly), except in CUDA-graph mode; the int scratch always comes from a per-device grow-only pool
@@ -35,6 +37,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from attncore.core import uploads
 from attncore.core.backend import BatchMeta
 from attncore.core.problem import AttentionProblem
 from attncore.core.workspace import WorkspaceLayout
@@ -236,14 +239,21 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     iws = meta.int_workspace
     if iws is None and ilay.regions:
         iws = own_buffer("int", dev, ilay.nbytes + 256)
-    ib = ilay.carve(iws, "int_workspace_buffer", device=dev, memo=meta.memo) if ilay.regions else {}
+    staged = meta.staged if iws is not None and iws is meta.int_workspace and ilay.regions else None
+    zeroed = staged is not None and not staged.sent
+    if zeroed:  # the zeroed counters go with the batch's index tables in one copy (no memset launch)
+        ib, image, _, span = uploads.carve_tables(ilay, iws, staged, dev, meta.memo)
+        uploads.send(image, span)
+    else:
+        ib = ilay.carve(iws, "int_workspace_buffer", device=dev, memo=meta.memo) if ilay.regions else {}
     if need_stub:
         page_table = ib["page_table_stub"]
 
     params = XqaParams()
     counters = ib.get("counters")
     if counters is not None:
-        counters.zero_()  # a memset on the stream (capturable): the caller's buffer may hold anything
+        if not zeroed:
+            counters.zero_()  # a memset on the stream (capturable): the caller's buffer may hold anything
         params.ws_counters = counters.data_ptr()
         params.ws_partial_lse = fb["part_lse"].data_ptr()
         params.ws_partial_o = fb["part_o"].data_ptr()
