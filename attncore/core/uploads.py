@@ -16,7 +16,6 @@ CUDA-graph mode (no staging there: the tables go into the caller's fixed buffers
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from typing import List, Optional, Sequence, Tuple
 
@@ -71,62 +70,6 @@ def _pinned(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory() if device.type == "cuda" else t
 
 
-class _PinnedRing:
-    """Pinned staging for one-shot uploads to one CUDA device: ``SLOTS`` grow-only pinned buffers taken in
-    turn, each written again only once the copy that last read it has run (its event; a host that is
-    ``SLOTS`` uploads ahead of the device waits for it there).  ``pin_memory()`` per upload took ~24 us of a
-    ~140 us decode plan on an H100 host (2026-11-25); a slot costs an event query and record."""
-
-    SLOTS = 8
-
-    def __init__(self) -> None:
-        self.bufs: List[Optional[np.ndarray]] = [None] * self.SLOTS  # numpy views of the pinned tensors
-        self.pinned: List[Optional[torch.Tensor]] = [None] * self.SLOTS
-        self.events: List[Optional[torch.cuda.Event]] = [None] * self.SLOTS
-        self.i = 0
-        self.lock = threading.Lock()  # plans on several threads: a slot is written and sent by one at a time
-
-    def send(self, arr: np.ndarray, dst: torch.Tensor) -> None:
-        with self.lock:
-            self._send(arr, dst)
-
-    def _send(self, arr: np.ndarray, dst: torch.Tensor) -> None:
-        i = self.i
-        self.i = (i + 1) % self.SLOTS
-        ev, n = self.events[i], arr.nbytes
-        if ev is None:
-            ev = self.events[i] = torch.cuda.Event()
-        elif not ev.query():
-            ev.synchronize()
-        buf = self.bufs[i]
-        if buf is None or buf.size < n:
-            t = torch.empty(max(n, 4096, 2 * (0 if buf is None else buf.size)), dtype=torch.uint8, pin_memory=True)
-            self.pinned[i], buf = t, t.numpy()
-            self.bufs[i] = buf
-        buf[:n] = arr.reshape(-1).view(np.uint8)
-        src = self.pinned[i][:n]
-        dst.copy_(src if dst.dtype == torch.uint8 else src.view(dst.dtype), non_blocking=True)
-        ev.record(torch.cuda.current_stream(dst.device))
-
-
-_RINGS: dict = {}
-
-
-def send(arr: np.ndarray, dst: torch.Tensor) -> None:
-    """Copy a host array into ``dst`` (a contiguous device tensor of as many bytes) without a device sync; on
-    CUDA through pinned staging reused across uploads (``_PinnedRing``), the source not kept."""
-    if dst.device.type != "cuda":
-        dst.view(-1).view(torch.uint8).numpy()[:] = arr.reshape(-1).view(np.uint8)
-        return
-    if torch.cuda.is_current_stream_capturing():  # no event query while capturing: the allocator's pinned block
-        dst.copy_(_pinned(arr, dst.device).view(-1).view(torch.uint8).view(dst.dtype), non_blocking=True)
-        return
-    ring = _RINGS.get(dst.device.index)
-    if ring is None:
-        ring = _RINGS[dst.device.index] = _PinnedRing()
-    ring.send(arr, dst)
-
-
 class Staged:
     """A batch's index tables written on the host (``data``, int32) and not yet sent to ``region`` (their
     int32 span at the end of the int workspace).  ``send()`` copies them once; a backend that sends them with
@@ -141,7 +84,7 @@ class Staged:
         if not self.sent:
             self.sent = True
             if self.region.device.type != "cpu":  # on the CPU index_tables wrote them already
-                send(self.data, self.region)
+                self.region.copy_(_pinned(self.data, self.region.device), non_blocking=True)
 
 
 def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Sequence, non_blocking: bool = False,

@@ -209,7 +209,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         h["merge"][:n_merge] = merge
     if "alibi" in h:
         h["alibi"][:] = alibi_slopes(Hq).float().numpy()
-    uploads.send(image, span)
+    uploads.send_image(image, span)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
     return Fa2Plan(

@@ -243,7 +243,7 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     zeroed = staged is not None and not staged.sent
     if zeroed:  # the zeroed counters go with the batch's index tables in one copy (no memset launch)
         ib, image, _, span = uploads.carve_tables(ilay, iws, staged, dev, meta.memo)
-        uploads.send(image, span)
+        uploads.send_image(image, span)
     else:
         ib = ilay.carve(iws, "int_workspace_buffer", device=dev, memo=meta.memo) if ilay.regions else {}
     if need_stub:
