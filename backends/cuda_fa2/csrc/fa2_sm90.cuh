@@ -337,8 +337,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
         if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
         FA2_TR(tile, 1);
         uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-        // page ids of this tile just before its copies: read-only-cache hits after the first tile,
-        // and holding them a tile ahead would not fit the producer's registers
+        // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
+        // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
+        // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
         kv.prefetch(tile);
         kv.issue(tile, dk, dk + Cfg::tile_bytes);
         ac::cp_async_commit();
