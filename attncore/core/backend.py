@@ -268,7 +268,7 @@ class BatchMeta:
         if kv_indptr.numel() != b + 1:
             _checks.check_indptr(n_indptr, kv_indptr, length=b + 1)  # raises (before any read)
         indptr_h, last_h, used, (lo, hi) = reads or _read_page_table(kv_indptr, kv_indices, kv_last_page_len)[:4]
-        kv_host = _checks.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h)
+        kv_host = _checks.check_indptr(n_indptr, kv_indptr, length=b + 1, host=indptr_h, checked=True)
         if kv_indices.numel() < kv_host[-1]:
             raise ValueError(f"{n_indices}: got {kv_indices.numel()} entries, expected at least {n_indptr}[-1] = "
                              f"{kv_host[-1]}")

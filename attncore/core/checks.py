@@ -99,10 +99,12 @@ def norm_device(d: torch.device) -> torch.device:
     return d
 
 
-def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None, host=None) -> List[int]:
+def check_indptr(name: str, t: torch.Tensor, *, length: Optional[int] = None, host=None,
+                 checked: bool = False) -> List[int]:
     """Validate a CSR indptr (int32, 1-D, starts at 0, non-decreasing); returns it as host ints.  ``host``:
-    its values already read (``read_host``)."""
-    check_tensor(name, t, ndim=1, dtype=torch.int32)
+    its values already read (``read_host``); ``checked``: the caller has checked it is a 1-D int32 tensor."""
+    if not checked:
+        check_tensor(name, t, ndim=1, dtype=torch.int32)
     if t.numel() < 1:
         raise ValueError(f"{name}: got an empty tensor, expected [batch_size + 1] entries starting at 0")
     if length is not None and t.numel() != length:
@@ -155,7 +157,7 @@ def read_together(tensors: Sequence):
 
 def _read(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
     """``read_host`` itself: every value read (one copy per device)."""
-    out: List[Optional[List[int]]] = [t.tolist() if t.device.type == "cpu" else None for t in tensors]
+    out: List[Optional[List[int]]] = [t.tolist() if t.is_cpu else None for t in tensors]
     dev = [t for t, a in zip(tensors, out) if a is None]
     if len({t.device for t in dev}) > 1:  # rare: index tensors on several devices, one copy each
         return [a if a is not None else _read([t])[0] for t, a in zip(tensors, out)]

@@ -30,7 +30,7 @@ SMALL_TABLE = 4096  # up to this many: host tables min/max through numpy, device
 def read_whole(indices) -> bool:
     """Whether plan() reads these page ids whole, in its one copy: a device-side table of at most ``SMALL_TABLE``
     ids (a longer one is reduced on the device first; a host one is read where it is used, without a copy)."""
-    return isinstance(indices, torch.Tensor) and indices.device.type != "cpu" and 0 < indices.numel() <= SMALL_TABLE
+    return isinstance(indices, torch.Tensor) and not indices.is_cpu and 0 < indices.numel() <= SMALL_TABLE
 
 
 def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor, extra=()) -> tuple:
@@ -48,7 +48,7 @@ def _read_page_table(indptr: torch.Tensor, indices: torch.Tensor, last: torch.Te
         k = min(max(ip[-1], 0), n) if ip else 0
         used = ids if k == n else ids[:k]
         return ip, lp, used, (min(used), max(used)) if k else empty, ex
-    if n and indices.device.type != "cpu":
+    if n and not indices.is_cpu:
         count = indptr[-1:].to(indices.device, non_blocking=True)  # stays on the device
         valid = torch.arange(n, device=indices.device, dtype=torch.int32) < count
         lohi = torch.cat([torch.where(valid, indices, 2 ** 31 - 1).min().view(1),

@@ -83,7 +83,7 @@ class Staged:
     def send(self) -> None:
         if not self.sent:
             self.sent = True
-            if self.region.device.type != "cpu":  # on the CPU index_tables wrote them already
+            if not self.region.is_cpu:  # on the CPU index_tables wrote them already
                 self.region.copy_(_pinned(self.data, self.region.device), non_blocking=True)
 
 
@@ -115,7 +115,7 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
         if memo is not None:
             memo[key] = hit
     region, views, rest = hit
-    on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and x.device.type != "cpu"]
+    on_device = [i for i, x in enumerate(parts) if x.__class__ is not list and not x.is_cpu]
     staged = None
     if len(on_device) < len(parts):  # host data into one array
         if not on_device and region.numel() <= 256:  # small: one flat list, one conversion
@@ -128,7 +128,7 @@ def index_tables(int_workspace: torch.Tensor, device: torch.device, parts: Seque
             for x, n in zip(parts, sizes):
                 if x.__class__ is list:
                     arr[a:a + n] = np.fromiter(x, np.int32, n)
-                elif x.device.type == "cpu":
+                elif x.is_cpu:
                     arr[a:a + n] = x.numpy()
                 a += n
         staged = Staged(arr, region)
