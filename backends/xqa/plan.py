@@ -239,7 +239,7 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     iws = meta.int_workspace
     if iws is None and ilay.regions:
         iws = own_buffer("int", dev, ilay.nbytes + 256)
-    staged = meta.staged if iws is not None and iws is meta.int_workspace and ilay.regions else None
+    staged = meta.staged if ilay.regions and iws is meta.int_workspace else None  # the wrapper's buffer, not own_buffer
     zeroed = staged is not None and not staged.sent
     if zeroed:  # the zeroed counters go with the batch's index tables in one copy (no memset launch)
         ib, image, _, span = uploads.carve_tables(ilay, iws, staged, dev, meta.memo)
