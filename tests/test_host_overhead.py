@@ -257,6 +257,11 @@ def test_gpu_plan_syncs(backend, kind):
     plan(on(_table(8, seed=1, max_pages=8, pool=256), "cpu"))  # first plan: builds, compiles, caches
     host = on(_table(8, seed=2, max_pages=8, pool=256), "cpu")
     assert _syncs(lambda: plan(host)) == 0
+    # nor one inside the driver, which torch's sync debug mode cannot see: plan() returns while the stream is busy
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU time ahead of the plan's copy
+    plan(host)
+    assert not torch.cuda.current_stream().query(), "plan() waited for the GPU"
     plan(on(_table(8, seed=3, max_pages=8, pool=256), dev))
     device = on(_table(8, seed=4, max_pages=8, pool=256), dev)
     assert _syncs(lambda: plan(device)) <= 1

@@ -1,6 +1,7 @@
 """attncore.core.uploads: a batch's host index tables are staged and sent with the backend's own tables in one
 copy (triton), or around plan() for any other backend (issue 15 item 1: host time of plan())."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -184,3 +185,28 @@ def test_gpu_plan_sends_one_copy_and_stays_correct(backend, op):
             w.plan(*args, **kw)
         assert c.n == 1, f"{backend} {op} batch {b}: {c.n} host-to-device copies in plan()"
         _check_golden(w.run(q, cache), q, cache, indptr, indices, w._planned.meta.kv_lens_host, n)
+
+
+@pytest.mark.gpu
+def test_gpu_upload_source_is_pageable_when_small_and_pinned_when_large_or_capturing():
+    """Small host images go to the device from pageable memory (the driver stages them, no sync); images over
+    PAGEABLE_MAX, and any copy while a CUDA graph captures (where a pageable copy is an error), from pinned memory.
+    Each arrives intact although the host array changes right after the copy returns."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    dev = torch.device("cuda")
+    for n, pinned in ((256, False), (uploads.PAGEABLE_MAX // 4, False), (uploads.PAGEABLE_MAX // 4 + 1, True)):
+        arr = np.arange(n, dtype=np.int32)
+        src = uploads._source(arr, dev)
+        assert src.is_pinned() == pinned, n
+        dst = torch.empty(n, dtype=torch.int32, device=dev)
+        torch.cuda._sleep(int(5e7))
+        dst.copy_(src, non_blocking=True)
+        arr[:] = -1
+        torch.cuda.synchronize()
+        assert torch.equal(dst.cpu(), torch.arange(n, dtype=torch.int32)), n
+    x = torch.zeros(1, device=dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.add_(1)  # something to capture
+        assert uploads._source(np.arange(16, dtype=np.int32), dev).is_pinned()

@@ -157,3 +157,8 @@ class XqaBackend(Backend):
         from attncore.backends.xqa import binding
 
         binding.launch(plan, args)
+
+    def relaunch(self, plan: XqaPlan, args):
+        from attncore.backends.xqa import binding
+
+        return binding.relaunch(plan, args)
