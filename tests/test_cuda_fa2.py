@@ -260,6 +260,31 @@ def _cpu_plan(problem, meta, lib_shape=(128, 64)):
     return b, plan, FakeLib.launched
 
 
+@pytest.mark.parametrize("hint", [None, "disable", 3, 40])
+def test_split_kv_hints_cpu(hint):
+    """The caller's split-KV hints reach the schedule: ``disable_split_kv`` keeps one item per tile (no merge),
+    ``fixed_split_size`` (pages) splits by that many pages rounded up to whole K/V tiles; with neither, a lone long
+    decode splits to fill the GPU."""
+    prob = _problem(op="batch_decode", page_size=16, num_qo_heads=8, num_kv_heads=2, mask="causal")
+    kv = 5000
+    pages = -(-kv // 16)
+    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, 1], dtype=torch.int32), qo_indptr_host=[0, 1],
+                     kv_indptr=torch.tensor([0, pages], dtype=torch.int32), kv_indptr_host=[0, pages],
+                     kv_indices=torch.arange(pages, dtype=torch.int32), kv_lens_host=[kv], page_size=16,
+                     params=AttnParams(sm_scale=0.1), disable_split_kv=hint == "disable",
+                     fixed_split_size=hint if isinstance(hint, int) else None)
+    _, plan, _ = _cpu_plan(prob, meta)
+    s = plan.schedule
+    if hint == "disable":
+        assert s.chunk is None and not plan.needs_merge and plan.num_items == 1
+    elif hint is None:
+        assert s.chunk and plan.needs_merge and plan.num_items > 8
+    else:
+        tile = 64  # the decode tile's keys per K/V tile (FakeLib)
+        want = -(-hint * 16 // tile) * tile
+        assert s.chunk == want and plan.num_items == -(-kv // want) and plan.needs_merge
+
+
 @pytest.mark.parametrize("qo", [5, 40])
 def test_launch_kv_len_0_cpu(qo):
     """Single prefill with kv_len 0: K and V are empty (data_ptr() 0, which a ctypes pointer field

@@ -123,12 +123,20 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
 
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
     """(the work items of this batch on ``lib``'s tile, its row tiles): attncore.core.schedule, the
-    schedule the Triton backend uses too."""
+    schedule the Triton backend uses too.  The caller's split-KV hints first (``disable_split_kv``; a
+    ``fixed_split_size`` in pages, tokens for ragged KV, rounded up to whole K/V tiles), else the chunk that
+    fills the GPU."""
     qo_lens = meta.qo_lens_host
     tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
                             causal=key.mask == "causal", window_left=meta.params.window_left)
-    chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
-                               slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile, min_chunk=min_split_chunk)
+    if meta.disable_split_kv:
+        chunk = None
+    elif meta.fixed_split_size:
+        chunk = -(-int(meta.fixed_split_size) * (problem.page_size or 1) // lib.kv_tile) * lib.kv_tile
+    else:
+        chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
+                                   slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile,
+                                   min_chunk=min_split_chunk)
     return sched.build(tiles, qo_lens, chunk=chunk), tiles
 
 
