@@ -119,6 +119,7 @@ KNOWN_SPILLS = {
     "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm90": (4, 4),
     "cuda_fa2_prefill90_bf16_d128_causal_ws_sm90": (8, 24),
     "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws_sm90": (8, 24),
+    "cuda_fa2_pod90_bf16_d128_causal_pipe_ws_sm90": (16, 48),  # the two loops' producer paths, 8 / 24 each
 }
 
 
@@ -131,7 +132,9 @@ def test_representative_specs_compile_sm80_sm90_without_spills():
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True),
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", ws=True),
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True, ws=True),
-              fa2_specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True)]
+              fa2_specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True),
+              fa2_specs.Fa2Key("pod90", "bf16", "same", 128, "causal", pipe=True, ws=True),
+              fa2_specs.Fa2Key("pod90", "fp16", "same", 64, "none", ws=True)]
     res += jit.compile_check([k.spec() for k in hopper], archs=("90",), ptxas_verbose=True, jobs=2)
     assert len(res) == 2 * len(specs) + len(hopper)
     for r in res:

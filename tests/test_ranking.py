@@ -1206,6 +1206,84 @@ xqa_decode cuda sm90 page1
 xqa_decode cuda sm90 base ATTNCORE_FA2_SM90=0
 xqa_decode cuda sm90 causal ATTNCORE_FA2_SM90=0
 xqa_decode cuda sm90 d64 ATTNCORE_FA2_SM90=0
+""",
+    'xqa 70 > sdpa 55 > cuda_fa2 52 > triton 50 > reference 0': """
+batch_prefill_ragged cuda sm90 fp32
+batch_prefill_ragged cuda sm90 out-fp16
+batch_prefill_ragged cuda sm90 spec
+batch_prefill_paged cuda sm90 base
+batch_prefill_paged cuda sm90 fp16
+batch_prefill_paged cuda sm90 fp32
+batch_prefill_paged cuda sm90 out-fp16
+batch_prefill_paged cuda sm90 causal
+batch_prefill_paged cuda sm90 sinks
+batch_prefill_paged cuda sm90 fp8-scales
+batch_prefill_paged cuda sm90 d64
+batch_prefill_paged cuda sm90 mha
+batch_prefill_paged cuda sm90 hnd
+batch_prefill_paged cuda sm90 qlen4
+batch_prefill_paged cuda sm90 spec
+batch_prefill_paged cuda sm90 graph
+batch_prefill_paged cuda sm90 page1
+""",
+    'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 52 > reference 0': """
+batch_prefill_ragged cuda sm90 base
+batch_prefill_ragged cuda sm90 fp16
+batch_prefill_ragged cuda sm90 causal
+batch_prefill_ragged cuda sm90 sinks
+batch_prefill_ragged cuda sm90 fp8-scales
+batch_prefill_ragged cuda sm90 d64
+batch_prefill_ragged cuda sm90 mha
+batch_prefill_ragged cuda sm90 hnd
+batch_prefill_ragged cuda sm90 qlen4
+batch_prefill_ragged cuda sm90 graph
+""",
+    'xqa 70 > triton 50 > cuda_fa2 40 > sdpa 5 > reference 0': """
+batch_decode cuda sm90 causal-lse
+batch_decode cuda sm90 lse
+xqa_decode cuda sm90 causal-lse
+xqa_decode cuda sm90 lse
+""",
+    'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 40 > reference 0': """
+single_prefill cuda sm90 d256
+single_prefill cuda sm90 base ATTNCORE_FA2_SM90=0
+single_prefill cuda sm90 causal ATTNCORE_FA2_SM90=0
+single_prefill cuda sm90 d64 ATTNCORE_FA2_SM90=0
+batch_prefill_ragged cuda sm90 d256
+batch_prefill_ragged cuda sm90 base ATTNCORE_FA2_SM90=0
+batch_prefill_ragged cuda sm90 causal ATTNCORE_FA2_SM90=0
+batch_prefill_ragged cuda sm90 d64 ATTNCORE_FA2_SM90=0
+""",
+    'xqa 70 > triton 53 > cuda_fa2 52 > sdpa 5 > reference 0': """
+batch_prefill_ragged cuda sm90 causal-lse
+batch_prefill_ragged cuda sm90 lse
+""",
+    'xqa 70 > cuda_fa2 52 > triton 50 > sdpa 5 > reference 0': """
+batch_prefill_paged cuda sm90 causal-lse
+batch_prefill_paged cuda sm90 lse
+""",
+    'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 53 > reference 0': """
+single_prefill cuda sm90 base
+single_prefill cuda sm90 fp16
+single_prefill cuda sm90 causal
+single_prefill cuda sm90 sinks
+single_prefill cuda sm90 fp8-scales
+single_prefill cuda sm90 d64
+single_prefill cuda sm90 mha
+single_prefill cuda sm90 hnd
+single_prefill cuda sm90 qlen4
+single_prefill cuda sm90 graph
+""",
+    'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 50 > reference 0': """
+single_prefill cuda sm90 fp32
+single_prefill cuda sm90 out-fp16
+single_prefill cuda sm90 spec
+""",
+    'xqa 70 > cuda_fa2 54 > triton 53 > sdpa 5 > reference 0': """
+single_prefill cuda sm90 causal-lse
+single_prefill cuda sm90 lse
+""",
+    'xqa 70 > cuda_fa2 56 > sdpa 55 > triton 50 > reference 0': """
 pod cuda sm90 base
 pod cuda sm90 fp16
 pod cuda sm90 fp32
@@ -1259,84 +1337,10 @@ batch_pod cuda sm90 base ATTNCORE_FA2_SM90=0
 batch_pod cuda sm90 causal ATTNCORE_FA2_SM90=0
 batch_pod cuda sm90 d64 ATTNCORE_FA2_SM90=0
 """,
-    'xqa 70 > sdpa 55 > cuda_fa2 52 > triton 50 > reference 0': """
-batch_prefill_ragged cuda sm90 fp32
-batch_prefill_ragged cuda sm90 out-fp16
-batch_prefill_ragged cuda sm90 spec
-batch_prefill_paged cuda sm90 base
-batch_prefill_paged cuda sm90 fp16
-batch_prefill_paged cuda sm90 fp32
-batch_prefill_paged cuda sm90 out-fp16
-batch_prefill_paged cuda sm90 causal
-batch_prefill_paged cuda sm90 sinks
-batch_prefill_paged cuda sm90 fp8-scales
-batch_prefill_paged cuda sm90 d64
-batch_prefill_paged cuda sm90 mha
-batch_prefill_paged cuda sm90 hnd
-batch_prefill_paged cuda sm90 qlen4
-batch_prefill_paged cuda sm90 spec
-batch_prefill_paged cuda sm90 graph
-batch_prefill_paged cuda sm90 page1
-""",
-    'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 52 > reference 0': """
-batch_prefill_ragged cuda sm90 base
-batch_prefill_ragged cuda sm90 fp16
-batch_prefill_ragged cuda sm90 causal
-batch_prefill_ragged cuda sm90 sinks
-batch_prefill_ragged cuda sm90 fp8-scales
-batch_prefill_ragged cuda sm90 d64
-batch_prefill_ragged cuda sm90 mha
-batch_prefill_ragged cuda sm90 hnd
-batch_prefill_ragged cuda sm90 qlen4
-batch_prefill_ragged cuda sm90 graph
-""",
-    'xqa 70 > triton 50 > cuda_fa2 40 > sdpa 5 > reference 0': """
-batch_decode cuda sm90 causal-lse
-batch_decode cuda sm90 lse
-xqa_decode cuda sm90 causal-lse
-xqa_decode cuda sm90 lse
+    'xqa 70 > cuda_fa2 56 > triton 50 > sdpa 5 > reference 0': """
 pod cuda sm90 causal-lse
 pod cuda sm90 lse
 batch_pod cuda sm90 causal-lse
 batch_pod cuda sm90 lse
-""",
-    'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 40 > reference 0': """
-single_prefill cuda sm90 d256
-single_prefill cuda sm90 base ATTNCORE_FA2_SM90=0
-single_prefill cuda sm90 causal ATTNCORE_FA2_SM90=0
-single_prefill cuda sm90 d64 ATTNCORE_FA2_SM90=0
-batch_prefill_ragged cuda sm90 d256
-batch_prefill_ragged cuda sm90 base ATTNCORE_FA2_SM90=0
-batch_prefill_ragged cuda sm90 causal ATTNCORE_FA2_SM90=0
-batch_prefill_ragged cuda sm90 d64 ATTNCORE_FA2_SM90=0
-""",
-    'xqa 70 > triton 53 > cuda_fa2 52 > sdpa 5 > reference 0': """
-batch_prefill_ragged cuda sm90 causal-lse
-batch_prefill_ragged cuda sm90 lse
-""",
-    'xqa 70 > cuda_fa2 52 > triton 50 > sdpa 5 > reference 0': """
-batch_prefill_paged cuda sm90 causal-lse
-batch_prefill_paged cuda sm90 lse
-""",
-    'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 53 > reference 0': """
-single_prefill cuda sm90 base
-single_prefill cuda sm90 fp16
-single_prefill cuda sm90 causal
-single_prefill cuda sm90 sinks
-single_prefill cuda sm90 fp8-scales
-single_prefill cuda sm90 d64
-single_prefill cuda sm90 mha
-single_prefill cuda sm90 hnd
-single_prefill cuda sm90 qlen4
-single_prefill cuda sm90 graph
-""",
-    'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 50 > reference 0': """
-single_prefill cuda sm90 fp32
-single_prefill cuda sm90 out-fp16
-single_prefill cuda sm90 spec
-""",
-    'xqa 70 > cuda_fa2 54 > triton 53 > sdpa 5 > reference 0': """
-single_prefill cuda sm90 causal-lse
-single_prefill cuda sm90 lse
 """,
 }

@@ -74,9 +74,13 @@ def _forced(name: str):
     from attncore.core import registry
 
     entry = registry.entries().get(name)
-    if entry is None or entry.backend is None or not hasattr(entry.backend, "_pod"):
+    if entry is None or entry.backend is None or not any("pod" in c.ops for c in entry.backend.capabilities):
         raise ValueError(f"--pod-backend: {name!r} has no fused POD op")
     b = entry.backend
+    if hasattr(b, "pod_fuse"):  # cuda_fa2
+        old_fuse = b.pod_fuse
+        b.pod_fuse = "always"
+        return lambda: setattr(b, "pod_fuse", old_fuse)
     old = b._pod
     b._pod = ("always",) + tuple(old[1:])
 

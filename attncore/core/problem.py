@@ -191,6 +191,20 @@ class PODBatch:
     decode: "object"  # BatchMeta
 
 
+def outside_measured_wins(batch: PODBatch, regions, where: str) -> Optional[str]:
+    """Why ``batch`` lies outside every region where a backend's fused launch was measured to beat the composed
+    parts (None: inside one).  ``regions``: (max prefill tokens, max decode batch or None, max decode kv) rows;
+    ``where``: the table's name and home, for the message."""
+    p, b = batch.prefill.qo_indptr_host[-1], batch.decode.batch_size
+    kv = max(batch.decode.kv_lens_host, default=0)
+    for max_p, max_b, max_kv in regions:
+        if p <= max_p and (max_b is None or b <= max_b) and kv <= max_kv:
+            return None
+    bounds = "; ".join(f"prefill <= {mp} tokens with decode batch <= {mb} and kv <= {mk}" for mp, mb, mk in regions)
+    return (f"prefill {p} tokens + decode {b} x up to {kv} keys is outside the measured region where the fused "
+            f"launch beat the composed parts ({where}: {bounds})")
+
+
 @dataclass
 class PODRunArgs:
     """The tensors of one fused run: a ``RunArgs`` per part (``attncore.core.backend``)."""

@@ -215,6 +215,12 @@ RULES: Tuple[Rule, ...] = (
              "later measured above it for dense prefill (triton/sm90-dense, 53), not for paged prefill "
              "(P4 424 vs 414, session 4)",
              H100, "2026-11-22", "BENCHMARKS.md section 1, sessions 3-4")),
+    Rule("cuda_fa2/sm90-pod", "cuda_fa2", 56, ops=frozenset({"pod", "batch_pod"}), devices=_CUDA,
+         compute_capabilities=_SM90, evidence=Evidence(
+             "POD in one launch on Hopper: prefill90's POD kernel beat Triton's fused launch where either fuses "
+             "(prefill 512 + decode 8 x 1k: 0.041 vs 0.071 ms) and the composed parts inside its measured region "
+             "(backends/cuda_fa2/pod.py MEASURED_WINS); elsewhere its plan declines and the parts are composed",
+             H100, "2026-11-25", "BENCHMARKS.md 2q")),
     Rule("cuda_fa2/cuda", "cuda_fa2", 40, devices=_CUDA, evidence=Evidence(
         "decode and the FA2 kernel's features stay below Triton (D1 94% vs 95% of read): auto ranks it "
         "above Triton (50) only for what prefill90 serves",

@@ -13,7 +13,7 @@ import torch
 
 from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
-from attncore.core.problem import DECODE_OPS, AttentionProblem
+from attncore.core.problem import DECODE_OPS, POD_OPS, AttentionProblem
 
 from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 
@@ -40,9 +40,16 @@ _BASE = dict(
 # CUDA graphs: the batch ops (plan.py: capacity grids, live counts on the device, tables at fixed
 # workspace addresses); single_prefill has no wrapper that re-plans, so it does not claim them.
 _BATCH_OPS = frozenset({"batch_prefill_ragged", "batch_prefill_paged", "batch_decode"})
+# POD in one launch (pod.py: prefill90's POD kernel, sm_90 only): what prefill90 serves, for both parts (the decode
+# part's own checks: extra_reasons); no CUDA graphs (the order table's size follows the batch)
+POD_CAPABILITIES = Capabilities(
+    ops=frozenset(POD_OPS), features=frozenset({"sinks", "fp8_scales", "return_lse"}),
+    **{**_BASE, "min_compute_capability": (9, 0), "max_compute_capability": (9, 0), "kv_dtypes": _F16,
+       "head_dims": frozenset({64, 128}), "masks": frozenset({"none", "causal"})})
 CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
+    POD_CAPABILITIES,
 )
 
 
@@ -97,6 +104,11 @@ class CudaFa2Backend(Backend):
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
     # P4 328 vs 316 for the non-specialized plain loop, same run.
     sm90_ws = True
+    # POD in one launch (pod.py): "auto" fuses inside the measured region (pod.MEASURED_WINS), "always" every
+    # batch the kernel serves (tests, benchmarks); the prefill part's items are issued ``pod_weight`` times ahead of
+    # their time share in the CTA order (0.5 to 4 measured within 2-10% of each other, PD1 and PD2: no better one)
+    pod_fuse = "auto"
+    pod_weight = 1.0
 
     def jit_specs(self, arch: str) -> list:
         """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
@@ -124,6 +136,12 @@ class CudaFa2Backend(Backend):
         if problem.op in ("batch_prefill_paged", "batch_decode") and problem.page_size is not None \
                 and problem.page_size < 1:
             r.append(Reason("page_size", str(problem.page_size), ">= 1"))
+        if problem.op in POD_OPS and problem.decode is not None:  # the decode part, as the POD kernel runs it
+            d = problem.decode
+            r += [Reason("decode part", x, "what prefill90 serves (16-bit KV, d64/d128, no features)")
+                  for x in self._problem_sm90_reasons(d)]
+            if d.mask != "causal":
+                r.append(Reason("decode mask", d.mask, "causal"))
         return r
 
     def _problem_sm90_reasons(self, problem: AttentionProblem, window_left: Optional[int] = None) -> List[str]:
@@ -226,9 +244,16 @@ class CudaFa2Backend(Backend):
         return lib, config, sm90_why
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> Fa2Plan:
-        """plan.py: the schedule, the scratch, the tables; binding.py: the plan-constant params."""
+        """plan.py: the schedule, the scratch, the tables; binding.py: the plan-constant params.  POD ops
+        (``meta``: a PODBatch): pod.py."""
         from attncore.backends.cuda_fa2 import binding
 
+        if problem.op in POD_OPS:
+            from attncore.backends.cuda_fa2 import pod
+
+            if self.pod_fuse not in ("auto", "always"):
+                raise ValueError(f"pod_fuse: got {self.pod_fuse!r}, expected 'auto' or 'always'")
+            return pod.plan_pod(self, problem, meta, self.pod_weight, self.pod_fuse)
         dev = cuda_device(meta.device, "cuda_fa2")
         plan = make_plan(self, problem, meta, dev, lambda: self.choose_library(problem, meta, dev))
         plan.base, plan.merge_base = binding.base_params(plan)
@@ -237,9 +262,13 @@ class CudaFa2Backend(Backend):
     def run(self, plan: Fa2Plan, args) -> None:
         from attncore.backends.cuda_fa2 import binding
 
+        if not isinstance(plan, Fa2Plan):
+            from attncore.backends.cuda_fa2 import pod
+
+            return pod.run_pod(plan, args)
         binding.launch(plan, args)
 
     def relaunch(self, plan: Fa2Plan, args):
         from attncore.backends.cuda_fa2 import binding
 
-        return binding.relaunch(plan, args)
+        return binding.relaunch(plan, args) if isinstance(plan, Fa2Plan) else None

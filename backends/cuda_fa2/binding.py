@@ -74,6 +74,9 @@ class Fa2Library:
         lib.fa2_info.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.fa2_run.argtypes = [ctypes.POINTER(Fa2Params), ctypes.c_void_p]
         lib.fa2_merge.argtypes = [ctypes.POINTER(Fa2MergeParams), ctypes.c_void_p]
+        if key.config == "pod90":
+            lib.fa2_run_pod.argtypes = [ctypes.POINTER(Fa2Params), ctypes.POINTER(Fa2Params), ctypes.c_void_p,
+                                        ctypes.c_int, ctypes.c_void_p]
         check_params_layout(lib)
         info = (ctypes.c_int * 8)()
         self._check(lib.fa2_info(info, device.index if device.index is not None else torch.cuda.current_device()),
@@ -88,6 +91,11 @@ class Fa2Library:
 
     def run(self, params: Fa2Params, stream: int) -> None:
         self._check(self.lib.fa2_run(ctypes.byref(params), ctypes.c_void_p(stream)), "launch")
+
+    def run_pod(self, prefill: Fa2Params, decode: Fa2Params, order: int, n: int, stream: int) -> None:
+        """pod90: both parts' items in one grid of ``n`` CTA columns, ``order`` (int32 [n], device) naming each."""
+        self._check(self.lib.fa2_run_pod(ctypes.byref(prefill), ctypes.byref(decode), ctypes.c_void_p(order), n,
+                                         ctypes.c_void_p(stream)), "POD launch")
 
     def merge(self, params: Fa2MergeParams, stream: int) -> None:
         self._check(self.lib.fa2_merge(ctypes.byref(params), ctypes.c_void_p(stream)), "merge launch")

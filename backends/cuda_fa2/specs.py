@@ -2,7 +2,7 @@
 
 URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
-    cuda_fa2_<prefill|prefill64|prefill90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
+    cuda_fa2_<prefill|prefill64|prefill90|pod90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
              [_softcap][_alibi][_rope][_pf][_pipe][_ws]
 
 ``prefill`` is the 128-row (64 for d256) Q tile with 4 warps along Q; ``prefill64`` the 64-row tile
@@ -12,10 +12,12 @@ at most 16 packed rows.
 ``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles, 192 at d64),
 built for sm_90a only; it serves 16-bit KV, d64/d128, masks none/causal and no soft cap / ALiBi /
 RoPE (plan() checks the rest: no window).
-``_pipe`` (prefill90 only): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
+``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
+for contiguous K/V) and of a decode part (paged, the plain loop, causal) in one grid; always ``_ws``.
+``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
 cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
 (ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V, plain for paged.
-``_ws`` (prefill90 only): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
+``_ws`` (prefill90 and pod90): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers, and the two
 consumer warpgroups (224 registers) only compute (``CudaFa2Backend.sm90_ws``).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
@@ -40,7 +42,8 @@ INCLUDE_DIRS = (str(CSRC), jit.INCLUDE_DIR)
 DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 MASKS = {"none": 0, "causal": 1, "custom": 2}
-CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2, "prefill90": 3}
+CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2, "prefill90": 3, "pod90": 4}
+SM90_CONFIGS = ("prefill90", "pod90")  # built for sm_90a only
 SM90_HEAD_DIMS = (64, 128)
 HEAD_DIMS = (64, 128, 256)
 
@@ -87,13 +90,16 @@ class Fa2Key:
             raise ValueError("cuda_fa2: alibi and rope are exclusive")
         if self.prefetch and self.config != "decode":
             raise ValueError("cuda_fa2: page-id prefetch (_pf) is a decode-tile option")
-        if self.pipe and self.config != "prefill90":
-            raise ValueError("cuda_fa2: the pipelined loop (_pipe) is a prefill90 option")
-        if self.ws and self.config != "prefill90":
-            raise ValueError("cuda_fa2: warp specialization (_ws) is a prefill90 option")
-        if self.config == "prefill90" and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
-                                           or self.rope or self.head_dim not in SM90_HEAD_DIMS):
-            raise ValueError(f"cuda_fa2: prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features: {self}")
+        if self.pipe and self.config not in SM90_CONFIGS:
+            raise ValueError("cuda_fa2: the pipelined loop (_pipe) is a prefill90 / pod90 option")
+        if self.ws and self.config not in SM90_CONFIGS:
+            raise ValueError("cuda_fa2: warp specialization (_ws) is a prefill90 / pod90 option")
+        if self.config == "pod90" and not self.ws:
+            raise ValueError("cuda_fa2: pod90 is warp-specialized (_ws)")
+        if self.config in SM90_CONFIGS and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
+                                            or self.rope or self.head_dim not in SM90_HEAD_DIMS):
+            raise ValueError(f"cuda_fa2: {self.config} serves 16-bit KV, d64/d128, mask none/causal, no features: "
+                             f"{self}")
         defines = (
             ("FA2_CONFIG", str(CONFIGS[self.config])), ("FA2_DTYPE", str(DTYPES[self.dtype])),
             ("FA2_KV", str(KVS[self.kv])), ("FA2_HEAD_DIM", str(self.head_dim)),
@@ -104,11 +110,11 @@ class Fa2Key:
             + tuple(self.tune)
         return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=INCLUDE_DIRS,
                         description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"),
-                        arch_suffix="a" if self.config == "prefill90" else "")
+                        arch_suffix="a" if self.config in SM90_CONFIGS else "")
 
 
 _URI_RE = re.compile(
-    r"^cuda_fa2_(prefill64|prefill90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
+    r"^cuda_fa2_(prefill64|prefill90|pod90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
     r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)((?:_ws)?)(?:_sm\d+)?$")
 
 
@@ -135,9 +141,11 @@ def common_keys() -> List[Fa2Key]:
 
 
 def sm90_keys() -> List[Fa2Key]:
-    """The Hopper (sm_90a) prefill specializations: both dtypes, d64/d128, masks none/causal."""
+    """The Hopper (sm_90a) specializations: prefill90 and its POD kernel, both dtypes, d64/d128, masks none/causal."""
     return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
-            for m in ("none", "causal") for pi in (False, True) for ws in (False, True)]
+            for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
+        [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
+         for m in ("none", "causal") for pi in (False, True)]
 
 
 def selftest_spec() -> jit.Spec:

@@ -31,7 +31,8 @@ from attncore.core import schedule as _schedule
 from attncore.backends.triton.backend import TritonBackend, _interpreting
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.mask import alibi_slopes
-from attncore.core.problem import POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs, pod_parts
+from attncore.core.problem import (POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs,
+                                   outside_measured_wins, pod_parts)
 from attncore.core.workspace import WorkspaceLayout
 
 LOG2E = 1.4426950408889634
@@ -91,15 +92,7 @@ MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
 
 def _outside_measured_wins(batch: "PODBatch") -> Optional[str]:
     """Why auto composes this batch on a GPU (None: it is inside a measured winning region)."""
-    p_tokens = batch.prefill.qo_indptr_host[-1]
-    b = batch.decode.batch_size
-    kv = max(batch.decode.kv_lens_host, default=0)
-    for max_p, max_b, max_kv in MEASURED_WINS:
-        if p_tokens <= max_p and (max_b is None or b <= max_b) and kv <= max_kv:
-            return None
-    return (f"prefill {p_tokens} tokens + decode {b} x up to {kv} keys is outside the measured region where the "
-            f"fused launch beat the composed parts (MEASURED_WINS in backends/triton/pod.py: prefill <= 512 "
-            f"tokens with decode batch <= 8 and kv <= 1024)")
+    return outside_measured_wins(batch, MEASURED_WINS, "MEASURED_WINS in backends/triton/pod.py")
 
 
 @dataclass

@@ -9,8 +9,12 @@
 //                                                             3 prefill90: the sm_90a wgmma kernel
 //                                                               (fa2_sm90.cuh; 16-bit KV, d64/d128,
 //                                                               mask none/causal, no features)
+//                                                             4 pod90: prefill90's POD kernel, a prefill
+//                                                               part (FA2_MASK, FA2_H_PIPE) and a decode
+//                                                               part (plain loop, causal) in one grid
 // Entry points (extern "C", return a cudaError_t as int):
-//   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv)
+//   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv) (not pod90)
+//   fa2_run_pod(p0, p1, order, n, cudaStream_t)    pod90 only: grid (n, Hkv), order[n] (fa2_sm90_pod_kernel)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (num_rows, Hq)
 //   (CUDA-graph mode: both grids are capacities, the live counts are read on the device)
 //   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM (0 without a GPU), 0, 0
@@ -19,7 +23,7 @@
 //   (likewise fa2_merge_params_*)                         binding.py checks them field by field)
 //   fa2_error_string(int)
 #include "fa2_attention.cuh"
-#if defined(FA2_CONFIG) && FA2_CONFIG == 3
+#if defined(FA2_CONFIG) && (FA2_CONFIG == 3 || FA2_CONFIG == 4)
 #include "fa2_sm90.cuh"
 #endif
 
@@ -84,7 +88,7 @@ using T = std::conditional<FA2_DTYPE == 1, __nv_bfloat16, __half>::type;
 constexpr int D = FA2_HEAD_DIM;
 static_assert(D == 64 || D == 128 || D == 256, "head dim");
 
-#if FA2_CONFIG == 3
+#if FA2_CONFIG == 3 || FA2_CONFIG == 4
 #ifndef FA2_H_KVT
 // keys per K/V tile: 192 at d64 (H100 2026-11-25, pipelined loop: P2 d64 0.187 / 0.188 ms against 0.195 / 0.195
 // with 128; the plain loop 0.212 / 0.214 against 0.213), 128 at d128 (three 64 KiB stages and the Q tile fill
@@ -109,7 +113,14 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && D != 256,
               "prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features");
 using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG>;
+#if FA2_CONFIG == 4
+static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");
+// the decode part: paged K/V, the plain loop (its producer cannot feed the pipelined one: cuda_fa2.md, session 19)
+using Cfg90D = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, false, true, FA2_H_PREG>;
+auto kernel = fa2::sm90::fa2_sm90_pod_kernel<Cfg90, Cfg90D, T, FA2_MASK>;
+#else
 auto kernel = fa2::sm90::fa2_sm90_kernel<Cfg90, T, FA2_MASK>;
+#endif
 constexpr int kCtaQ = Cfg90::CTA_Q, kKvt = Cfg90::KVT, kThreads = Cfg90::NTHREADS, kSmem = Cfg90::smem_bytes;
 #else
 // <D, NWQ, NWKV, NMQ, NNK, STAGES>
@@ -152,7 +163,7 @@ int setup(int dev) {
 }  // namespace
 
 #define FA2_EXPORT extern "C" __attribute__((visibility("default")))
-#if defined(FA2_TRACE) && FA2_CONFIG == 3
+#if defined(FA2_TRACE) && (FA2_CONFIG == 3 || FA2_CONFIG == 4)
 // prefill90's clock64 timeline (csrc/fa2_sm90_trace.cuh) into `host` (sizeof g_trace bytes), then zeroed: a later
 // launch with fewer tiles must not leave the stamps of an earlier, longer one behind
 FA2_EXPORT int fa2_trace_dump(void* host) {
@@ -195,6 +206,21 @@ FA2_EXPORT int fa2_info(int* out, int dev) {
   return 0;
 }
 
+#if FA2_CONFIG == 4
+FA2_EXPORT int fa2_run(const Fa2Params*, cudaStream_t) { return (int)cudaErrorNotSupported; }  // fa2_run_pod
+
+FA2_EXPORT int fa2_run_pod(const Fa2Params* p0, const Fa2Params* p1, const int32_t* order, int n,
+                           cudaStream_t stream) {
+  DeviceScope scope(p0->device);
+  if (scope.err) return scope.err;
+  int e = setup(p0->device);
+  if (e) return e;
+  if (n <= 0) return 0;
+  dim3 grid(n, p0->num_kv_heads);
+  kernel<<<grid, kThreads, kSmem, stream>>>(*p0, *p1, order);
+  return (int)cudaGetLastError();
+}
+#else
 FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   DeviceScope scope(p->device);
   if (scope.err) return scope.err;
@@ -205,6 +231,7 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmem, stream>>>(*p);
   return (int)cudaGetLastError();
 }
+#endif
 
 FA2_EXPORT int fa2_merge(const Fa2MergeParams* p, cudaStream_t stream) {
   DeviceScope scope(p->device);

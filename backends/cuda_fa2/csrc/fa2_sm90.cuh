@@ -5,7 +5,8 @@
 //   KVT      keys per K/V tile (the N of S = Q K^T)                    STAGES  K/V smem ring depth
 //
 // Per CTA: one work item (request, packed-row tile, kv range) of one kv head (blockIdx.y), the same
-// work list and params struct as the FA2 kernel.
+// work list and params struct as the FA2 kernel.  fa2_sm90_pod_kernel (at the end) runs the items of a
+// prefill part and a decode part, each with its own params struct, in one grid ("pod90").
 //   Q tile and K/V tiles -> smem with cp.async (KvTileCopy: page-table gather in the copy as 32-bit
 //   row offsets, zero-fill past the end), in the 128-byte swizzled layout wgmma reads:
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
@@ -59,10 +60,10 @@ struct Cfg90 {
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
 };
 
+// One CTA of work item `item` of `p` (blockIdx.y: the kv head): the whole kernel body, so that the POD kernel
+// below can run the items of two params structs (two loop variants) in one grid.
 template <typename Cfg, typename T, int MASK>
-__global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (past_work_count(p)) return;  // CUDA-graph mode: a capacity grid (before any barrier or copy)
+__device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item) {
   constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   const int kvh = blockIdx.y;
   const int G = p.group;
 
-  const WorkItem<CTA_Q, KVT, MASK> w(p, blockIdx.x, G, -1);  // no sliding window here
+  const WorkItem<CTA_Q, KVT, MASK> w(p, item, G, -1);  // no sliding window here
   const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
   const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
   const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
@@ -482,8 +483,37 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     ac::cp_async_wait<0>();
     epilogue();
   }
+}
+
+template <typename Cfg, typename T, int MASK>
+__global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (past_work_count(p)) return;  // CUDA-graph mode: a capacity grid (before any barrier or copy)
+  sm90_cta<Cfg, T, MASK>(p, blockIdx.x);
 #else
   __trap();  // built for another target than sm_90a
+#endif
+}
+
+// POD in one launch: a prefill part (p0: its loop variant CfgP, mask MASKP) and a decode part (p1: the plain
+// loop, causal: a decode row sees its request's keys up to its own position) share one grid of the same CTA
+// shape.  order[blockIdx.x] names a CTA's item: e >= 0 item e of p0, e < 0 item ~e of p1.  The host interleaves
+// the two parts in that order (the hardware starts CTAs in blockIdx order), so that compute-bound prefill tiles
+// and bandwidth-bound decode items run on the GPU at the same time.  No split-KV (no merge launch), no graph mode.
+template <typename CfgP, typename CfgD, typename T, int MASKP>
+__global__ void __launch_bounds__(CfgP::NTHREADS, 1)
+    fa2_sm90_pod_kernel(const __grid_constant__ Fa2Params p0, const __grid_constant__ Fa2Params p1,
+                        const int32_t* __restrict__ order) {
+  static_assert(CfgP::NTHREADS == CfgD::NTHREADS && CfgP::smem_bytes == CfgD::smem_bytes, "one launch shape");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int e = __ldg(order + blockIdx.x);
+  if (e >= 0) {
+    sm90_cta<CfgP, T, MASKP>(p0, (unsigned)e);
+  } else {
+    sm90_cta<CfgD, T, kMaskCausal>(p1, (unsigned)~e);
+  }
+#else
+  __trap();
 #endif
 }
 

@@ -1,0 +1,254 @@
+"""cuda_fa2's fused POD (issue 16: prefill and decode in one launch of prefill90's POD kernel, backends/cuda_fa2/pod.py).
+
+CPU: the plan with the library faked (tests/test_cuda_fa2.py's cpu_patches): the pod90 kernel key, both parts
+unsplit (no merge launch) where a part alone would split, the order table, the one launch's two structs, and the
+refusals.  GPU (sm_90): both outputs and both LSEs against the fp64 golden, outputs poisoned first, edge shapes
+included, through the POD wrappers with the backend forced."""
+
+import pytest
+import torch
+
+import attncore
+from attncore.core import current
+from attncore.core.backend import AttnParams, BatchMeta, RunArgs
+from attncore.core.problem import AttentionProblem, PODBatch, PODDeclined, PODRunArgs, pod_problem
+from attncore.backends.cuda_fa2 import pod
+from attncore.backends.cuda_fa2.backend import CudaFa2Backend
+from attncore.testing.golden import golden_and_baseline, max_error, tolerance
+
+from test_cuda_fa2 import FakeLib, cpu_patches
+
+HQ, HKV, D, PAGE = 8, 2, 128, 16
+
+
+def test_interleave_keeps_each_part_in_order_and_level():
+    p, d = [4.0, 3.0, 2.0, 1.0], [10.0] * 6
+    order = pod.interleave(p, d)
+    assert sorted(e for e in order if e >= 0) == [e for e in order if e >= 0] == [0, 1, 2, 3]
+    assert [~e for e in order if e < 0] == list(range(6))
+    done_p = done_d = 0.0  # each part's share issued stays within one item of the other's
+    for e in order:
+        if e >= 0:
+            done_p += p[e]
+        else:
+            done_d += d[~e]
+        assert abs(done_p / sum(p) - done_d / sum(d)) <= max(max(p) / sum(p), max(d) / sum(d)) + 1e-9
+    ahead = pod.interleave(p, d, weight=4.0)  # the prefill counted 4x: its items come earlier
+    assert [i for i, e in enumerate(ahead) if e >= 0] < [i for i, e in enumerate(order) if e >= 0]
+    assert pod.interleave([], [1.0, 2.0]) == [~0, ~1] and pod.interleave([1.0], []) == [0]
+
+
+def _problems(mask_p="causal", window_d=-1, graph=False, d=D):
+    base = dict(device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                out_dtype=torch.bfloat16, num_qo_heads=HQ, num_kv_heads=HKV, head_dim_qk=d, head_dim_vo=d,
+                kv_layout="NHD", cuda_graph=graph)
+    pp = AttentionProblem(op="single_prefill", page_size=None, mask=mask_p, **base)
+    pd = AttentionProblem(op="batch_decode", page_size=PAGE, mask="causal", window_left=window_d, **base)
+    return pod_problem("pod", pp, pd)
+
+
+def _batch(qo=300, decode=((1, 5000), (1, 40)), mask_p="causal", window_d=-1):
+    mp = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, qo], dtype=torch.int32), qo_indptr_host=[0, qo],
+                   kv_indptr=torch.tensor([0, qo], dtype=torch.int32), kv_indptr_host=[0, qo], kv_lens_host=[qo],
+                   params=AttnParams(sm_scale=0.1), mask=mask_p)
+    pages = [-(-kv // PAGE) for _, kv in decode]
+    indptr = [0]
+    for n in pages:
+        indptr.append(indptr[-1] + n)
+    qo_d = [0]
+    for q, _ in decode:
+        qo_d.append(qo_d[-1] + q)
+    md = BatchMeta(batch_size=len(decode), qo_indptr=torch.tensor(qo_d, dtype=torch.int32), qo_indptr_host=qo_d,
+                   kv_indptr=torch.tensor(indptr, dtype=torch.int32), kv_indptr_host=indptr,
+                   kv_indices=torch.arange(indptr[-1], dtype=torch.int32), kv_lens_host=[kv for _, kv in decode],
+                   page_size=PAGE, params=AttnParams(sm_scale=0.1, window_left=window_d), mask="causal")
+    return PODBatch(prefill=mp, decode=md)
+
+
+class PodFakeLib(FakeLib):
+    def run_pod(self, p0, p1, order, n, stream):
+        from attncore.backends.cuda_fa2 import binding
+
+        FakeLib.launched.append((binding.Fa2Params.from_buffer_copy(p0), binding.Fa2Params.from_buffer_copy(p1), n))
+
+
+def _cpu_pod_plan(problem, batch, weight=1.0, fuse="always"):
+    import unittest.mock as um
+
+    from attncore.backends.cuda_fa2 import binding
+
+    FakeLib.launched = []
+    libs = {}
+    b = CudaFa2Backend()
+    with cpu_patches(), um.patch.object(binding, "get_library",
+                                        lambda key, dev: libs.setdefault(key, PodFakeLib(key, (128, 128)))), \
+            um.patch.object(pod, "cuda_device", lambda d, who: torch.device("cpu", 0)):
+        plan = pod.plan_pod(b, problem, batch, weight, fuse)
+    return b, plan
+
+
+def test_plan_is_one_unsplit_launch_of_the_pod_kernel_cpu():
+    problem, batch = _problems(), _batch()
+    b, plan = _cpu_pod_plan(problem, batch)
+    pre, dec = plan.parts
+    assert plan.lib.key.config == "pod90" and plan.lib.key.pipe and plan.lib.key.ws  # ragged prefill: pipelined
+    assert plan.lib.key.mask == "causal"
+    # the 5000-key decode request would split alone (test_cuda_fa2.test_split_kv_hints_cpu); fused it does not
+    assert not pre.needs_merge and not dec.needs_merge
+    assert pre.num_items == -(-300 * (HQ // HKV) // 128) and dec.num_items == 2
+    order = plan.order.tolist()
+    assert plan.num_ctas == len(order) == pre.num_items + dec.num_items
+    assert sorted(e for e in order if e >= 0) == list(range(pre.num_items))
+    assert sorted(~e for e in order if e < 0) == list(range(dec.num_items))
+    # run: both parts' structs in one launch, each with its own tensors
+    q_p = torch.randn(300, HQ, D, dtype=torch.bfloat16)
+    k_p, v_p = (torch.randn(300, HKV, D, dtype=torch.bfloat16) for _ in range(2))
+    cache = torch.randn(dec.meta.kv_indptr_host[-1], 2, PAGE, HKV, D, dtype=torch.bfloat16)
+    q_d = torch.randn(2, HQ, D, dtype=torch.bfloat16)
+    args = PODRunArgs(prefill=RunArgs(q_p, k_p, v_p, torch.empty_like(q_p), lse=torch.empty(300, HQ)),
+                      decode=RunArgs(q_d, cache[:, 0], cache[:, 1], torch.empty_like(q_d)))
+    import unittest.mock as um
+    with um.patch.object(current, "stream", lambda index: 0):
+        pre.device = dec.device = plan.device = torch.device("cpu")
+        b.run(plan, args)
+    (p0, p1, n), = FakeLib.launched
+    assert n == plan.num_ctas
+    assert p0.q == q_p.data_ptr() and p0.k == k_p.data_ptr() and p0.lse == args.prefill.lse.data_ptr()
+    assert p1.q == q_d.data_ptr() and p1.k == cache[:, 0].data_ptr() and not p1.lse
+    assert p0.page_size == 0 and p1.page_size == PAGE and p1.kv_indices
+    assert b.relaunch(plan, args) is None
+
+
+@pytest.mark.parametrize("what, problem, batch, match", [
+    ("graph mode", _problems(graph=True), _batch(), "CUDA-graph mode"),
+    ("decode window", _problems(window_d=64), _batch(window_d=64), "decode part: sliding window"),
+    ("head dim", _problems(d=256), _batch(), "head dim 256"),
+])
+def test_plan_declines_what_the_kernel_does_not_serve_cpu(what, problem, batch, match):
+    with pytest.raises(PODDeclined, match=match):
+        _cpu_pod_plan(problem, batch)
+
+
+@pytest.mark.parametrize("qo, decode, fuses", [(512, ((1, 4096),) * 8, True), (2048, ((1, 1024),) * 32, True),
+                                               (2048, ((1, 4096),) * 64, False), (512, ((1, 16384),), False)])
+def test_auto_fuses_inside_the_measured_region_only_cpu(qo, decode, fuses):
+    """auto (``fuse="auto"``) fuses where the one launch was measured to win (pod.MEASURED_WINS) and elsewhere
+    declines, saying where the region is."""
+    problem, batch = _problems(), _batch(qo=qo, decode=decode)
+    if fuses:
+        _, plan = _cpu_pod_plan(problem, batch, fuse="auto")
+        assert plan.num_ctas > 0
+    else:
+        with pytest.raises(PODDeclined, match=r"outside the measured region .*MEASURED_WINS in backends/cuda_fa2/pod"):
+            _cpu_pod_plan(problem, batch, fuse="auto")
+
+
+def test_capabilities_name_the_decode_part_cpu():
+    b = CudaFa2Backend()
+    ok = _problems()
+    assert not [r for r in b.reasons(ok) if r.axis not in ("device", "availability")]
+    bad = _problems(window_d=32)
+    assert any(r.axis == "decode part" and "sliding window" in str(r) for r in b.reasons(bad))
+    old = ok.replace(compute_capability=(8, 0))
+    assert any(r.axis == "compute_capability" for r in b.reasons(old))
+
+
+# ----------------------------------------------------------------------------- GPU (sm_90)
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _sm90(), reason="the pod90 kernel runs on sm_90 only")
+
+
+@pytest.fixture
+def always_fuse(monkeypatch):
+    """cuda_fa2 fuses every batch its POD kernel serves (not only inside the measured region)."""
+    from attncore.core import registry
+
+    monkeypatch.setattr(registry.get_backend("cuda_fa2"), "pod_fuse", "always")
+
+
+def _poison() -> None:
+    """The caching allocator's free blocks full of NaN: an output element the kernel does not write stays NaN."""
+    x = torch.full((256 << 20,), float("nan"), device="cuda")
+    del x
+
+
+def _paged(kv_lens, page, dt, g, d):
+    """(indptr, indices, last, cache, per-request (k, v) on the CPU) of a shuffled paged NHD cache."""
+    pages = [-(-n // page) for n in kv_lens]
+    indptr = torch.tensor([0] + [sum(pages[:i + 1]) for i in range(len(pages))], dtype=torch.int32)
+    total = int(indptr[-1])
+    indices = torch.randperm(max(total, 1), generator=g)[:total].to(torch.int32)
+    last = torch.tensor([n - (p - 1) * page if p else 0 for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+    cache = torch.randn(max(total, 1), 2, page, HKV, d, generator=g).to(dt)
+    kv = []
+    for i, n in enumerate(kv_lens):
+        ids = indices[indptr[i]:indptr[i + 1]].long()
+        c = cache[ids]
+        kv.append((c[:, 0].reshape(-1, HKV, d)[:n], c[:, 1].reshape(-1, HKV, d)[:n]))
+    return indptr, indices, last, cache, kv
+
+
+def _close(out, lse, q, k, v, dt, causal):
+    go, gl, bo, bl = golden_and_baseline(q, k, v, dtype=dt, causal=causal)
+    assert max_error(out.cpu().double(), go) <= tolerance(bo, go, dt)
+    assert max_error(lse.cpu().double(), gl) <= tolerance(bl, gl, torch.float32)
+
+
+POD_CASES = {  # prefill qo, prefill kv, causal, decode kv lens, page, head dim, dtype
+    "pd-like": (700, 700, True, (3000, 17, 0, 1, 640), 16, 128, torch.bfloat16),
+    "qo>kv prefill": (300, 100, False, (200, 33), 16, 128, torch.bfloat16),
+    "one decode, page 1": (129, 400, False, (999,), 1, 64, torch.float16),
+}
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", list(POD_CASES))
+def test_gpu_pod_fused_in_one_launch_matches_golden(case, always_fuse):
+    qo, kv_p, causal, kv_d, page, d, dt = POD_CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    indptr, indices, last, cache, kv = _paged(kv_d, page, dt, g, d)
+    q_p = torch.randn(qo, HQ, d, generator=g).to(dt)
+    k_p, v_p = (torch.randn(kv_p, HKV, d, generator=g).to(dt) for _ in range(2))
+    q_d = torch.randn(len(kv_d), HQ, d, generator=g).to(dt)
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+                                            backend="cuda_fa2")
+    w.plan(indptr, indices, last, HQ, HKV, d, page, q_data_type=dt)
+    _poison()
+    (out_p, lse_p), (out_d, lse_d) = w.run(q_p.cuda(), k_p.cuda(), v_p.cuda(), q_d.cuda(), cache.cuda(),
+                                           causal_p=causal, return_lse_p=True, return_lse_d=True)
+    assert w.mode == "fused" and w.fused_reason is None, w.fused_reason
+    _close(out_p, lse_p, q_p, k_p, v_p, dt, causal)
+    for i, (k, v) in enumerate(kv):
+        _close(out_d[i:i + 1], lse_d[i:i + 1], q_d[i:i + 1], k, v, dt, True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_batch_pod_fused_matches_golden(always_fuse):
+    """BatchPOD: both parts paged (the prefill part's plain loop), ragged prefill requests, a kv-0 decode row."""
+    dt, d, page = torch.bfloat16, 128, 16
+    g = torch.Generator().manual_seed(7)
+    kv_p = (900, 1, 64)
+    ip, xp, lp, cache_p, kvp = _paged(kv_p, page, dt, g, d)
+    kv_d = (1000, 0, 77)
+    idd, xd, ld, cache_d, kvd = _paged(kv_d, page, dt, g, d)
+    qo_indptr_p = torch.tensor([0, 300, 301, 365], dtype=torch.int32)
+    qo_indptr_d = torch.arange(4, dtype=torch.int32)
+    q_p = torch.randn(365, HQ, d, generator=g).to(dt)
+    q_d = torch.randn(3, HQ, d, generator=g).to(dt)
+    w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+                                                 backend="cuda_fa2")
+    w.plan(qo_indptr_p, ip, xp, lp, qo_indptr_d, idd, xd, ld, HQ, HKV, d, page, q_data_type=dt)
+    _poison()
+    (out_p, lse_p), (out_d, lse_d) = w.run(q_p.cuda(), cache_p.cuda(), q_d.cuda(), cache_d.cuda(), causal_p=True,
+                                           return_lse=True)
+    assert w.mode == "fused" and w.fused_reason is None, w.fused_reason
+    for i, (k, v) in enumerate(kvp):
+        a, b = int(qo_indptr_p[i]), int(qo_indptr_p[i + 1])
+        _close(out_p[a:b], lse_p[a:b], q_p[a:b], k, v, dt, True)
+    for i, (k, v) in enumerate(kvd):
+        _close(out_d[i:i + 1], lse_d[i:i + 1], q_d[i:i + 1], k, v, dt, True)
