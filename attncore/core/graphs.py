@@ -9,9 +9,9 @@ state whose buffer died, or whose key (an address) now belongs to another buffer
 state keeps a caller's memory alive.  Bounded: the oldest states go first.
 
 Tables: a plan writes its int tables into a host image laid out like their span of the int workspace
-and sends it, with the batch's staged index tables, in one non-blocking copy from pinned memory
-(attncore.core.uploads): no device sync.  The pinned buffer comes from torch's caching host allocator,
-which records the copy's stream and reuses the block only once the copy ran, so no event or ring is kept.
+and sends it, with the batch's staged index tables, in one non-blocking copy (attncore.core.uploads: from
+pageable memory, which the driver stages before the call returns, or from torch's caching host allocator for
+large images): no device sync, and no event or ring is kept.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Scratch comes from the caller's workspaces (attncore.core.workspace): the split partials ``part_o`` /
 ``part_lse`` from the float workspace (run-scoped), the tables (work items, the merge table, the two
 live counts, ALiBi slopes) from the int workspace (plan-scoped, the wrapper's own).  The tables are
-written into a pinned host staging buffer and uploaded with one non-blocking copy: no device sync
+written into a host image and uploaded with one non-blocking copy (attncore.core.uploads): no device sync
 and, with the caller's workspaces, no device allocation in ``plan()``.
 
 CUDA-graph mode (``problem.cuda_graph``): a captured launch keeps its grid and its params struct by

@@ -4,8 +4,8 @@ with cuda_fa2), the dense / gather decisions and the scratch.
 Scratch comes from the caller's workspaces (attncore.core.workspace): the split partials ``part_o`` /
 ``part_lse`` and the gathered K/V from the float workspace (run-scoped), the tables (work items, the
 merge table, the live counts, ALiBi slopes, the dense kernel's work lists, xqa's page offsets) from
-the int workspace (plan-scoped, the wrapper's own).  The tables are written into a pinned host
-staging buffer and uploaded with one non-blocking copy: no device sync and, with the caller's
+the int workspace (plan-scoped, the wrapper's own).  The tables are written into a host image and
+uploaded with one non-blocking copy (attncore.core.uploads): no device sync and, with the caller's
 workspaces, no device allocation in ``plan()``.  Without a workspace (the backend driven directly)
 ``carve`` allocates.  The paged-KV gather is an optimisation: where its buffers do not fit the float
 workspace the generic kernel reads the pages (``stats["gather_skipped"]`` says why).
@@ -159,7 +159,7 @@ _TOKENS = itertools.count(1)
 
 
 class Upload:
-    """The host image of a plan's tables (pinned on CUDA: attncore.core.uploads) and where it goes (one
+    """The host image of a plan's tables (attncore.core.uploads) and where it goes (one
     contiguous span of the int workspace: the tables, then the batch's index tables when they were staged), so
     a re-send restores both."""
 
@@ -178,7 +178,7 @@ class Upload:
             self.span.sender = self.token
 
     def send(self) -> None:
-        self.dst.copy_(self.host, non_blocking=True)  # from pinned memory on CUDA: no device sync
+        self.dst.copy_(self.host, non_blocking=True)  # no device sync (uploads._source); never captured: ensure()
         if self.span is not None:
             self.span.sender = self.token
 
