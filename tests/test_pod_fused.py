@@ -282,6 +282,16 @@ def test_batch_pod_auto_follows_the_measured_region_gpu(prefill, batch, kv, fuse
         assert (a[1] - b[1]).abs().max().item() < 0.05
 
 
+def test_pod_bench_fuses_with_the_backend_auto_ranks_first():
+    """The bench's fused column defaults to the fused op auto would use: Triton's on a CPU (cuda_fa2's pod90
+    serves sm_90 only), cuda_fa2's on an H100."""
+    from attncore.cli import bench_pod
+
+    assert bench_pod.default_pod_backend("cpu") == "triton"
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        assert bench_pod.default_pod_backend("cuda") == "cuda_fa2"
+
+
 def test_pod_bench_rows_on_cpu(triton_pod):
     """The POD bench's rows (fused, serial, auto) on a shrunken PD1, with a timer that only runs the
     closure (the interpreter's times mean nothing); the table prints every column."""

@@ -2,8 +2,8 @@
 
 Every point runs through ``PODWithPagedKVCacheWrapper`` (a causal single prefill with qo = kv, plus a
 paged decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces the fused op of
-``--pod-backend`` (default triton) on every batch, ``serial`` composes the parts one after the other
-(``fuse=False, overlap="serial"``, each part on auto's backend), ``streams`` composes them on two CUDA
+``--pod-backend`` (default: the one auto ranks first, ``default_pod_backend``) on every batch, ``serial``
+composes the parts one after the other (``fuse=False, overlap="serial"``, each part on auto's backend), ``streams`` composes them on two CUDA
 streams at the same time (``fuse=False, overlap="streams"``; serial on a CPU), ``sm_split`` on two
 disjoint sets of SMs (``fuse=False, overlap="sm_split"``: the split its model picks; serial on a CPU),
 ``auto`` is what the wrapper does by default (fused where the backend's plan estimates a gain, else the SM
@@ -89,6 +89,23 @@ def _forced(name: str):
     return restore
 
 
+def default_pod_backend(device: str) -> str:
+    """The backend whose fused op auto ranks first for a POD problem of the workloads' shape on ``device`` (the
+    bench's fused column): cuda_fa2's pod90 on sm_90, Triton's fused launch elsewhere."""
+    from attncore.core import _api, selector
+    from attncore.core.problem import pod_problem
+
+    w = POD_WORKLOADS[0] if device == "cuda" else _shrink(POD_WORKLOADS[0])
+    dt = torch.bfloat16 if device == "cuda" else torch.float16
+    kw = dict(q_dtype=dt, kv_dtype=dt, num_qo_heads=w.hq, num_kv_heads=w.hkv, head_dim=w.d)
+    pp = _api.build_problem("single_prefill", torch.device(device), mask="causal", **kw)
+    pd = _api.build_problem("batch_decode", torch.device(device), page_size=w.page, mask="causal", **kw)
+    try:
+        return selector.select(pod_problem("pod", pp, pd), "auto").name
+    except selector.BackendSelectionError:
+        return "triton"
+
+
 def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
             time_fn: Optional[Callable] = None) -> Dict:
     """One row: ms of fused / serial / streams / auto (/ flashinfer) and the speedups over serial."""
@@ -137,8 +154,9 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
 
 
 def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
-                  pod_backend: str = "triton", flashinfer: bool = False, progress=None) -> Dict:
+                  pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None) -> Dict:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    pod_backend = pod_backend or default_pod_backend(device)
     fi = None
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer
@@ -162,7 +180,8 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
     auto = [r["auto_speedup"] for r in rows if r["id"].startswith("S-") and "auto_speedup" in r]
     streams = [r["streams_speedup"] for r in rows if r["id"].startswith("S-") and "streams_speedup" in r]
     split = [r["sm_split_speedup"] for r in rows if r["id"].startswith("S-") and "sm_split_speedup" in r]
-    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}
+    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pod_backend": pod_backend,
+            "rows": rows}
     if sp:
         info["sweep_median_fused_speedup"] = statistics.median(sp)
     if streams:
@@ -188,7 +207,7 @@ def _fmt_row(r: Dict) -> str:
 
 
 def format_pod_table(info: Dict) -> str:
-    lines = [f"POD on {info['device']} (ms; speedup = serial / x)",
+    lines = [f"POD on {info['device']} (ms; speedup = serial / x; fused: {info.get('pod_backend', '?')})",
              f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'streams':>8} {'sm_split':>8} {'auto':>8} "
              f"{'flashinf':>8} {'fused x':>8} {'streams x':>9} {'split x':>7} {'auto x':>7} {'fi x':>6}  auto ran"]
     for r in info["rows"]:

@@ -441,7 +441,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="--latency: calls per cell (default 300, CPU 5)")
     b.add_argument("--pod-sweep", action="store_true",
                    help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
-    b.add_argument("--pod-backend", default="triton", help="the backend whose fused POD op is timed (default triton)")
+    b.add_argument("--pod-backend", help="the backend whose fused POD op is timed (default: the one auto ranks first "
+                                         "for POD here: cuda_fa2 on sm_90, else triton)")
     b.add_argument("--plot", metavar="FILE.png", help="plot the POD rows' speedup over serial (needs matplotlib)")
 
     from attncore.cli.tune import TUNE_OPS
