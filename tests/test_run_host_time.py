@@ -176,6 +176,24 @@ def test_single_decode_hit_skips_single_prefill(monkeypatch):
     assert plan_cache.ONE_CALL_PLANS.hits == h + 3
 
 
+def _count_relaunches(monkeypatch, cls) -> list:
+    """A list that grows by one per call of a ``go`` that ``cls.relaunch`` hands out (patched for the test)."""
+    relaunched = []
+    real = cls.relaunch
+
+    def counted(self, plan, args):
+        go = real(self, plan, args)
+        if go is None:
+            return None
+
+        def counting(*a):
+            relaunched.append(1)
+            go(*a)
+        return counting
+    monkeypatch.setattr(cls, "relaunch", counted)
+    return relaunched
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("op", ["single_decode", "single_prefill"])
 @pytest.mark.parametrize("backend", ["triton", "cuda_fa2", "reference"])
@@ -196,19 +214,7 @@ def test_one_call_hits_relaunch_where_the_backend_offers_it(op, backend, device,
     qo = 1 if op == "single_decode" else 5
     fn = getattr(attncore, f"{op}_with_kv_cache")
     kw = dict(backend=backend, return_lse=True, **({} if op == "single_decode" else {"causal": True}))
-    relaunched = []
-    real = cls.relaunch
-
-    def counted(self, plan, args):
-        go = real(self, plan, args)
-        if go is None:
-            return None
-
-        def counting(*a):
-            relaunched.append(1)
-            go(*a)
-        return counting
-    monkeypatch.setattr(cls, "relaunch", counted)
+    relaunched = _count_relaunches(monkeypatch, cls)
     for i in range(4):
         q = torch.randn(qo, H, d, generator=g).half()
         k, v = torch.randn(9, HKV, d, generator=g).half(), torch.randn(9, HKV, d, generator=g).half()
@@ -241,19 +247,7 @@ def test_wrapper_hits_relaunch_where_the_backend_offers_it(wrapper, backend, dev
     cls = type(registry.get_backend(backend))
     d = 64 if backend in ("cuda_fa2", "xqa") else D
     g = torch.Generator().manual_seed(5)
-    relaunched = []
-    real = cls.relaunch
-
-    def counted(self, plan, args):
-        go = real(self, plan, args)
-        if go is None:
-            return None
-
-        def counting(*a):
-            relaunched.append(1)
-            go(*a)
-        return counting
-    monkeypatch.setattr(cls, "relaunch", counted)
+    relaunched = _count_relaunches(monkeypatch, cls)
     ws = torch.empty(8 << 20, dtype=torch.uint8, device=device)
     if wrapper == "decode":
         w = attncore.BatchDecodeWithPagedKVCacheWrapper(ws, backend=backend)
