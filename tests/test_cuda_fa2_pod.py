@@ -252,3 +252,24 @@ def test_gpu_batch_pod_fused_matches_golden(always_fuse):
         _close(out_p[a:b], lse_p[a:b], q_p[a:b], k, v, dt, True)
     for i, (k, v) in enumerate(kvd):
         _close(out_d[i:i + 1], lse_d[i:i + 1], q_d[i:i + 1], k, v, dt, True)
+
+
+def test_explain_pod_sizes_says_whether_the_fused_op_fuses_cpu(monkeypatch):
+    """``attncore explain --op pod --pod-sizes ...``: the fused op auto picked either fuses batches of these sizes or
+    composes them, with its measured region's reason (the selection itself needs a GPU: the line alone here)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from attncore.core import registry
+
+    cli = importlib.import_module("attncore.cli.main")  # the module (the package's ``main`` is its function)
+    monkeypatch.setattr(registry, "get_backend", lambda name: CudaFa2Backend())  # chosen on a GPU; none here
+
+    ex = SimpleNamespace(chosen="cuda_fa2", problem=_problems())
+    assert cli._pod_fused_line(SimpleNamespace(pod_sizes="512,512,8,1024"), ex) == \
+        "pod fused: cuda_fa2 fuses these sizes (one launch)"
+    line = cli._pod_fused_line(SimpleNamespace(pod_sizes="2048,2048,64,4096"), ex)
+    assert line.startswith("pod fused: cuda_fa2 composes these sizes: prefill 2048 tokens + decode 64 x up to 4096")
+    assert "MEASURED_WINS in backends/cuda_fa2/pod.py" in line
+    on_cpu = SimpleNamespace(chosen="cuda_fa2", problem=_problems().replace(device_type="cpu"))
+    assert cli._pod_fused_line(SimpleNamespace(pod_sizes="512,512,8,1024"), on_cpu).endswith("from the whole batch")

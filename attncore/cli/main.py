@@ -148,8 +148,36 @@ def cmd_explain(a) -> int:
                             if x)
     print(ex)
     if a.pod_sizes:
+        print(_pod_fused_line(a, ex))
         print(_pod_split_line(a, problem))
     return 0 if ex.chosen else 1
+
+
+def _pod_fused_line(a, ex) -> str:
+    """``--pod-sizes``: whether the fused op auto picked would fuse a POD of these sizes, or why it composes."""
+    from attncore.core import registry
+
+    qo, kv, batch, kv_d = _pod_sizes(a)
+    if not ex.chosen:
+        return "pod fused: no backend runs this POD fused; the parts are composed"
+    decide = getattr(registry.get_backend(ex.chosen), "fused_pod_reason", None)
+    if decide is None or ex.problem.device_type != "cuda":  # e.g. Triton's interpreter: its cost model, per batch
+        return f"pod fused: {ex.chosen} decides at plan() from the whole batch"
+    reason = decide(qo, batch, kv_d)
+    return (f"pod fused: {ex.chosen} " + ("fuses these sizes (one launch)" if reason is None
+                                          else f"composes these sizes: {reason}"))
+
+
+def _pod_sizes(a) -> tuple:
+    """``--pod-sizes`` as (prefill rows, prefill kv, decode batch, decode kv)."""
+    try:
+        qo, kv, batch, kv_d = (int(x) for x in a.pod_sizes.split(","))
+        if min(qo, kv, batch, kv_d) < 0:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--pod-sizes: got {a.pod_sizes!r}, expected PREFILL_QO,PREFILL_KV,DECODE_BATCH,DECODE_KV "
+                         f"(non-negative integers, e.g. 2048,2048,64,4096)") from None
+    return qo, kv, batch, kv_d
 
 
 def _pod_split_line(a, problem) -> str:
@@ -159,13 +187,7 @@ def _pod_split_line(a, problem) -> str:
 
     if problem.op not in ("pod", "batch_pod"):
         raise UsageError(f"--pod-sizes: describes a POD; give --op pod or --op batch_pod (got --op {problem.op})")
-    try:
-        qo, kv, batch, kv_d = (int(x) for x in a.pod_sizes.split(","))
-        if min(qo, kv, batch, kv_d) < 0:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--pod-sizes: got {a.pod_sizes!r}, expected PREFILL_QO,PREFILL_KV,DECODE_BATCH,DECODE_KV "
-                         f"(non-negative integers, e.g. 2048,2048,64,4096)") from None
+    qo, kv, batch, kv_d = _pod_sizes(a)
     pp, pd = pod_parts(problem)
     flops, nbytes = streams.part_work(pp, [(qo, kv)], pd, [kv_d] * batch)
     sms, whose = a.sms, "given"

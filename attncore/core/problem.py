@@ -195,8 +195,13 @@ def outside_measured_wins(batch: PODBatch, regions, where: str) -> Optional[str]
     """Why ``batch`` lies outside every region where a backend's fused launch was measured to beat the composed
     parts (None: inside one).  ``regions``: (max prefill tokens, max decode batch or None, max decode kv) rows;
     ``where``: the table's name and home, for the message."""
-    p, b = batch.prefill.qo_indptr_host[-1], batch.decode.batch_size
-    kv = max(batch.decode.kv_lens_host, default=0)
+    return outside_region(batch.prefill.qo_indptr_host[-1], batch.decode.batch_size,
+                          max(batch.decode.kv_lens_host, default=0), regions, where)
+
+
+def outside_region(p: int, b: int, kv: int, regions, where: str) -> Optional[str]:
+    """``outside_measured_wins`` by the sizes themselves: prefill tokens ``p``, decode requests ``b``, the longest
+    decode KV ``kv`` (``attncore explain --pod-sizes``)."""
     for max_p, max_b, max_kv in regions:
         if p <= max_p and (max_b is None or b <= max_b) and kv <= max_kv:
             return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from attncore.core import current, uploads
 from attncore.core.backend import cuda_device
 from attncore.core.problem import (AttentionProblem, PODBatch, PODDeclined, PODRunArgs, outside_measured_wins,
                                    pod_parts)
+from attncore.core.problem import outside_region as _outside_region
 from attncore.core.workspace import ALIGN
 
 from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
@@ -43,6 +44,12 @@ MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
     (512, 128, 4096),
     (2048, 32, 1024),
 )
+WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
+
+
+def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
+    """Why auto would compose a batch of these sizes (None: inside MEASURED_WINS, it fuses)."""
+    return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
 # Per-SM rates of an H100 for the order table's time estimates: prefill90's dense rate (~500 TFLOP/s, BENCHMARKS
 # 2o) and ~3.0 TB/s of the 3.35 TB/s read bandwidth, over 132 SMs.  Only their ratio orders the items.
 SM_FLOPS = 500e12 / 132
@@ -119,7 +126,7 @@ def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float 
     dev = cuda_device(md.device, "cuda_fa2")
     why = declines(backend, problem, batch, dev)
     if not why and fuse == "auto":
-        outside = outside_measured_wins(batch, MEASURED_WINS, "MEASURED_WINS in backends/cuda_fa2/pod.py")
+        outside = outside_measured_wins(batch, MEASURED_WINS, WHERE)
         if outside:
             raise PODDeclined(outside)
     if why:

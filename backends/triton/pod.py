@@ -32,7 +32,7 @@ from attncore.backends.triton.backend import TritonBackend, _interpreting
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.mask import alibi_slopes
 from attncore.core.problem import (POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs,
-                                   outside_measured_wins, pod_parts)
+                                   outside_measured_wins, outside_region, pod_parts)
 from attncore.core.workspace import WorkspaceLayout
 
 LOG2E = 1.4426950408889634
@@ -90,9 +90,12 @@ MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
 )
 
 
+WHERE = "MEASURED_WINS in backends/triton/pod.py"
+
+
 def _outside_measured_wins(batch: "PODBatch") -> Optional[str]:
     """Why auto composes this batch on a GPU (None: it is inside a measured winning region)."""
-    return outside_measured_wins(batch, MEASURED_WINS, "MEASURED_WINS in backends/triton/pod.py")
+    return outside_measured_wins(batch, MEASURED_WINS, WHERE)
 
 
 @dataclass
@@ -353,6 +356,10 @@ class TritonPODBackend(TritonBackend):
         if not isinstance(pod_ctas_per_sm, int) or pod_ctas_per_sm < 1:
             raise ValueError(f"pod_ctas_per_sm: got {pod_ctas_per_sm!r}, expected an int >= 1")
         self._pod = (pod, pod_mode, pod_ctas_per_sm, pod_config)
+
+    def fused_pod_reason(self, prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
+        """Why auto's fused POD op would compose a batch of these sizes on a GPU (None: it fuses them)."""
+        return outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
 
     def extra_reasons(self, p: AttentionProblem) -> List[Reason]:
         r = super().extra_reasons(p)
