@@ -273,3 +273,15 @@ def test_explain_pod_sizes_says_whether_the_fused_op_fuses_cpu(monkeypatch):
     assert "MEASURED_WINS in backends/cuda_fa2/pod.py" in line
     on_cpu = SimpleNamespace(chosen="cuda_fa2", problem=_problems().replace(device_type="cpu"))
     assert cli._pod_fused_line(SimpleNamespace(pod_sizes="512,512,8,1024"), on_cpu).endswith("from the whole batch")
+
+
+def test_plan_names_the_bytes_a_small_int_workspace_lacks_cpu():
+    import dataclasses
+
+    from attncore.core.workspace import WorkspaceTooSmall
+
+    problem, batch = _problems(), _batch()
+    small = PODBatch(prefill=batch.prefill, decode=dataclasses.replace(batch.decode,
+                                                                       int_workspace=torch.empty(512, dtype=torch.uint8)))
+    with pytest.raises(WorkspaceTooSmall, match=r"fused POD plan needs \d+ bytes .* the buffer has 512"):
+        _cpu_pod_plan(problem, small)

@@ -28,7 +28,7 @@ from attncore.core.backend import cuda_device
 from attncore.core.problem import (AttentionProblem, PODBatch, PODDeclined, PODRunArgs, outside_measured_wins,
                                    pod_parts)
 from attncore.core.problem import outside_region as _outside_region
-from attncore.core.workspace import ALIGN
+from attncore.core.workspace import ALIGN, WorkspaceTooSmall
 
 from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 
@@ -50,6 +50,8 @@ WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
     """Why auto would compose a batch of these sizes (None: inside MEASURED_WINS, it fuses)."""
     return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
+
+
 # Per-SM rates of an H100 for the order table's time estimates: prefill90's dense rate (~500 TFLOP/s, BENCHMARKS
 # 2o) and ~3.0 TB/s of the 3.35 TB/s read bandwidth, over 132 SMs.  Only their ratio orders the items.
 SM_FLOPS = 500e12 / 132
@@ -143,6 +145,10 @@ def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float 
     sizes = [-(-4 * sum(bounds) // ALIGN) * ALIGN + ALIGN, _tables_bytes(bounds[0])]
     if ws is None:  # driven directly (tests, benchmarks): a buffer of its own
         ws = torch.empty(sum(sizes) + _tables_bytes(bounds[1]), dtype=torch.uint8, device=dev)
+    if ws.numel() < sum(sizes):  # the decode part's tables: its own carve names what they need
+        raise WorkspaceTooSmall(f"int_workspace_buffer: cuda_fa2's fused POD plan needs {sum(sizes)} bytes for its "
+                                f"order table and the prefill part's tables before the decode part's, the buffer has "
+                                f"{ws.numel()}")
     regions = (ws[:sizes[0]], ws[sizes[0]:sizes[0] + sizes[1]], ws[sizes[0] + sizes[1]:])
     parts = []
     for meta, prob, region in ((mp, pp, regions[1]), (md, pd, regions[2])):
