@@ -2,7 +2,8 @@
 
 ``auto``: the candidates are the available backends that give no reason to refuse; they are ordered
 by ``attncore.core.ranking``: by the times ``attncore tune`` measured where a table has data for the
-problem's class (fastest first, unmeasured candidates after them), elsewhere by the rule table (the
+problem's class (fastest first; times within ``ranking.MEASURED_TIE`` of the fastest are a tie, which the rule
+table orders; unmeasured candidates after them), elsewhere by the rule table (the
 highest rank first; backends the table does not know rank by their own ``priority(problem)``).  Ties:
 name order, so the choice is stable.  ``ATTNCORE_TUNE=0`` turns the measured ranking off.
 
@@ -147,18 +148,20 @@ def explain(problem: AttentionProblem, backend: str = "auto", sizes=None) -> Exp
     if meas is not None:
         ex.source += f"; {len(meas.entries)} bucket(s) of {meas.key.describe()}"
         ex.decided = meas.how
-    candidates: List[Tuple[int, int, float, str]] = []
+    best = min((v for v in scores.values() if v is not None), default=None)
+    candidates: List[Tuple[int, int, float, float, str]] = []
     for name, _ in found:
         rank = order.index(name) if name in order else len(order)
         score = scores.get(name)
-        if score is not None:
-            candidates.append((rank, 0, score, name))
+        if score is not None and score <= best * (1 + ranking.MEASURED_TIE):  # a tie with the fastest: by rule
+            candidates.append((rank, 0, -rules[name].rank, score, name))
+        elif score is not None:
+            candidates.append((rank, 1, score, 0, name))
         else:
-            candidates.append((rank, 1, -rules[name].rank, name))
+            candidates.append((rank, 2, -rules[name].rank, 0, name))
     candidates.sort()
     ex.ranked = [(name, rules[name].rank) for *_, name in candidates]
     ex.chosen = ex.ranked[0][0] if ex.ranked else None
-    best = min((v for v in scores.values() if v is not None), default=None)
     for name, _ in ex.ranked:
         ex.details[name] = _detail(rules[name], meas, name, scores.get(name), best)
     if problem.decode is not None:
@@ -198,6 +201,8 @@ def _detail(rr: "ranking.RuleRank", meas: Optional["ranking.Measured"], name: st
     """What ranked a backend: its measured times, or its rule with the evidence."""
     if meas is not None and score is not None:
         rel = "fastest" if score == best else f"{score / best:.2f}x the fastest"
+        if score != best and score <= best * (1 + ranking.MEASURED_TIE):
+            rel += f"; within {ranking.MEASURED_TIE:.0%}: a tie, which the rule table orders"
         lines = [f"measured {_fmt_ms(score)} ({rel})" + (f"; by rule it would rank {rr.rank} ({rr.rule.id})"
                                                           if rr.rule is not None else "")]
         if len(meas.deciding) > 1:
