@@ -145,10 +145,10 @@ class CudaFa2Backend(Backend):
         return r
 
     def fused_pod_reason(self, prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
-        """Why auto's fused POD op (pod.py) would compose a batch of these sizes (None: it fuses them)."""
+        """Why the fused POD op (pod.py) would compose a batch of these sizes (None: it fuses them)."""
         from attncore.backends.cuda_fa2 import pod
 
-        return pod.outside_region(prefill_tokens, decode_batch, decode_kv)
+        return None if self.pod_fuse == "always" else pod.outside_region(prefill_tokens, decode_batch, decode_kv)
 
     def _problem_sm90_reasons(self, problem: AttentionProblem, window_left: Optional[int] = None) -> List[str]:
         """The problem-level reasons why prefill90 cannot serve (device and batch checks aside).

@@ -88,8 +88,6 @@ MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower tha
 MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
     (512, 8, 1024),
 )
-
-
 WHERE = "MEASURED_WINS in backends/triton/pod.py"
 
 
@@ -358,7 +356,9 @@ class TritonPODBackend(TritonBackend):
         self._pod = (pod, pod_mode, pod_ctas_per_sm, pod_config)
 
     def fused_pod_reason(self, prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
-        """Why auto's fused POD op would compose a batch of these sizes on a GPU (None: it fuses them)."""
+        """Why the fused POD op would compose a batch of these sizes on a GPU (None: it fuses them)."""
+        if self._pod[0] == "always":
+            return None
         return outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
 
     def extra_reasons(self, p: AttentionProblem) -> List[Reason]:
