@@ -495,7 +495,8 @@ class Backend:
         raise NotImplementedError
 
     def relaunch(self, plan: Any, args: RunArgs) -> Optional[Callable]:
-        """Optional (host time of the one-call functions): ``go(q, k, v, out, lse, sinks)``, which runs ``plan``
+        """Optional (host time of the one-call functions and of the wrappers' repeated run()):
+        ``go(q, k, v, out, lse, sinks)``, which runs ``plan``
         again, without run()'s checks, on tensors laid out as ``args``'s (shapes, strides, dtypes, devices; a
         single decode drops q's and out's unit first dim), with ``args``'s scales and no spec mask.  The caller
         guarantees the match: the one-call caches' keys hold all of it.  None (the default): the caller calls
