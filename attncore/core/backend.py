@@ -499,7 +499,7 @@ class Backend:
         ``go(q, k, v, out, lse, sinks)``, which runs ``plan``
         again, without run()'s checks, on tensors laid out as ``args``'s (shapes, strides, dtypes, devices; a
         single decode drops q's and out's unit first dim), with ``args``'s scales and no spec mask.  The caller
-        guarantees the match: the one-call caches' keys hold all of it.  None (the default): the caller calls
+        guarantees the match: its cache key holds all of it.  None (the default): the caller calls
         ``run()``."""
         return None
 
