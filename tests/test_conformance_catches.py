@@ -132,8 +132,29 @@ FAKES = textwrap.dedent('''
                 args.lse[bad] = float("-inf")
 
     class ClaimsNothing(Backend):
+        """Lists an op, but no dtype: every problem of it is refused."""
         name = "fake_nothing"
-        capabilities = (Capabilities(ops=frozenset({"pod"})),)
+        capabilities = (Capabilities(ops=frozenset({"pod"}), q_dtypes=frozenset()),)
+
+    class PodDecodeOffByOne(Backend):
+        """A fused POD op whose decode part drops each request's last key (the prefill part is right)."""
+        name = "fake_pod"
+        capabilities = (Capabilities(ops=frozenset({"pod"}), devices=frozenset({"cpu"}),
+                                     q_dtypes=frozenset({torch.float16}), kv_dtypes=frozenset({torch.float16}),
+                                     head_dims=frozenset({64}), layouts=frozenset({"NHD"}),
+                                     masks=frozenset({"none", "causal"}), features=frozenset({"return_lse"})),)
+        def plan(self, problem, batch):
+            from attncore.core.problem import pod_parts
+            ref = ReferenceBackend()
+            pp, pd = pod_parts(problem)
+            last = batch.decode.kv_lens_host
+            short = batch.decode.__class__(**{**batch.decode.__dict__, "kv_lens_host": [max(0, n - 1) for n in last],
+                                              "kv_lens": None, "mask": None})
+            return ref, ref.plan(pp, batch.prefill), ref.plan(pd, short)
+        def run(self, plan, args):
+            ref, pp, pd = plan
+            ref.run(pp, args.prefill)
+            ref.run(pd, args.decode)
 
     class KnownBad(WrongNumbers):
         name = "fake_known"
@@ -213,6 +234,14 @@ def test_inconsistent_refusal_is_caught(tmp_path):
     failed = _failed(out, "test_refusal")
     assert "test_refusal[fake_supports-single_prefill-fp16-d128-g1-none]" in failed
     assert "supports() is True" in failed["test_refusal[fake_supports-single_prefill-fp16-d128-g1-none]"]
+
+
+def test_pod_part_bug_is_caught_naming_the_part(tmp_path):
+    proc, out = _run_suite(tmp_path, "PodDecodeOffByOne", "-k", "test_pod")
+    assert proc.returncode == 1
+    failed = _failed(out, "test_pod")
+    assert failed and all("decode part: request" in m for m in failed.values()), failed
+    assert not any("prefill part" in m for m in failed.values())
 
 
 def test_backend_with_nothing_to_test_fails(tmp_path):

@@ -19,7 +19,9 @@ How the cases are chosen, for each op the backend claims on the test device:
    draws many more);
 5. ``nonfinite`` (NaN in a query row and left of the window: ``docs/semantics.md``), ``merge`` (LSE
    merging) and ``cuda_graph`` (replay equals eager) cases where claimed.  Every case fills the K/V
-   slots no request may read with NaN.
+   slots no request may read with NaN;
+6. ``pod`` cases for a fused POD op (``pod``, ``batch_pod``): the first claimed pair of parts, with and
+   without both LSEs and at the edge shapes, both parts checked as their own ops are.
 
 Case ids read like ``reference-batch_prefill_paged-fp16-d128-g4-p16-causal-lse-edge`` so that
 ``-k`` selects them and ``Backend.known_failures`` substrings match them.
@@ -35,7 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from attncore.core.backend import Backend
-from attncore.core.problem import DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, AttentionProblem, device_info, dtype_name
+from attncore.core.problem import (DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, POD_OPS, AttentionProblem, device_info,
+                                   dtype_name, pod_problem)
 
 # ---------------------------------------------------------------------------------------------
 # Probe universe: values the suite tries on every axis (claimed -> computed, else -> refused).
@@ -54,6 +57,7 @@ FEATURE_TAGS = {
     "sinks": "sinks", "fp8_scales": "scales", "spec_mask": "specmask", "cuda_graph": "graph",
 }
 
+COMPUTED_FAMILIES = ("numerics", "nonfinite", "merge", "cuda_graph", "pod")  # the families that run a backend
 DEFAULT_BUDGET = 10  # random multi-axis cases per op (quick mode)
 FULL_BUDGET = 60
 
@@ -180,6 +184,33 @@ def find_base(backend: Backend, op: str, device_type: str, cc, dtypes) -> Option
     return None
 
 
+def find_pod_base(backend: Backend, op: str, device_type: str, cc, dtypes) -> Optional[AttentionProblem]:
+    """The first claimed fused POD problem (``op``: pod or batch_pod) in a preference order: a causal prefill part
+    (single prefill for pod, paged batch prefill for batch_pod) and a causal paged decode part, one query row each,
+    sharing dtype, heads and head dim; or None."""
+    prefill_op = "single_prefill" if op == "pod" else "batch_prefill_paged"
+    dims = (64, 128, 32) if device_type == "cpu" else (128, 64)
+    for qd in dtypes:
+        for d in dims:
+            for g in (4, 1):
+                for mask in ("causal", "none"):
+                    pp = with_group(default_problem(prefill_op, device_type, cc), g).replace(
+                        q_dtype=qd, kv_dtype=qd, out_dtype=qd, head_dim_qk=d, head_dim_vo=d, mask=mask)
+                    pd = pp.replace(op="batch_decode", page_size=16, mask="causal")
+                    try:
+                        p = pod_problem(op, pp, pd)
+                    except ValueError:  # pragma: no cover - the parts agree by construction
+                        continue
+                    if claims(backend, p):
+                        return p
+    return None
+
+
+def with_pod_lse(p: AttentionProblem) -> AttentionProblem:
+    """A fused POD problem with both parts' LSEs."""
+    return p.replace(return_lse=True, decode=p.decode.replace(return_lse=True))
+
+
 def _sweep(base: AttentionProblem, dtypes) -> List[Tuple[str, AttentionProblem]]:
     """One-axis variations of ``base``: (axis name, problem)."""
     out: List[Tuple[str, AttentionProblem]] = []
@@ -268,7 +299,7 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
     """All cases for ``backend``, grouped by family.  Deterministic for a given seed."""
     name = backend.name
     fams: Dict[str, List[Case]] = {"numerics": [], "nonfinite": [], "refusal": [], "merge": [], "cuda_graph": [],
-                                   "skip": [], "fail": []}
+                                   "pod": [], "skip": [], "fail": []}
     dev, why = pick_device(backend, device)
     rng = random.Random(stable_seed(name, seed))
     budget = budget if budget is not None else (FULL_BUDGET if full else DEFAULT_BUDGET)
@@ -396,14 +427,27 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
             for pv in variants:
                 if pv != pg and claims(backend, pv):
                     add("cuda_graph", pv, tag="edge")
+    # Fused POD ops: both parts in one run, each checked as its own op is (plain, both LSEs, edge shapes).
+    for op in POD_OPS:
+        if op not in claimed_ops:
+            continue
+        base = find_pod_base(backend, op, dev_type, cc, dtypes)
+        if base is None:
+            add("fail", None, cid=f"{name}-{op}-nothing-claimed",
+                note=f"{name} lists op {op!r} but refuses every tried {op} problem on {dev} (causal or plain prefill "
+                     f"beside a causal paged decode, dtypes {[dtype_name(d) for d in dtypes]})")
+            continue
+        found_any = True
+        pl = with_pod_lse(base)
+        for p, tag in ((base, ""), (pl, ""), (pl if claims(backend, pl) else base, "edge")):
+            if claims(backend, p):
+                add("pod", p, tag=tag)
     if not found_any and not unavailable:
         add("fail", None, cid=f"{name}-no-cases",
             note=f"{name} claims no op the conformance suite can run on {dev} "
                  f"(claimed ops: {sorted(claimed_ops) or 'none'})")
-    for op in sorted(claimed_ops - set(TESTED_OPS)):
-        add("skip", None, cid=f"{name}-{op}-untested",
-            note=f"op {op!r} has no conformance cases yet (a fused POD backend is checked by tests/test_pod_fused.py "
-                 f"against the golden, both parts and both LSEs)")
+    for op in sorted(claimed_ops - set(TESTED_OPS) - set(POD_OPS)):
+        add("skip", None, cid=f"{name}-{op}-untested", note=f"op {op!r} has no conformance cases yet")
     return fams
 
 

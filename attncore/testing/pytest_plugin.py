@@ -23,6 +23,7 @@ FAMILY_OF_TEST = {
     "test_refusal": "refusal",
     "test_lse_merge": "merge",
     "test_cuda_graph": "cuda_graph",
+    "test_pod": "pod",
     "test_suite_status": "status",
 }
 
@@ -133,10 +134,12 @@ def pytest_generate_tests(metafunc):
             None, id="no-backend", marks=pytest.mark.skip(reason="pass --attncore-backend NAME to run the suite"))])
         return
     backend, fams = _cases(metafunc.config)
+    from attncore.testing.cases import COMPUTED_FAMILIES
+
     if family == "status":
         cases = fams.get("skip", []) + fams.get("fail", [])
         if not cases:
-            n = sum(len(v) for k, v in fams.items() if k in ("numerics", "nonfinite", "merge", "cuda_graph"))
+            n = sum(len(v) for k, v in fams.items() if k in COMPUTED_FAMILIES)
             from attncore.testing.cases import Case
 
             cases = [Case("ok", f"{backend.name}-collected-{n}", backend, note=f"{n} computed cases")]
@@ -144,7 +147,7 @@ def pytest_generate_tests(metafunc):
         cases = fams.get(family, [])
     if not cases:
         why = f"{backend.name} claims nothing this family tests"
-        if fams.get("skip") and family in ("numerics", "nonfinite", "merge", "cuda_graph"):
+        if fams.get("skip") and family in COMPUTED_FAMILIES:
             why = fams["skip"][0].note
         metafunc.parametrize("attncore_case", [pytest.param(
             None, id=f"{backend.name}-none", marks=pytest.mark.skip(reason=why))])

@@ -25,7 +25,7 @@ import torch
 
 from attncore.core.backend import BatchMeta
 from attncore.core.capabilities import Reason
-from attncore.core.problem import DECODE_OPS, PAGED_OPS, AttentionProblem
+from attncore.core.problem import DECODE_OPS, PAGED_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs, pod_parts
 from attncore.testing.golden import TOL_FACTOR, tolerance_terms
 from attncore.testing.inputs import Built, _bits, build, case_shapes, check_inputs_unchanged, expected, snapshot
 
@@ -147,6 +147,30 @@ def run_numerics(case) -> None:
         be.run(plan, b2.args)
         sync(case.device)
         _fail(case, check_result(b2, expected(b2), what="second run() with the same plan: "), b2)
+
+
+def run_pod(case) -> None:
+    """A fused POD op: each part built as its own op's case (its shapes, NaN in every slot no request may read,
+    poisoned outputs), both planned and run in one ``plan()`` / ``run()``, each part checked as its op is.  A
+    backend may decline a batch (``PODDeclined``: the API then composes the parts): the case says why and skips."""
+    import pytest
+
+    be, p = case.backend, case.problem
+    pp, pd = pod_parts(p)
+    bp = build(pp, case.tag, case.seed, case.device)
+    bd = build(pd, case.tag, case.seed + 1, case.device)
+    snaps = snapshot(bp) + snapshot(bd)
+    try:
+        plan = be.plan(p, PODBatch(prefill=bp.meta, decode=bd.meta))
+    except PODDeclined as e:
+        if not str(e):
+            _fail(case, [f"{be.name} declined a {p.op} batch with an empty PODDeclined message"])
+        pytest.skip(f"{be.name} declined this batch (the API composes it): {e}")
+    be.run(plan, PODRunArgs(prefill=bp.args, decode=bd.args))
+    sync(case.device)
+    errs = check_inputs_unchanged(snaps) + check_result(bp, expected(bp), what="prefill part: ") + \
+        check_result(bd, expected(bd), what="decode part: ")
+    _fail(case, errs, bp)
 
 
 def run_nonfinite(case) -> None:

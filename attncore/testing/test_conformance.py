@@ -37,6 +37,11 @@ def test_cuda_graph(attncore_case):
     runner.run_cuda_graph(attncore_case)
 
 
+def test_pod(attncore_case):
+    """A fused POD op: both parts in one run, each checked as its own op is (outputs, both LSEs)."""
+    runner.run_pod(attncore_case)
+
+
 def test_suite_status(attncore_case):
     """Fails when the backend gives the suite nothing to compute; shows skipped families."""
     c = attncore_case
