@@ -24,6 +24,16 @@ def test_latency_table_on_cpu(tmp_path, capsys):
     assert "attncore xqa / decode plan: n/a:" in text
 
 
+def test_latency_says_which_backend_auto_ran_per_cell():
+    """auto's row comes with the backend that served each cell (the wrappers', the one-calls' plans); a forced
+    row's is its own and is not printed."""
+    info = run_latency(["auto", "reference"], device="cpu", calls=1)
+    assert info["ran"]["attncore reference"] == {c: "reference" for c in COLUMNS}
+    assert set(info["ran"]["attncore auto"]) == set(COLUMNS) and all(info["ran"]["attncore auto"].values())
+    text = format_latency(info)
+    assert "attncore auto ran: single_prefill " in text and "attncore reference ran" not in text
+
+
 def test_latency_reports_each_cell_before_timing_it():
     said = []
     run_latency(["reference"], device="cpu", calls=1, progress=said.append)

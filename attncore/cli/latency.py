@@ -33,8 +33,9 @@ def _sizes(device: str) -> dict:
     return dict(hq=4, hkv=2, d=32, qo=4, kv=16, batch=2, page=4, dtype=torch.float16)
 
 
-def _cells(api, device: str, backend_kw: dict) -> Dict[str, Callable[[], object]]:
-    """One zero-argument callable per column (inputs and wrappers made once, outside the timing)."""
+def _cells(api, device: str, backend_kw: dict) -> Dict[str, object]:
+    """One zero-argument callable per column (inputs and wrappers made once, outside the timing), and under
+    ``"ran"`` the wrapper columns' getters of the backend that served them."""
     s = _sizes(device)
     hq, hkv, d, qo, kv, b, page, dt = (s[k] for k in ("hq", "hkv", "d", "qo", "kv", "batch", "page", "dtype"))
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -60,6 +61,8 @@ def _cells(api, device: str, backend_kw: dict) -> Dict[str, Callable[[], object]
 
     qb, qp = rnd(b, hq, d), rnd(b * qo, hq, d)
     return {
+        "ran": {"decode plan": lambda: dw.backend, "decode run": lambda: dw.backend,  # who served a wrapper cell
+                "paged prefill plan": lambda: pw.backend, "prefill run": lambda: pw.backend},
         "single_prefill": lambda: api.single_prefill_with_kv_cache(q1, k1, v1, causal=True, **one),
         "single_decode": lambda: api.single_decode_with_kv_cache(qd, k1, v1, **one),
         "decode plan": dplan,
@@ -95,10 +98,23 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     return statistics.median(per_call)
 
 
+def _ran(api, cells_ran: dict, col: str) -> Optional[str]:
+    """The backend that served the cell just timed: the wrapper's, or the newest one-call plan's (attncore only)."""
+    if col in cells_ran:
+        return cells_ran[col]()
+    if getattr(api, "__name__", "") != "attncore":
+        return None
+    from attncore.core import plan_cache
+
+    entry = plan_cache.ONE_CALL_PLANS.newest()
+    return getattr(entry[0], "backend_name", None) if entry else None
+
+
 def _row(api, device: str, backend_kw: dict, calls: int, progress: Optional[Callable[[str], None]] = None,
-         done: Optional[Callable[[str, object], None]] = None) -> Dict[str, object]:
+         done: Optional[Callable[[str, object], None]] = None, ran: Optional[Dict[str, str]] = None
+         ) -> Dict[str, object]:
     """{column: us per call, or "n/a: reason"}; ``progress`` is told each column before it is timed (a cell
-    that stalls shows which), ``done`` each column's result."""
+    that stalls shows which), ``done`` each column's result, ``ran`` (filled in) which backend served it."""
     try:
         cells = _cells(api, device, backend_kw)
     except Exception as e:  # a backend that cannot even make the wrappers here
@@ -113,6 +129,8 @@ def _row(api, device: str, backend_kw: dict, calls: int, progress: Optional[Call
                 f[0]()
                 f = f[1]
             row[col] = round(_time(f, calls, device), 1)
+            if ran is not None:
+                ran[col] = _ran(api, cells["ran"], col)
         except Exception as e:  # refused (not served) or failed: the reason, first line
             row[col] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         if done:
@@ -189,13 +207,16 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
     calls = calls or (300 if device == "cuda" else 5)
     names = list(backends) if backends else default_backends(device)
     rows: Dict[str, Dict[str, object]] = {}
+    ran: Dict[str, Dict[str, str]] = {}
     for n in names:
         if progress:
             progress(f"latency: attncore {n}")
-        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls, progress)
+        ran[f"attncore {n}"] = {}
+        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls, progress, ran=ran[f"attncore {n}"])
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
             "blocks": _blocks(calls),
-            "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows}
+            "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows,
+            "ran": ran}
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer
 
@@ -222,4 +243,7 @@ def format_latency(info: dict) -> str:
                 v = "n/a"
             cells.append(str(v))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, by_col in info.get("ran", {}).items():
+        if by_col and name.endswith(" auto"):  # what auto picked, per cell (a forced row ran its own backend)
+            notes.append(f"{name} ran: " + ", ".join(f"{c} {b}" for c, b in by_col.items()))
     return "\n".join(lines + notes)

@@ -47,6 +47,10 @@ class PlanCache:
         """The entry of ``key`` or None, not counted as a hit or a miss."""
         return self._d.get(key)
 
+    def newest(self):
+        """The entry put last, or None (``attncore bench --latency``: the plan its last one-call made)."""
+        return next(reversed(self._d.values()), None)
+
     def put(self, key, value) -> None:
         self._d[key] = value
         if len(self._d) > self.size:
