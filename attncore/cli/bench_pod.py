@@ -1,19 +1,17 @@
 """``attncore bench`` for POD (issue 16): PD1/PD2 and a sweep, fused vs composed-serial in one run.
 
-Every point runs through ``PODWithPagedKVCacheWrapper`` (a causal single prefill with qo = kv, plus a
-paged decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces the fused op of
-``--pod-backend`` (default: the one auto ranks first, ``default_pod_backend``) on every batch, ``serial``
-composes the parts one after the other (``fuse=False, overlap="serial"``, each part on auto's backend), ``streams`` composes them on two CUDA
-streams at the same time (``fuse=False, overlap="streams"``; serial on a CPU), ``sm_split`` on two
+Every point runs through ``PODWithPagedKVCacheWrapper`` (a causal single prefill with qo = kv, plus a paged
+decode batch; bf16, 32/8 heads, d128, page 16 on CUDA): ``fused`` forces the fused op of ``--pod-backend``
+(default: the one auto ranks first, ``default_pod_backend``) on every batch, ``serial`` composes the parts one
+after the other (``fuse=False, overlap="serial"``, each part on auto's backend), ``streams`` composes them on
+two CUDA streams at the same time (``fuse=False, overlap="streams"``; serial on a CPU), ``sm_split`` on two
 disjoint sets of SMs (``fuse=False, overlap="sm_split"``: the split its model picks; serial on a CPU),
 ``auto`` is what the wrapper does by default (fused where the backend's plan estimates a gain, else the SM
 split where its model says it gains, else serial; the table says which ran), and ``flashinfer`` (with
-``--flashinfer``) is
-FlashInfer's POD wrapper on the same inputs.  The sweep (``--pod-sweep``; alone, without PD ids, it
-runs only the sweep): prefill 512 / 2k / 8k x
-decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k, with the median speedup and, with ``--plot``, a
-plot of the speedup over serial (matplotlib, optional).  On a CPU the shapes shrink (Triton's
-interpreter) and the figures only show that the paths run.
+``--flashinfer``) is FlashInfer's POD wrapper on the same inputs. The sweep (``--pod-sweep``; alone, without
+PD ids, it runs only the sweep): prefill 512 / 2k / 8k x decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k,
+with the median speedup and, with ``--plot``, a plot of the speedup over serial (matplotlib, optional). On a
+CPU the shapes shrink (Triton's interpreter) and the figures only show that the paths run.
 """
 
 from __future__ import annotations

@@ -98,12 +98,10 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     return statistics.median(per_call)
 
 
-def _ran(api, cells_ran: dict, col: str) -> Optional[str]:
-    """The backend that served the cell just timed: the wrapper's, or the newest one-call plan's (attncore only)."""
+def _ran(cells_ran: dict, col: str) -> Optional[str]:
+    """The backend that served the attncore cell just timed: the wrapper's, or the newest one-call plan's."""
     if col in cells_ran:
         return cells_ran[col]()
-    if getattr(api, "__name__", "") != "attncore":
-        return None
     from attncore.core import plan_cache
 
     entry = plan_cache.ONE_CALL_PLANS.newest()
@@ -130,7 +128,7 @@ def _row(api, device: str, backend_kw: dict, calls: int, progress: Optional[Call
                 f = f[1]
             row[col] = round(_time(f, calls, device), 1)
             if ran is not None:
-                ran[col] = _ran(api, cells["ran"], col)
+                ran[col] = _ran(cells["ran"], col)
         except Exception as e:  # refused (not served) or failed: the reason, first line
             row[col] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         if done:

@@ -26,7 +26,8 @@ Measured selection
 ------------------
 Where a table holds data for the problem's class (``tables.problem_class``), the measured candidates
 come first, fastest first, except that times within ``MEASURED_TIE`` (3%) of the fastest are a tie, ordered
-by rule; candidates without a measurement follow, in rule order.  Elsewhere the rule table decides.  Which of the class's entries (one per ``tables.Bucket``) decide:
+by rule; candidates without a measurement follow, in rule order.  Elsewhere the rule table decides.  Which of
+the class's entries (one per ``tables.Bucket``) decide:
 
 * with planned sizes (``selector.choose(problem, backend, sizes)``, ``tables.Sizes``): the entry of the
   sizes' own bucket when a candidate was measured there; otherwise the nearest bucket(s) among those

@@ -73,6 +73,17 @@ def _one_tile_each(qo_lens: Sequence[int], kv_lens: Sequence[int], window_left: 
     return list(map(tuple.__new__, repeat(RowTile, n), zip(range(n), repeat(0, n), los, kv_lens)))
 
 
+def caller_chunk(meta, page_size: Optional[int]) -> Optional[int]:
+    """The split-KV chunk, in tokens, that the caller's hints on ``meta`` (a ``BatchMeta``) ask for: 0 with
+    ``disable_split_kv`` (no split), ``fixed_split_size`` pages (tokens for ragged KV, ``page_size`` None) as
+    tokens; None without a hint (the backend chooses).  Backends round it up to their K/V tile."""
+    if meta.disable_split_kv:
+        return 0
+    if meta.fixed_split_size:
+        return int(meta.fixed_split_size) * (page_size or 1)
+    return None
+
+
 def choose_chunk(extents: Sequence[int], heads: int, *, slots: int, kv_tile: int,
                  min_chunk: int = 0) -> Optional[int]:
     """The KV chunk to split by, or None.  None when the unsplit items (``len(extents) * heads``) already

@@ -340,15 +340,17 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
             note=f"{name} is unavailable here, nothing computed: " + "; ".join(map(str, unavailable)))
         return fams
 
+    def nothing_claimed(op: str, tried: str) -> None:
+        add("fail", None, cid=f"{name}-{op}-nothing-claimed",
+            note=f"{name} lists op {op!r} but refuses every tried {op} problem on {dev} ({tried})")
+
     found_any = False
     for op in TESTED_OPS:
         if op not in claimed_ops:
             continue
         base = find_base(backend, op, dev_type, cc, dtypes)
         if base is None:
-            add("fail", None, cid=f"{name}-{op}-nothing-claimed",
-                note=f"{name} lists op {op!r} but refuses every tried {op} problem on {dev} "
-                     f"(dtypes {[dtype_name(d) for d in dtypes]}, head dims {HEAD_DIMS}, pages {PAGE_SIZES})")
+            nothing_claimed(op, f"dtypes {[dtype_name(d) for d in dtypes]}, head dims {HEAD_DIMS}, pages {PAGE_SIZES}")
             continue
         found_any = True
         numerics: List[Tuple[AttentionProblem, str]] = [(base, "")]
@@ -433,9 +435,8 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
             continue
         base = find_pod_base(backend, op, dev_type, cc, dtypes)
         if base is None:
-            add("fail", None, cid=f"{name}-{op}-nothing-claimed",
-                note=f"{name} lists op {op!r} but refuses every tried {op} problem on {dev} (causal or plain prefill "
-                     f"beside a causal paged decode, dtypes {[dtype_name(d) for d in dtypes]})")
+            nothing_claimed(op, f"causal or plain prefill beside a causal paged decode, dtypes "
+                                f"{[dtype_name(d) for d in dtypes]}")
             continue
         found_any = True
         pl = with_pod_lse(base)

@@ -129,14 +129,12 @@ def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_spl
     qo_lens = meta.qo_lens_host
     tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
                             causal=key.mask == "causal", window_left=meta.params.window_left)
-    if meta.disable_split_kv:
-        chunk = None
-    elif meta.fixed_split_size:
-        chunk = -(-int(meta.fixed_split_size) * (problem.page_size or 1) // lib.kv_tile) * lib.kv_tile
-    else:
+    chunk = sched.caller_chunk(meta, problem.page_size)
+    if chunk is None:
         chunk = sched.choose_chunk([t.kv_hi - t.kv_lo for t in tiles], problem.num_kv_heads,
                                    slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile,
                                    min_chunk=min_split_chunk)
+    chunk = -(-chunk // lib.kv_tile) * lib.kv_tile if chunk else None
     return sched.build(tiles, qo_lens, chunk=chunk), tiles
 
 

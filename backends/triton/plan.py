@@ -261,17 +261,13 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     # ---- the schedule: row tiles (causal bound; the window is applied in the kernel), split-KV
     tiles = sched.row_tiles(qo_lens, kv_host, G, BM, causal=causal)
     extents = [t.kv_hi - t.kv_lo for t in tiles]
-    chunk = None
     if be._kv_chunk is not None:
         chunk = be._kv_chunk or None
-    elif meta.disable_split_kv:
-        chunk = None
-    elif meta.fixed_split_size:  # the user's hint, in pages (tokens for ragged KV)
-        chunk = int(meta.fixed_split_size) * (problem.page_size or 1)
-    elif len(tiles) * Hkv < sms:  # ~2 programs per SM where the unsplit items leave SMs idle
-        chunk = sched.choose_chunk(extents, Hkv, slots=2 * sms, kv_tile=BN, min_chunk=4 * BN)
-    if chunk:
-        chunk = -(-chunk // BN) * BN
+    else:
+        chunk = sched.caller_chunk(meta, problem.page_size)  # the user's hint
+        if chunk is None and len(tiles) * Hkv < sms:  # ~2 programs per SM where the unsplit items leave SMs idle
+            chunk = sched.choose_chunk(extents, Hkv, slots=2 * sms, kv_tile=BN, min_chunk=4 * BN)
+    chunk = -(-chunk // BN) * BN if chunk else None
     s = sched.build(tiles, qo_lens, chunk=chunk)
     if graph is not None:
         sched.check_capacity("triton", "work items (row tiles)", len(tiles), graph.cap_items, graph.batch_size,
