@@ -72,7 +72,7 @@ class PodFakeLib(FakeLib):
         FakeLib.launched.append((binding.Fa2Params.from_buffer_copy(p0), binding.Fa2Params.from_buffer_copy(p1), n))
 
 
-def _cpu_pod_plan(problem, batch, weight=1.0, fuse="always"):
+def _cpu_pod_plan(problem, batch, weight=1.0, fuse="always", decode_chunk=None):
     import unittest.mock as um
 
     from attncore.backends.cuda_fa2 import binding
@@ -83,17 +83,17 @@ def _cpu_pod_plan(problem, batch, weight=1.0, fuse="always"):
     with cpu_patches(), um.patch.object(binding, "get_library",
                                         lambda key, dev: libs.setdefault(key, PodFakeLib(key, (128, 128)))), \
             um.patch.object(pod, "cuda_device", lambda d, who: torch.device("cpu", 0)):
-        plan = pod.plan_pod(b, problem, batch, weight, fuse)
+        plan = pod.plan_pod(b, problem, batch, weight, fuse, decode_chunk)
     return b, plan
 
 
 def test_plan_is_one_unsplit_launch_of_the_pod_kernel_cpu():
     problem, batch = _problems(), _batch()
-    b, plan = _cpu_pod_plan(problem, batch)
+    b, plan = _cpu_pod_plan(problem, batch, decode_chunk=0)
     pre, dec = plan.parts
     assert plan.lib.key.config == "pod90" and plan.lib.key.pipe and plan.lib.key.ws  # ragged prefill: pipelined
     assert plan.lib.key.mask == "causal"
-    # the 5000-key decode request would split alone (test_cuda_fa2.test_split_kv_hints_cpu); fused it does not
+    # the 5000-key decode request would split alone (test_cuda_fa2.test_split_kv_hints_cpu); with chunk 0 it does not
     assert not pre.needs_merge and not dec.needs_merge
     assert pre.num_items == -(-300 * (HQ // HKV) // 128) and dec.num_items == 2
     order = plan.order.tolist()
@@ -119,6 +119,35 @@ def test_plan_is_one_unsplit_launch_of_the_pod_kernel_cpu():
     assert b.relaunch(plan, args) is None
 
 
+def test_decode_chunk_splits_the_decode_part_and_merges_after_the_launch_cpu():
+    """decode_chunk: the decode requests' KV in items of that many tokens (whole pages), their partials merged by a
+    second launch; the prefill part stays unsplit."""
+    problem, batch = _problems(), _batch()
+    assert pod.decode_chunk_for([5000, 40]) == pod.DECODE_CHUNK and pod.decode_chunk_for([4096, 40]) == 0
+    b, plan = _cpu_pod_plan(problem, batch)  # by default: the 5000-key request in DECODE_CHUNK-key items
+    assert plan.parts[1].num_items == -(-5000 // pod.DECODE_CHUNK) + 1 and plan.stats["decode_chunk"] == pod.DECODE_CHUNK
+    b, plan = _cpu_pod_plan(problem, batch, decode_chunk=1024)
+    pre, dec = plan.parts
+    assert not pre.needs_merge and dec.needs_merge
+    assert dec.num_items == -(-5000 // 1024) + 1  # the 40-key request: one item
+    order = plan.order.tolist()
+    assert plan.num_ctas == len(order) == pre.num_items + dec.num_items
+    assert sorted(~e for e in order if e < 0) == list(range(dec.num_items))
+    q_p = torch.randn(300, HQ, D, dtype=torch.bfloat16)
+    k_p, v_p = (torch.randn(300, HKV, D, dtype=torch.bfloat16) for _ in range(2))
+    cache = torch.randn(dec.meta.kv_indptr_host[-1], 2, PAGE, HKV, D, dtype=torch.bfloat16)
+    q_d = torch.randn(2, HQ, D, dtype=torch.bfloat16)
+    out_d = torch.empty_like(q_d)
+    args = PODRunArgs(prefill=RunArgs(q_p, k_p, v_p, torch.empty_like(q_p)),
+                      decode=RunArgs(q_d, cache[:, 0], cache[:, 1], out_d))
+    import unittest.mock as um
+    with um.patch.object(current, "stream", lambda index: 0):
+        pre.device = dec.device = plan.device = torch.device("cpu")
+        b.run(plan, args)
+    (p0, p1, n), merged = FakeLib.launched
+    assert n == plan.num_ctas and p1.o_part and merged.o == out_d.data_ptr() and merged.num_rows == 1
+
+
 @pytest.mark.parametrize("what, problem, batch, match", [
     ("graph mode", _problems(graph=True), _batch(), "CUDA-graph mode"),
     ("decode window", _problems(window_d=64), _batch(window_d=64), "decode part: sliding window"),
@@ -129,8 +158,9 @@ def test_plan_declines_what_the_kernel_does_not_serve_cpu(what, problem, batch, 
         _cpu_pod_plan(problem, batch)
 
 
-@pytest.mark.parametrize("qo, decode, fuses", [(512, ((1, 4096),) * 8, True), (2048, ((1, 1024),) * 32, True),
-                                               (2048, ((1, 4096),) * 64, False), (512, ((1, 16384),), False)])
+@pytest.mark.parametrize("qo, decode, fuses", [(512, ((1, 4096),) * 8, True), (2048, ((1, 1024),) * 8, True),
+                                               (2048, ((1, 1024),) * 32, False), (2048, ((1, 4096),) * 64, False),
+                                               (512, ((1, 16384),), False)])
 def test_auto_fuses_inside_the_measured_region_only_cpu(qo, decode, fuses):
     """auto (``fuse="auto"``) fuses where the one launch was measured to win (pod.MEASURED_WINS) and elsewhere
     declines, saying where the region is."""
@@ -207,7 +237,12 @@ POD_CASES = {  # prefill qo, prefill kv, causal, decode kv lens, page, head dim,
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("case", list(POD_CASES))
-def test_gpu_pod_fused_in_one_launch_matches_golden(case, always_fuse):
+@pytest.mark.parametrize("decode_chunk", [0, 256])
+def test_gpu_pod_fused_in_one_launch_matches_golden(case, decode_chunk, always_fuse, monkeypatch):
+    """decode_chunk 256: the decode part's requests split into items of 256 keys, merged by a second launch."""
+    from attncore.core import registry
+
+    monkeypatch.setattr(registry.get_backend("cuda_fa2"), "pod_decode_chunk", decode_chunk)
     qo, kv_p, causal, kv_d, page, d, dt = POD_CASES[case]
     g = torch.Generator().manual_seed(len(case))
     indptr, indices, last, cache, kv = _paged(kv_d, page, dt, g, d)

@@ -109,6 +109,7 @@ class CudaFa2Backend(Backend):
     # their time share in the CTA order (0.5 to 4 measured within 2-10% of each other, PD1 and PD2: no better one)
     pod_fuse = "auto"
     pod_weight = 1.0
+    pod_decode_chunk = None  # the decode part's KV chunk in tokens (None: pod.decode_chunk_for; 0: unsplit)
 
     def jit_specs(self, arch: str) -> list:
         """What ``attncore build`` prebuilds by default (specs.py; the specs themselves are arch-free)."""
@@ -259,7 +260,7 @@ class CudaFa2Backend(Backend):
 
             if self.pod_fuse not in ("auto", "always"):
                 raise ValueError(f"pod_fuse: got {self.pod_fuse!r}, expected 'auto' or 'always'")
-            return pod.plan_pod(self, problem, meta, self.pod_weight, self.pod_fuse)
+            return pod.plan_pod(self, problem, meta, self.pod_weight, self.pod_fuse, self.pod_decode_chunk)
         dev = cuda_device(meta.device, "cuda_fa2")
         plan = make_plan(self, problem, meta, dev, lambda: self.choose_library(problem, meta, dev))
         plan.base, plan.merge_base = binding.base_params(plan)

@@ -2,9 +2,11 @@
 kernel (csrc/fa2_sm90.cuh ``fa2_sm90_pod_kernel``, spec ``pod90``), on sm_90.
 
 Each part is planned as cuda_fa2 plans it alone for prefill90 (plan.make_plan: its row tiles, tables and launch
-struct), with split-KV off, so that an item covers its whole KV range and no merge launch follows.  The prefill
-part keeps its loop (pipelined for the ragged K/V of ``pod``, plain for the paged K/V of ``batch_pod``); the
-decode part runs the plain loop (paged K/V), causal.  An order table (int32, one entry per CTA column, in the
+struct).  The prefill part has split-KV off (an item covers its whole KV range) and keeps its loop (pipelined for
+the ragged K/V of ``pod``, plain for the paged K/V of ``batch_pod``).  The decode part runs the plain loop (paged
+K/V), causal, each item's K/V tiles shared between the two consumer warpgroups (``KVSPLIT`` in csrc/fa2_sm90.cuh);
+its requests longer than ``LONG_DECODE`` keys are split into ``DECODE_CHUNK``-key items, whose partials a merge
+launch after the POD launch combines.  An order table (int32, one entry per CTA column, in the
 fused plan's int workspace) interleaves the parts' items by their estimated times, so that compute-bound prefill
 tiles and bandwidth-bound decode items run on the GPU side by side: the hardware starts CTAs in that order.
 
@@ -33,16 +35,17 @@ from attncore.core.workspace import ALIGN, WorkspaceTooSmall
 from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 
 # Where the one launch beat what auto composes otherwise (the SM split or the parts in turn), measured with
-# `attncore bench --pod-sweep --pod-backend cuda_fa2` (H100, 2026-11-25 12:45 UTC, bf16, 32/8 heads, d128, page 16;
-# BENCHMARKS 2q), ms, one launch / auto's composition: prefill 512 + decode 8 x 1k 0.041 / 0.071 (Triton's
-# fused launch), 512 + 8 x 4k 0.088 / 0.106, 512 + 32 x 1k 0.076 / 0.102, 512 + 32 x 4k 0.224 / 0.230,
-# 512 + 128 x 1k 0.220 / 0.232, 2k + 8 x 1k 0.105 / 0.121, 2k + 32 x 1k 0.138 / 0.153; 512 + 128 x 4k a tie
-# (0.734 / 0.734).  It lost wherever a decode request held 16k keys (no split-KV here: a few long CTAs end the
-# launch; 2k + 8 x 16k 0.356 against the split's 0.228) and on the larger batches the SM split serves (PD1 0.432
-# against 0.396).
+# `attncore bench --pod-sweep --pod-backend cuda_fa2` (H100, bf16, 32/8 heads, d128, page 16; BENCHMARKS 2q, 2r),
+# ms, one launch / the faster of serial and the SM split.  Session 21 (15:12 UTC, decode tiles split between the
+# consumer warpgroups, long decodes chunked): 512 + 8 x 1k 0.092 / 0.152, 512 + 8 x 4k 0.094 / 0.107, 2k + 8 x 1k
+# 0.107 / 0.120.  512 + 32 x 1k: 0.076 / 0.095 in session 20, 0.152 forced against auto's own pod90 0.097 and
+# serial 0.135 in session 21 (host-bound there).  Dropped from session 20's region, lost in session 21: 512 + 32 x
+# 4k 0.221 / 0.211, 512 + 128 x 1k 0.218 / 0.205, 2k + 32 x 1k 0.132 / 0.128.  Elsewhere the split or serial
+# wins or ties (within 3%): PD1 0.420 / 0.407, PD2 0.421 / 0.385.
 MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
-    (512, 128, 4096),
-    (2048, 32, 1024),
+    (512, 8, 4096),
+    (512, 32, 1024),
+    (2048, 8, 1024),
 )
 WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 
@@ -50,6 +53,18 @@ WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
     """Why auto would compose a batch of these sizes (None: inside MEASURED_WINS, it fuses)."""
     return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
+
+
+# The decode part's KV split (pod90 merges the partials in a second launch): requests longer than LONG_DECODE keys in
+# items of DECODE_CHUNK.  Measured on H100 (2026-11-25 15:08 UTC, session 21; forced pod90, ms, chunk 0 / 2048 /
+# 1024 / 512): prefill 2k + 8 x 16k 0.313 / 0.250 / 0.266 / 0.294; on 4k requests no chunk won clearly (PD1 0.421 /
+# 0.431 / 0.445 / 0.490, PD2 0.416 / 0.417 / 0.445 / 0.469), so they stay whole.
+LONG_DECODE, DECODE_CHUNK = 4096, 2048
+
+
+def decode_chunk_for(decode_kv_lens) -> int:
+    """The decode part's chunk in tokens (0: one item per request) for these KV lengths."""
+    return DECODE_CHUNK if max(decode_kv_lens, default=0) > LONG_DECODE else 0
 
 
 # Per-SM rates of an H100 for the order table's time estimates: prefill90's dense rate (~500 TFLOP/s, BENCHMARKS
@@ -87,9 +102,11 @@ def declines(backend, problem: AttentionProblem, batch: PODBatch, dev: torch.dev
     return r
 
 
-def _tiles_bound(meta, group: int, cta_q: int) -> int:
-    """At least the row tiles (the items without split-KV) of a batch."""
-    return sum(max(1, -(-q * group // cta_q)) for q in meta.qo_lens_host)
+def _tiles_bound(meta, group: int, cta_q: int, chunk: int = 0) -> int:
+    """At least the items of a batch: its row tiles, times each request's KV chunks when split by ``chunk`` tokens."""
+    kv = meta.kv_lens_host if chunk else [0] * len(meta.qo_lens_host)
+    return sum(max(1, -(-q * group // cta_q)) * max(1, -(-k // chunk) if chunk else 1)
+               for q, k in zip(meta.qo_lens_host, kv))
 
 
 def _tables_bytes(n_items: int) -> int:
@@ -115,10 +132,12 @@ def interleave(prefill: List[float], decode: List[float], weight: float = 1.0) -
     return out
 
 
-def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float = 1.0, fuse: str = "auto"
-             ) -> Fa2PodPlan:
+def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float = 1.0, fuse: str = "auto",
+             decode_chunk: Optional[int] = None) -> Fa2PodPlan:
     """The fused plan of ``batch``, or ``PODDeclined`` (see the module docstring); ``fuse``: "auto" (the measured
-    region decides) or "always" (every batch the kernel serves)."""
+    region decides) or "always" (every batch the kernel serves); ``decode_chunk``: the decode part's KV split into
+    items of that many tokens (whole pages, whole K/V tiles), merged by a second launch (0: one item per request;
+    None: ``decode_chunk_for``)."""
     from attncore.backends.cuda_fa2 import binding
     from attncore.backends.cuda_fa2.specs import Fa2Key
 
@@ -141,20 +160,24 @@ def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float 
     # the fused plan's int workspace (the decode part's: the POD API's own buffer): the order table first, then
     # each part's tables
     ws = md.int_workspace
-    bounds = [_tiles_bound(m, G, lib.cta_q) for m in (mp, md)]
+    if decode_chunk is None:
+        decode_chunk = decode_chunk_for(md.kv_lens_host)
+    bounds = [_tiles_bound(mp, G, lib.cta_q), _tiles_bound(md, G, lib.cta_q, decode_chunk)]
     sizes = [-(-4 * sum(bounds) // ALIGN) * ALIGN + ALIGN, _tables_bytes(bounds[0])]
-    if ws is None:  # driven directly (tests, benchmarks): a buffer of its own
-        ws = torch.empty(sum(sizes) + _tables_bytes(bounds[1]), dtype=torch.uint8, device=dev)
+    if ws is None:  # driven directly (tests, benchmarks): a buffer of its own (the merge table: 16 B per item)
+        ws = torch.empty(sum(sizes) + _tables_bytes(bounds[1]) + 16 * bounds[1] + ALIGN, dtype=torch.uint8, device=dev)
     if ws.numel() < sum(sizes):  # the decode part's tables: its own carve names what they need
         raise WorkspaceTooSmall(f"int_workspace_buffer: cuda_fa2's fused POD plan needs {sum(sizes)} bytes for its "
                                 f"order table and the prefill part's tables before the decode part's, the buffer has "
                                 f"{ws.numel()}")
     regions = (ws[:sizes[0]], ws[sizes[0]:sizes[0] + sizes[1]], ws[sizes[0] + sizes[1]:])
     parts = []
-    for meta, prob, region in ((mp, pp, regions[1]), (md, pd, regions[2])):
+    for meta, prob, region, chunk in ((mp, pp, regions[1], 0), (md, pd, regions[2], decode_chunk)):
         if meta.staged is not None:
             meta.staged.send()  # the parts' index tables where the part plans read them
-        one = dataclasses.replace(meta, int_workspace=region, disable_split_kv=True, fixed_split_size=None)
+        hints = dict(disable_split_kv=True, fixed_split_size=None) if not chunk else dict(
+            disable_split_kv=False, fixed_split_size=-(-chunk // meta.page_size))
+        one = dataclasses.replace(meta, int_workspace=region, **hints)
         plan = make_plan(backend, prob, one, dev, lambda: (lib, "prefill90", []))
         plan.base, plan.merge_base = binding.base_params(plan)
         parts.append(plan)
@@ -166,7 +189,7 @@ def plan_pod(backend, problem: AttentionProblem, batch: PODBatch, weight: float 
     dst = regions[0][:4 * max(n, 1)].view(torch.int32)
     if n:
         uploads.send_image(order, dst)
-    stats = dict(items=(parts[0].num_items, parts[1].num_items), weight=weight,
+    stats = dict(items=(parts[0].num_items, parts[1].num_items), weight=weight, decode_chunk=decode_chunk,
                  est_us=(sum(est_p) * 1e6, sum(est_d) * 1e6))
     return Fa2PodPlan(problem=problem, parts=(parts[0], parts[1]), lib=lib, device=dev, order=dst, num_ctas=n,
                       stats=stats)
@@ -178,8 +201,11 @@ def run_pod(plan: Fa2PodPlan, args: PODRunArgs) -> None:
     from attncore.backends.cuda_fa2 import binding
 
     p0, _ = binding.build_params(plan.parts[0], args.prefill)
-    p1, _ = binding.build_params(plan.parts[1], args.decode)
+    p1, m1 = binding.build_params(plan.parts[1], args.decode)
     if plan.num_ctas == 0:
         return
+    stream = current.stream(plan.device.index)
     # a part without query rows has no entry in the order table: the other's struct stands in, never read
-    plan.lib.run_pod(p0 or p1, p1 or p0, plan.order.data_ptr(), plan.num_ctas, current.stream(plan.device.index))
+    plan.lib.run_pod(p0 or p1, p1 or p0, plan.order.data_ptr(), plan.num_ctas, stream)
+    if m1 is not None:  # the decode part's split partials (decode_chunk)
+        plan.lib.merge(m1, stream)

@@ -13,7 +13,8 @@ at most 16 packed rows.
 built for sm_90a only; it serves 16-bit KV, d64/d128, masks none/causal and no soft cap / ALiBi /
 RoPE (plan() checks the rest: no window).
 ``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
-for contiguous K/V) and of a decode part (paged, the plain loop, causal) in one grid; always ``_ws``.
+for contiguous K/V) and of a decode part (paged, the plain loop, causal, each item's K/V tiles shared between
+the two consumer warpgroups) in one grid; always ``_ws``.
 ``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
 cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
 (ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V, plain for paged.

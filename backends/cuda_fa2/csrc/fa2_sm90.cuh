@@ -62,7 +62,13 @@ struct Cfg90 {
 
 // One CTA of work item `item` of `p` (blockIdx.y: the kv head): the whole kernel body, so that the POD kernel
 // below can run the items of two params structs (two loop variants) in one grid.
-template <typename Cfg, typename T, int MASK>
+// KVSPLIT (the POD kernel's decode part: warp-specialized, plain loop, two consumer warpgroups): an item whose
+// rows all lie in the first 64 (a decode request's G rows) is computed by both consumer warpgroups on those same
+// rows, each on every other K/V tile, and the two partial softmax states are merged through shared memory at the
+// end.  The second warpgroup's rows would otherwise be empty: this doubles the tensor-core and softmax rate per
+// K/V tile of a bandwidth-bound item, so that it can draw more than its SM's share of the read bandwidth while
+// prefill tiles compute on the other SMs.
+template <typename Cfg, typename T, int MASK, bool KVSPLIT = false>
 __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item) {
   constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
@@ -91,6 +97,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
   const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
   const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
+  static_assert(!KVSPLIT || (Cfg::WS && !Cfg::PIPE && Cfg::NWG == 2), "KVSPLIT: the warp-specialized plain loop, 2 WGs");
+  const bool split = KVSPLIT && rows_here <= 64;
+  const int wrow = split ? 0 : wg * 64;  // this consumer warpgroup's first local row
+  const bool idle = split && wq * 16 >= rows_here;  // KVSPLIT: this warp holds no live row
 
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
@@ -100,7 +110,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
   int row_tok[2];
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wg * 64 + wq * 16 + (lane >> 2) + h2 * 8) / G;
+  for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
 
   float o[NO], s[NS];
 #pragma unroll
@@ -110,7 +120,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   const float sc = p.scale_log2;
 
-  const uint32_t qbase = sQa + wg * 64 * 128;  // this warpgroup's 64 rows in each column block
+  const uint32_t qbase = sQa + wrow * 128;  // this warpgroup's 64 rows in each column block
   // S = Q K^T for the K tile in `stage` (issued, not waited)
   auto issue_s = [&](int stage) {
     const uint32_t kbase = sKVa + stage * Cfg::stage_bytes;
@@ -132,6 +142,12 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   float alpha[2];
   bool moved = false;
   auto softmax = [&](int tile) {
+    if constexpr (KVSPLIT) {
+      if (idle) {  // a warp without a live row (a decode item's G rows in the first warp): no softmax, P = 0 (pack)
+        moved = false;
+        return;
+      }
+    }
     const int t0 = kv_lo + tile * KVT;
     const int tile_end = t0 + KVT;
     bool need_mask = tile_end > kv_hi;
@@ -184,6 +200,13 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   };
   // P (s) -> 16-bit register-A fragments
   auto pack = [&]() {
+    if constexpr (KVSPLIT) {
+      if (idle) {
+#pragma unroll
+        for (int kk = 0; kk < KVT / 16; ++kk) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
+        return;
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < KVT / 16; ++kk) {
       a[kk][0] = ac::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -266,7 +289,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       float L = ac::quad_sum(l[h2]);
-      const int lr = wg * 64 + wq * 16 + (lane >> 2) + h2 * 8;
+      const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
       if (lr >= rows_here) continue;
       const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
       float Mu = m[h2] == kNegInf ? 0.f : m[h2];
@@ -291,6 +314,43 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         for (int j = 0; j < D / 8; ++j)
           *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
         if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok) * p.num_qo_heads + h] = lse_v;
+      }
+    }
+  };
+
+  // KVSPLIT: warpgroup 1's partial state (o, m, l per thread) -> smem -> folded into warpgroup 0's, whose
+  // threads hold the same rows and columns.  Every tile was waited full by its warpgroup and computed (the
+  // wgmma waited) before the first barrier, so the K/V ring is free.
+  auto merge_halves = [&]() {
+    float* xch = reinterpret_cast<float*>(smem + Cfg::q_bytes);
+    static_assert((NO + 4) * 128 * 4 <= Cfg::STAGES * Cfg::stage_bytes, "merge buffer in the K/V ring");
+    const int t = tid & 127;
+    named_sync(3, 256);
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < NO; ++i) xch[i * 128 + t] = o[i];
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        xch[(NO + h2) * 128 + t] = m[h2];
+        xch[(NO + 2 + h2) * 128 + t] = l[h2];
+      }
+    }
+    named_sync(3, 256);
+    if (wg == 0) {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const float m1 = xch[(NO + h2) * 128 + t], l1 = xch[(NO + 2 + h2) * 128 + t];
+        const float mn = fmaxf(m[h2], m1), mu = mn == kNegInf ? 0.f : mn;
+        const float a0 = ac::ex2(m[h2] - mu), a1 = ac::ex2(m1 - mu);
+        l[h2] = l[h2] * a0 + l1 * a1;
+        m[h2] = mn;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = j * 4 + 2 * h2 + e;
+            o[i] = o[i] * a0 + xch[i * 128 + t] * a1;
+          }
       }
     }
   };
@@ -320,7 +380,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
         mbar_init(bar_full + 8 * st, PT);
-        mbar_init(bar_empty + 8 * st, 128 * Cfg::NWG);
+        mbar_init(bar_empty + 8 * st, 128 * (split ? 1 : Cfg::NWG));  // split: one warpgroup per tile
       }
     }
     __syncthreads();
@@ -393,7 +453,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           rescale();
           pv_step((n_tiles - 1) % STAGES);
         } else {
-          for (int tile = 0; tile < n_tiles; ++tile) {
+          for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
             const int stage = tile % STAGES;
             FA2_TR(tile, 0);
             mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
@@ -409,6 +469,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             mbar_arrive(bar_empty + 8 * stage);
           }
         }
+      }
+      if constexpr (KVSPLIT) {
+        if (split) merge_halves();
+        if (split && wg == 1) return;
       }
       epilogue();
     }
@@ -499,7 +563,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 // loop, causal: a decode row sees its request's keys up to its own position) share one grid of the same CTA
 // shape.  order[blockIdx.x] names a CTA's item: e >= 0 item e of p0, e < 0 item ~e of p1.  The host interleaves
 // the two parts in that order (the hardware starts CTAs in blockIdx order), so that compute-bound prefill tiles
-// and bandwidth-bound decode items run on the GPU at the same time.  No split-KV (no merge launch), no graph mode.
+// and bandwidth-bound decode items run on the GPU at the same time; a decode item's two consumer warpgroups split
+// its K/V tiles (KVSPLIT).  No split-KV across CTAs (no merge launch), no graph mode.
 template <typename CfgP, typename CfgD, typename T, int MASKP>
 __global__ void __launch_bounds__(CfgP::NTHREADS, 1)
     fa2_sm90_pod_kernel(const __grid_constant__ Fa2Params p0, const __grid_constant__ Fa2Params p1,
@@ -510,7 +575,7 @@ __global__ void __launch_bounds__(CfgP::NTHREADS, 1)
   if (e >= 0) {
     sm90_cta<CfgP, T, MASKP>(p0, (unsigned)e);
   } else {
-    sm90_cta<CfgD, T, kMaskCausal>(p1, (unsigned)~e);
+    sm90_cta<CfgD, T, kMaskCausal, true>(p1, (unsigned)~e);
   }
 #else
   __trap();
