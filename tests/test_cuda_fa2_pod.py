@@ -236,9 +236,9 @@ POD_CASES = {  # prefill qo, prefill kv, causal, decode kv lens, page, head dim,
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("case", list(POD_CASES))
+@pytest.mark.parametrize("case, layout", [(c, "NHD") for c in POD_CASES] + [("pd-like", "HND")])
 @pytest.mark.parametrize("decode_chunk", [0, 256])
-def test_gpu_pod_fused_in_one_launch_matches_golden(case, decode_chunk, always_fuse, monkeypatch):
+def test_gpu_pod_fused_in_one_launch_matches_golden(case, layout, decode_chunk, always_fuse, monkeypatch):
     """decode_chunk 256: the decode part's requests split into items of 256 keys, merged by a second launch."""
     from attncore.core import registry
 
@@ -249,7 +249,9 @@ def test_gpu_pod_fused_in_one_launch_matches_golden(case, decode_chunk, always_f
     q_p = torch.randn(qo, HQ, d, generator=g).to(dt)
     k_p, v_p = (torch.randn(kv_p, HKV, d, generator=g).to(dt) for _ in range(2))
     q_d = torch.randn(len(kv_d), HQ, d, generator=g).to(dt)
-    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+    if layout == "HND":
+        cache = cache.transpose(2, 3).contiguous()
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), layout,
                                             backend="cuda_fa2")
     w.plan(indptr, indices, last, HQ, HKV, d, page, q_data_type=dt)
     _poison()

@@ -453,6 +453,11 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           rescale();
           pv_step((n_tiles - 1) % STAGES);
         } else {
+          // split: a warpgroup waits on every other tile's `full` only.  Its parity wait on tile t is sound because
+          // the producer's arrivals (each thread's, after its copies of the tile landed, in tile order) complete the
+          // phases in tile order, so tile t - 3's phase of the same stage is complete by then.  A producer whose
+          // tiles may land out of order (TMA: session 21, cuda_fa2.md) must keep that order, or the wait passes on
+          // tile t - 3's phase while tile t - 3 is still landing.
           for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
             const int stage = tile % STAGES;
             FA2_TR(tile, 0);
