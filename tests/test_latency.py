@@ -112,3 +112,18 @@ def test_one_stall_moves_one_block_not_the_cell():
 
     us = latency._time(fn, 10, "cpu")
     assert n[0] == 13 and us < 1000, us
+
+
+def test_attncore_rows_are_shown_before_flashinfers_child_starts(monkeypatch):
+    """A run stopped from outside while FlashInfer's child process runs still shows attncore's rows."""
+    from types import SimpleNamespace
+
+    from attncore.cli import bench, latency
+
+    monkeypatch.setattr(bench, "_import_flashinfer", lambda device: SimpleNamespace(__version__="0.0"))
+    monkeypatch.setattr(latency, "_child_row", lambda *a, **kw: {c: 1.0 for c in COLUMNS})
+    said = []
+    info = run_latency(["reference"], device="cpu", calls=1, flashinfer=True, progress=said.append)
+    i = said.index("latency: flashinfer (its own process)")
+    assert said[i - 1].startswith("host time per call") and "| attncore reference | " in said[i - 1]
+    assert "FlashInfer 0.0" not in said[i - 1] and "FlashInfer 0.0" in format_latency(info)

@@ -220,6 +220,9 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
 
         fi = _import_flashinfer(device)  # the errors (no GPU, not importable, the attncore shim) here
         if progress:
+            # attncore's rows before FlashInfer's child starts: a run stopped from outside while the child runs
+            # (H100, 2026-11-25: its row took over 200 s on one host) still shows them
+            progress(format_latency(info))
             progress("latency: flashinfer (its own process)")
         rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _child_row("flashinfer", device, calls,
                                                                            flashinfer_timeout, progress)
