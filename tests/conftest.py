@@ -58,9 +58,9 @@ def triton_pod(request):
     if entry is None or entry.unavailable_reasons():
         pytest.skip("triton backend unavailable")
     b = entry.backend
-    if not hasattr(b, "_pod"):
+    if not hasattr(b, "pod_fuse"):
         pytest.skip("the triton backend registered has no fused POD op")
-    old = b._pod
-    b._pod = ("always",) + old[1:]
+    old = b.pod_fuse
+    b.pod_fuse = "always"
     yield b
-    b._pod = old
+    b.pod_fuse = old

@@ -352,3 +352,24 @@ def test_batch_pod_fused_draft_rows_fp32(triton_pod):
     for i, n in enumerate(kvd):
         k, v = _request_kv(cd, idd, xd, n, i)
         _check(od[2 * i:2 * i + 2], ld[2 * i:2 * i + 2], qd[2 * i:2 * i + 2], k, v, dtype, causal=True)
+
+
+@pytest.mark.parametrize("name", ["triton", "cuda_fa2"])
+def test_pod_bench_forces_either_fused_op_through_pod_fuse(name):
+    """``attncore bench --pod-backend NAME`` forces the backend's fused op on every batch through its ``pod_fuse``
+    knob (the same name on both backends) and restores it afterwards; a bad value is refused."""
+    from attncore.cli import bench_pod
+    from attncore.core import registry
+
+    b = registry.entries()[name].backend
+    before = b.pod_fuse
+    restore = bench_pod._forced(name)
+    assert b.pod_fuse == "always"
+    restore()
+    assert b.pod_fuse == before
+    if name == "triton":
+        assert b._pod[0] == before
+        with pytest.raises(ValueError, match="pod_fuse: got 'never', expected 'auto' or 'always'"):
+            b.pod_fuse = "never"
+    with pytest.raises(ValueError, match="'reference' has no fused POD op"):
+        bench_pod._forced("reference")

@@ -75,16 +75,11 @@ def _forced(name: str):
     if entry is None or entry.backend is None or not any("pod" in c.ops for c in entry.backend.capabilities):
         raise ValueError(f"--pod-backend: {name!r} has no fused POD op")
     b = entry.backend
-    if hasattr(b, "pod_fuse"):  # cuda_fa2
-        old_fuse = b.pod_fuse
-        b.pod_fuse = "always"
-        return lambda: setattr(b, "pod_fuse", old_fuse)
-    old = b._pod
-    b._pod = ("always",) + tuple(old[1:])
-
-    def restore():
-        b._pod = old
-    return restore
+    if not hasattr(b, "pod_fuse"):
+        raise ValueError(f"--pod-backend: {name!r} has no pod_fuse knob to force its fused op with")
+    old = b.pod_fuse
+    b.pod_fuse = "always"
+    return lambda: setattr(b, "pod_fuse", old)
 
 
 def default_pod_backend(device: str) -> str:

@@ -355,9 +355,21 @@ class TritonPODBackend(TritonBackend):
             raise ValueError(f"pod_ctas_per_sm: got {pod_ctas_per_sm!r}, expected an int >= 1")
         self._pod = (pod, pod_mode, pod_ctas_per_sm, pod_config)
 
+    @property
+    def pod_fuse(self) -> str:
+        """The ``pod`` knob ("auto" or "always"), by the name cuda_fa2's fused op has for it (``attncore bench``
+        forces either backend's fused op through it)."""
+        return self._pod[0]
+
+    @pod_fuse.setter
+    def pod_fuse(self, value: str) -> None:
+        if value not in ("auto", "always"):
+            raise ValueError(f"pod_fuse: got {value!r}, expected 'auto' or 'always'")
+        self._pod = (value,) + tuple(self._pod[1:])
+
     def fused_pod_reason(self, prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
         """Why the fused POD op would compose a batch of these sizes on a GPU (None: it fuses them)."""
-        if self._pod[0] == "always":
+        if self.pod_fuse == "always":
             return None
         return outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
 
