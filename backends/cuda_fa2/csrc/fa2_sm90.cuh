@@ -569,7 +569,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
 // shape.  order[blockIdx.x] names a CTA's item: e >= 0 item e of p0, e < 0 item ~e of p1.  The host interleaves
 // the two parts in that order (the hardware starts CTAs in blockIdx order), so that compute-bound prefill tiles
 // and bandwidth-bound decode items run on the GPU at the same time; a decode item's two consumer warpgroups split
-// its K/V tiles (KVSPLIT).  No split-KV across CTAs (no merge launch), no graph mode.
+// its K/V tiles (KVSPLIT).  The prefill part is never split across CTAs; long decodes may be (their partials merged
+// by the split-KV merge launch after this one: backends/cuda_fa2/pod.py).  No graph mode.
 template <typename CfgP, typename CfgD, typename T, int MASKP>
 __global__ void __launch_bounds__(CfgP::NTHREADS, 1)
     fa2_sm90_pod_kernel(const __grid_constant__ Fa2Params p0, const __grid_constant__ Fa2Params p1,
