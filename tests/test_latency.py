@@ -12,11 +12,12 @@ def test_latency_table_on_cpu(tmp_path, capsys):
     from attncore.cli.main import main
 
     out = tmp_path / "lat.json"
-    assert main(["bench", "--latency", "--device", "cpu", "--calls", "2", "--backend", "reference",
+    assert main(["bench", "--latency", "--device", "cpu", "--calls", "2", "--rounds", "2", "--backend", "reference",
                  "--backend", "xqa", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| us per call | " + " | ".join(COLUMNS) + " |" in text
     info = json.loads(out.read_text())
+    assert info["rounds"] == 2 and len(info["samples"]["attncore reference"]["decode plan"]) == 2
     ref = info["rows"]["attncore reference"]
     assert set(ref) == set(COLUMNS) and all(isinstance(v, float) and v > 0 for v in ref.values())
     xqa = info["rows"]["attncore xqa"]  # not available on the CPU: every cell says why
@@ -37,7 +38,7 @@ def test_latency_says_which_backend_auto_ran_per_cell():
 def test_latency_reports_each_cell_before_timing_it():
     said = []
     run_latency(["reference"], device="cpu", calls=1, progress=said.append)
-    assert said == ["latency: attncore reference"] + [f"latency:   {c}" for c in COLUMNS]
+    assert said == ["latency: attncore reference"] + [f"latency:   attncore reference / {c}" for c in COLUMNS]
 
 
 _FAKE_FI = """
@@ -54,19 +55,26 @@ def single_decode_with_kv_cache(*a, **kw):
 """
 
 
+def _child_row(latency, module: str, timeout: float) -> dict:
+    """``module``'s row, column by column, from one child process (``_ChildRow``), as ``run_latency`` asks it."""
+    child = latency._ChildRow(module, "cpu", 1, timeout)
+    try:
+        return {c: child.time(c) for c in COLUMNS}
+    finally:
+        child.close()
+
+
 @pytest.mark.parametrize("stall", [False, True])
 def test_flashinfer_row_runs_in_a_child_process_with_a_time_limit(tmp_path, monkeypatch, stall):
     """FlashInfer's row (stood in for by a module of FlashInfer's API) is timed in a child process: its cells
-    come back one by one, an exception is its cell's reason, and a stall costs the time limit, not the table."""
+    come back one by one as asked, an exception is its cell's reason, and a stall costs the time limit, not the table."""
     from attncore.cli import latency
 
     (tmp_path / "fakefi.py").write_text(_FAKE_FI.format(stall=stall))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    said = []
-    row = latency._child_row("fakefi", "cpu", 1, timeout=60 if not stall else 25, progress=said.append)
+    row = _child_row(latency, "fakefi", timeout=60 if not stall else 25)
     assert list(row) == list(COLUMNS)
     assert isinstance(row["single_prefill"], float) and row["single_prefill"] > 0
-    assert said[:2] == ["latency:   single_prefill", "latency:   single_decode"]
     if stall:
         assert row["single_decode"] == "n/a: did not finish within 25 s (its process was stopped)"
         assert all(row[c] == "n/a: not reached (fakefi stopped in single_decode)" for c in COLUMNS[2:])
@@ -78,7 +86,7 @@ def test_flashinfer_row_runs_in_a_child_process_with_a_time_limit(tmp_path, monk
 def test_flashinfer_row_whose_process_fails_says_why():
     from attncore.cli import latency
 
-    row = latency._child_row("no_such_module_xyz", "cpu", 1, timeout=60)
+    row = _child_row(latency, "no_such_module_xyz", timeout=60)
     assert row["single_prefill"] == ("n/a: its process exited with status 1: ModuleNotFoundError: No module named "
                                      "'no_such_module_xyz'")
     assert all(row[c] == "n/a: not reached (no_such_module_xyz stopped in single_prefill)" for c in COLUMNS[1:])
@@ -114,16 +122,35 @@ def test_one_stall_moves_one_block_not_the_cell():
     assert n[0] == 13 and us < 1000, us
 
 
-def test_attncore_rows_are_shown_before_flashinfers_child_starts(monkeypatch):
-    """A run stopped from outside while FlashInfer's child process runs still shows attncore's rows."""
+def test_rounds_interleave_every_row_of_a_cell_flashinfers_child_included(tmp_path, monkeypatch):
+    """Each round times one column at a time with every row back to back (FlashInfer's, stood in for by a module of
+    its API, in its child process); a cell is the median of its rounds, a refusal stays its reason, and the table so
+    far is shown after each round but the last."""
     from types import SimpleNamespace
 
-    from attncore.cli import bench, latency
+    from attncore.cli import bench
 
+    (tmp_path / "flashinfer.py").write_text(_FAKE_FI.format(stall=False))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(bench, "_import_flashinfer", lambda device: SimpleNamespace(__version__="0.0"))
-    monkeypatch.setattr(latency, "_child_row", lambda *a, **kw: {c: 1.0 for c in COLUMNS})
     said = []
-    info = run_latency(["reference"], device="cpu", calls=1, flashinfer=True, progress=said.append)
-    i = said.index("latency: flashinfer (its own process)")
-    assert said[i - 1].startswith("host time per call") and "| attncore reference | " in said[i - 1]
-    assert "FlashInfer 0.0" not in said[i - 1] and "FlashInfer 0.0" in format_latency(info)
+    info = run_latency(["reference"], device="cpu", calls=1, flashinfer=True, rounds=2, progress=said.append)
+    cells = [x for x in said if x.startswith("latency:   ")]
+    assert cells[:4] == ["latency:   attncore reference / single_prefill (round 1 of 2)",
+                         "latency:   FlashInfer 0.0 / single_prefill (round 1 of 2)",
+                         "latency:   attncore reference / single_decode (round 1 of 2)",
+                         "latency:   FlashInfer 0.0 / single_decode (round 1 of 2)"]
+    assert len(cells) == 2 * 2 * len(COLUMNS)
+    tables = [x for x in said if x.startswith("host time per call")]
+    assert len(tables) == 1 and said.index(tables[0]) == said.index(
+        "latency:   attncore reference / single_prefill (round 2 of 2)") - 1
+    ref, fi = info["rows"]["attncore reference"], info["rows"]["FlashInfer 0.0"]
+    for name, row in (("attncore reference", ref), ("FlashInfer 0.0", fi)):
+        for c in COLUMNS:
+            got = info["samples"][name][c]
+            assert len(got) == 2
+            if not isinstance(row[c], str):
+                assert row[c] == round((got[0] + got[1]) / 2, 1)
+    assert fi["single_decode"] == "n/a: RuntimeError: refused here" and isinstance(fi["decode plan"], float)
+    assert format_latency(info).startswith("host time per call, us (the median of 2 rounds, the rows interleaved, of 1 "
+                                           "calls")

@@ -7,15 +7,17 @@ one-call ``single_prefill`` and ``single_decode``, a batch decode ``plan()`` and
 prefill ``plan()`` and ``run()``.  Rows: one per backend (``auto`` first), and FlashInfer's when asked
 for and importable, driven through the same code.  A backend that does not serve an op gets ``n/a``
 with the reason.  On the CPU the problems are smaller and the calls fewer (the Triton interpreter).
+On a GPU each cell is the median of ``ROUNDS`` timings, taken a column at a time with every row back to back.
 
-FlashInfer's row runs in a child process, after attncore's rows, with a time limit.  In the same process as
-attncore's rows it stalled in three runs on an H100 (2026-11-25; one of them in its paged prefill plan); in a
+FlashInfer's row runs in a child process that times a column when asked, with a time limit.  In the same process
+as attncore's rows it stalled in three runs on an H100 (2026-11-25; one of them in its paged prefill plan); in a
 process of its own it ran.  A cell it does not finish within the limit says so, and the table is still printed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -108,83 +110,127 @@ def _ran(cells_ran: dict, col: str) -> Optional[str]:
     return getattr(entry[0], "backend_name", None) if entry else None
 
 
-def _row(api, device: str, backend_kw: dict, calls: int, progress: Optional[Callable[[str], None]] = None,
-         done: Optional[Callable[[str, object], None]] = None, ran: Optional[Dict[str, str]] = None
-         ) -> Dict[str, object]:
-    """{column: us per call, or "n/a: reason"}; ``progress`` is told each column before it is timed (a cell
-    that stalls shows which), ``done`` each column's result, ``ran`` (filled in) which backend served it."""
-    try:
-        cells = _cells(api, device, backend_kw)
-    except Exception as e:  # a backend that cannot even make the wrappers here
-        return {c: f"n/a: {type(e).__name__}: {e}".splitlines()[0] for c in COLUMNS}
-    row: Dict[str, object] = {}
-    for col in COLUMNS:
-        f = cells[col]
-        if progress:
-            progress(f"latency:   {col}")
+class _LocalRow:
+    """One API's cells in this process (``_cells``), timed one column at a time (``time``); ``ran`` keeps which
+    backend served each attncore cell."""
+
+    def __init__(self, api, device: str, backend_kw: dict, calls: int):
+        self.device, self.calls, self.ran = device, calls, {}
+        try:
+            self.cells, self.error = _cells(api, device, backend_kw), None
+        except Exception as e:  # a backend that cannot even make the wrappers here
+            self.cells, self.error = None, f"n/a: {type(e).__name__}: {e}".splitlines()[0]
+
+    def time(self, col: str):
+        """us per call of ``col``, or "n/a: reason" (refused, not served, or failed: the first line)."""
+        if self.error is not None:
+            return self.error
+        f = self.cells[col]
         try:
             if isinstance(f, tuple):  # run() timed after one plan()
                 f[0]()
                 f = f[1]
-            row[col] = round(_time(f, calls, device), 1)
-            if ran is not None:
-                ran[col] = _ran(cells["ran"], col)
-        except Exception as e:  # refused (not served) or failed: the reason, first line
-            row[col] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        if done:
-            done(col, row[col])
-    return row
+            v = round(_time(f, self.calls, self.device), 1)
+            self.ran[col] = _ran(self.cells["ran"], col)
+            return v
+        except Exception as e:
+            return f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-FLASHINFER_TIMEOUT_S = 300  # FlashInfer's row, its child process included (its kernels warmed beforehand)
+FLASHINFER_TIMEOUT_S = 300  # FlashInfer's row, its child process's whole life (its kernels warmed beforehand)
 
+# The child's loop: a column name per line in, [column, result] per line out ("ready" first, once its cells exist)
 _CHILD = """
 import importlib, json, sys
-from attncore.cli.latency import _row
+from attncore.cli.latency import _LocalRow
 api = importlib.import_module(sys.argv[1])
-_row(api, sys.argv[2], {}, int(sys.argv[3]), progress=lambda s: print(s, file=sys.stderr, flush=True),
-     done=lambda col, v: print(json.dumps([col, v]), flush=True))
+row = _LocalRow(api, sys.argv[2], {}, int(sys.argv[3]))
+print(json.dumps(["ready", None]), flush=True)
+for line in sys.stdin:
+    col = line.strip()
+    print(json.dumps([col, row.time(col)]), flush=True)
 """
 
 
-def _text(x) -> str:
-    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+class _ChildRow:
+    """One API's cells (``module``, imported by that name; no backend argument) in a child process that times a
+    column when asked (``time``), so that its row interleaves with this process's rows.  A stall costs the time
+    limit (``timeout`` seconds for the child's whole life), not the table: the cell it stopped in says why, the
+    cells after it say where it stopped."""
+
+    def __init__(self, module: str, device: str, calls: int, timeout: float):
+        import tempfile
+
+        self.module, self.deadline = module, time.monotonic() + timeout
+        self.timeout, self.why, self.stopped_in = timeout, None, None
+        self._err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks on it
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, module, device, str(calls)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._ready, self._buf = False, b""
+
+    def _line(self) -> Optional[list]:
+        """The child's next result line, or None when it stopped (``why`` says how).  Read from the pipe's file
+        descriptor into a buffer of our own: a buffered reader could hold a line that select() no longer sees."""
+        import select
+
+        fd = self.proc.stdout.fileno()
+        while True:
+            if b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                try:
+                    got = json.loads(line)
+                except ValueError:  # something else the child printed
+                    continue
+                if isinstance(got, list) and len(got) == 2:
+                    return got
+                continue
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.close()
+                self.why = f"did not finish within {self.timeout:g} s (its process was stopped)"
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # EOF: it exited
+                status = self.proc.wait()
+                self._err.seek(0)
+                lines = [x for x in self._err.read().splitlines() if x.strip()]
+                self.why = f"its process exited with status {status}" + (f": {lines[-1][:160]}" if lines else "")
+                return None
+            self._buf += chunk
+
+    def time(self, col: str):
+        if self.why is not None:
+            return f"n/a: not reached ({self.module} stopped in {self.stopped_in})"
+        got = None
+        if not self._ready:
+            got = self._line()
+            self._ready = got is not None
+        if self._ready:
+            try:
+                self.proc.stdin.write(col.encode() + b"\n")
+                self.proc.stdin.flush()
+            except OSError:  # it exited (a broken pipe): _line() reads why
+                pass
+            got = self._line()
+            while got is not None and got[0] != col:
+                got = self._line()
+        if got is None:
+            self.stopped_in = col
+            return f"n/a: {self.why}"
+        return got[1]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._err.close()
 
 
-def _child_row(module: str, device: str, calls: int, timeout: float,
-               progress: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
-    """``_row`` of the API of ``module`` (imported by that name; no backend argument), run in a child process
-    stopped after ``timeout`` seconds.  Cells finished before a stop or a crash keep their times; the cell it
-    stopped in and those after say why."""
-    try:
-        r = subprocess.run([sys.executable, "-c", _CHILD, module, device, str(calls)], capture_output=True,
-                           text=True, timeout=timeout)
-        out, err = r.stdout, r.stderr
-        why = None if r.returncode == 0 else f"its process exited with status {r.returncode}"
-    except subprocess.TimeoutExpired as e:
-        out, err = _text(e.stdout), _text(e.stderr)
-        why = f"did not finish within {timeout:g} s (its process was stopped)"
-    row: Dict[str, object] = {}
-    for line in out.splitlines():
-        try:
-            col, value = json.loads(line)
-        except ValueError:
-            continue
-        if col in COLUMNS:
-            row[col] = value
-    if progress:
-        for line in err.splitlines():
-            if line.startswith("latency:"):
-                progress(line)
-    if why is not None:
-        lines = [x for x in err.splitlines() if x.strip() and not x.startswith("latency:")]
-        if lines and "exited" in why:
-            why += f": {lines[-1][:160]}"
-        stopped = next((c for c in COLUMNS if c not in row), None)
-        for c in COLUMNS:
-            if c not in row:
-                row[c] = f"n/a: {why}" if c == stopped else f"n/a: not reached ({module} stopped in {stopped})"
-    return {c: row[c] for c in COLUMNS}
+def _median(values: list):
+    """A cell over its rounds: the median of the times, or the first reason when a round had none."""
+    times = [v for v in values if not isinstance(v, str)]
+    return round(statistics.median(times), 1) if len(times) == len(values) else next(
+        v for v in values if isinstance(v, str))
 
 
 def default_backends(device: str) -> List[str]:
@@ -195,45 +241,66 @@ def default_backends(device: str) -> List[str]:
     return [n for n in want if n == "auto" or n in avail]
 
 
+ROUNDS = 3  # on a GPU: each cell timed this many times, the rows interleaved (one round on the CPU)
+
+
 def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[str] = None,
                 calls: Optional[int] = None, flashinfer: bool = False,
                 progress: Optional[Callable[[str], None]] = None,
-                flashinfer_timeout: float = FLASHINFER_TIMEOUT_S) -> dict:
+                flashinfer_timeout: float = FLASHINFER_TIMEOUT_S, rounds: Optional[int] = None) -> dict:
+    """The table: each cell the median of ``rounds`` timings.  A round times one column at a time, every row
+    back to back (FlashInfer's in its child process, ``_ChildRow``), so that a host whose speed drifts during
+    the run (H100 hosts, 2026-11-25: two rows of one path 35% apart when timed a row at a time) moves every row
+    of a cell alike.  ``progress`` is told each cell before it is timed, and the table so far after each round
+    (a run stopped from outside still shows it)."""
     import attncore
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     calls = calls or (300 if device == "cuda" else 5)
+    rounds = rounds or (ROUNDS if device == "cuda" else 1)
     names = list(backends) if backends else default_backends(device)
-    rows: Dict[str, Dict[str, object]] = {}
-    ran: Dict[str, Dict[str, str]] = {}
+    timers: Dict[str, object] = {}
     for n in names:
         if progress:
             progress(f"latency: attncore {n}")
-        ran[f"attncore {n}"] = {}
-        rows[f"attncore {n}"] = _row(attncore, device, {"backend": n}, calls, progress, ran=ran[f"attncore {n}"])
+        timers[f"attncore {n}"] = _LocalRow(attncore, device, {"backend": n}, calls)
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "calls": calls,
-            "blocks": _blocks(calls),
-            "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": rows,
-            "ran": ran}
+            "blocks": _blocks(calls), "rounds": rounds,
+            "sizes": {k: str(v) for k, v in _sizes(device).items()}, "columns": list(COLUMNS), "rows": {},
+            "ran": {name: t.ran for name, t in timers.items()}, "samples": {}}
     if flashinfer:
         from attncore.cli.bench import _import_flashinfer
 
         fi = _import_flashinfer(device)  # the errors (no GPU, not importable, the attncore shim) here
         if progress:
-            # attncore's rows before FlashInfer's child starts: a run stopped from outside while the child runs
-            # (H100, 2026-11-25: its row took over 200 s on one host) still shows them
-            progress(format_latency(info))
             progress("latency: flashinfer (its own process)")
-        rows[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _child_row("flashinfer", device, calls,
-                                                                           flashinfer_timeout, progress)
+        timers[f"FlashInfer {getattr(fi, '__version__', '?')}"] = _ChildRow("flashinfer", device, calls,
+                                                                            flashinfer_timeout)
+    samples = info["samples"] = {name: {c: [] for c in COLUMNS} for name in timers}
+    try:
+        for r in range(rounds):
+            for col in COLUMNS:
+                for name, t in timers.items():
+                    if progress:
+                        progress(f"latency:   {name} / {col}" + (f" (round {r + 1} of {rounds})" if rounds > 1 else ""))
+                    samples[name][col].append(t.time(col))
+            info["rows"] = {name: {c: _median(v) for c, v in by_col.items()} for name, by_col in samples.items()}
+            if progress and r + 1 < rounds:
+                progress(format_latency(info))
+    finally:
+        for t in timers.values():
+            if isinstance(t, _ChildRow):
+                t.close()
     return info
 
 
 def format_latency(info: dict) -> str:
     cols = info["columns"]
     blocks = info.get("blocks", 1)
-    lines = [f"host time per call, us ({info['calls']} calls: the median of {blocks} blocks, the device synced after "
-             f"each; {info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    rounds = info.get("rounds", 1)
+    how = f"the median of {rounds} rounds, the rows interleaved, of " if rounds > 1 else ""
+    lines = [f"host time per call, us ({how}{info['calls']} calls: the median of {blocks} blocks, the device synced "
+             f"after each; {info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     notes = []
     for name, row in info["rows"].items():
         cells = []

@@ -299,7 +299,7 @@ def _bench_latency(a) -> int:
 
     try:
         info = run_latency(a.backend or None, device=a.device, calls=a.calls, flashinfer=a.flashinfer,
-                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+                           progress=lambda s: print(s, file=sys.stderr, flush=True), rounds=a.rounds)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(format_latency(info))
@@ -461,6 +461,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="host time per call of tiny problems (one-call functions, plan, run), per backend")
     b.add_argument("--calls", type=arg_types.positive, metavar="N",
                    help="--latency: calls per cell (default 300, CPU 5)")
+    b.add_argument("--rounds", type=arg_types.positive, metavar="N",
+                   help="--latency: timings per cell, the rows interleaved; the median is shown (default 3, CPU 1)")
     b.add_argument("--pod-sweep", action="store_true",
                    help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
     b.add_argument("--pod-backend", help="the backend whose fused POD op is timed (default: the one auto ranks first "
