@@ -296,6 +296,11 @@ def rule_rank(backend, problem: AttentionProblem) -> RuleRank:
 MEASURED_TIE = 0.03
 
 
+def ties(score: float, best: float) -> bool:
+    """Whether measured time ``score`` ties the fastest, ``best`` (within ``MEASURED_TIE``)."""
+    return score <= best * (1 + MEASURED_TIE)
+
+
 def _time(e: Dict, name: str) -> Optional[float]:
     t = (e.get("times_ms") or {}).get(name)
     return float(t) if isinstance(t, (int, float)) and t > 0 and math.isfinite(t) else None

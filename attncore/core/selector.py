@@ -153,7 +153,7 @@ def explain(problem: AttentionProblem, backend: str = "auto", sizes=None) -> Exp
     for name, _ in found:
         rank = order.index(name) if name in order else len(order)
         score = scores.get(name)
-        if score is not None and score <= best * (1 + ranking.MEASURED_TIE):  # a tie with the fastest: by rule
+        if score is not None and ranking.ties(score, best):  # a tie with the fastest: by rule
             candidates.append((rank, 0, -rules[name].rank, score, name))
         elif score is not None:
             candidates.append((rank, 1, score, 0, name))
@@ -201,7 +201,7 @@ def _detail(rr: "ranking.RuleRank", meas: Optional["ranking.Measured"], name: st
     """What ranked a backend: its measured times, or its rule with the evidence."""
     if meas is not None and score is not None:
         rel = "fastest" if score == best else f"{score / best:.2f}x the fastest"
-        if score != best and score <= best * (1 + ranking.MEASURED_TIE):
+        if score != best and ranking.ties(score, best):
             rel += f"; within {ranking.MEASURED_TIE:.0%}: a tie, which the rule table orders"
         lines = [f"measured {_fmt_ms(score)} ({rel})" + (f"; by rule it would rank {rr.rank} ({rr.rule.id})"
                                                           if rr.rule is not None else "")]

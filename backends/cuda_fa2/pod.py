@@ -104,9 +104,8 @@ def declines(backend, problem: AttentionProblem, batch: PODBatch, dev: torch.dev
 
 def _tiles_bound(meta, group: int, cta_q: int, chunk: int = 0) -> int:
     """At least the items of a batch: its row tiles, times each request's KV chunks when split by ``chunk`` tokens."""
-    kv = meta.kv_lens_host if chunk else [0] * len(meta.qo_lens_host)
-    return sum(max(1, -(-q * group // cta_q)) * max(1, -(-k // chunk) if chunk else 1)
-               for q, k in zip(meta.qo_lens_host, kv))
+    return sum(max(1, -(-q * group // cta_q)) * (max(1, -(-k // chunk)) if chunk else 1)
+               for q, k in zip(meta.qo_lens_host, meta.kv_lens_host))
 
 
 def _tables_bytes(n_items: int) -> int:
