@@ -43,9 +43,20 @@ def test_latency_reports_each_cell_before_timing_it():
 
 _FAKE_FI = """
 import time
+import attncore
 from attncore import *  # FlashInfer's API, served here by attncore (the reference backend on the CPU)
 
 STALL = {stall!r}
+
+
+def _no_backend(cls):  # attncore's wrapper without its ``backend`` attribute, as FlashInfer's wrappers are
+    def missing(self):
+        raise AttributeError(f"{{type(self).__name__!r}} object has no attribute 'backend'")
+    return type(cls.__name__, (cls,), {{"backend": property(missing)}})
+
+
+BatchDecodeWithPagedKVCacheWrapper = _no_backend(attncore.BatchDecodeWithPagedKVCacheWrapper)
+BatchPrefillWithPagedKVCacheWrapper = _no_backend(attncore.BatchPrefillWithPagedKVCacheWrapper)
 
 
 def single_decode_with_kv_cache(*a, **kw):

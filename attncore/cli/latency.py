@@ -37,7 +37,7 @@ def _sizes(device: str) -> dict:
 
 def _cells(api, device: str, backend_kw: dict) -> Dict[str, object]:
     """One zero-argument callable per column (inputs and wrappers made once, outside the timing), and under
-    ``"ran"`` the wrapper columns' getters of the backend that served them."""
+    ``"ran"`` the wrapper columns' getters of the backend that served them (attncore's wrappers only)."""
     s = _sizes(device)
     hq, hkv, d, qo, kv, b, page, dt = (s[k] for k in ("hq", "hkv", "d", "qo", "kv", "batch", "page", "dtype"))
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -111,11 +111,11 @@ def _ran(cells_ran: dict, col: str) -> Optional[str]:
 
 
 class _LocalRow:
-    """One API's cells in this process (``_cells``), timed one column at a time (``time``); ``ran`` keeps which
-    backend served each attncore cell."""
+    """One API's cells in this process (``_cells``), timed one column at a time (``time``); for attncore's rows
+    (those with a backend argument) ``ran`` keeps which backend served each cell."""
 
     def __init__(self, api, device: str, backend_kw: dict, calls: int):
-        self.device, self.calls, self.ran = device, calls, {}
+        self.device, self.calls, self.ran, self.keep_ran = device, calls, {}, bool(backend_kw)
         try:
             self.cells, self.error = _cells(api, device, backend_kw), None
         except Exception as e:  # a backend that cannot even make the wrappers here
@@ -131,7 +131,8 @@ class _LocalRow:
                 f[0]()
                 f = f[1]
             v = round(_time(f, self.calls, self.device), 1)
-            self.ran[col] = _ran(self.cells["ran"], col)
+            if self.keep_ran:  # FlashInfer's wrappers have no ``backend``
+                self.ran[col] = _ran(self.cells["ran"], col)
             return v
         except Exception as e:
             return f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
