@@ -299,14 +299,28 @@ def test_pod_bench_rows_on_cpu(triton_pod):
 
     calls = []
     w = bench_pod._shrink(bench_pod.POD_WORKLOADS[0])
-    row = bench_pod.measure(w, device="cpu", time_fn=lambda fn: (fn(), calls.append(1), 1.0)[2])
+    forced = []  # the fused mode each timed closure ran under
+
+    def timer(fn):
+        forced.append(triton_pod._pod[0])
+        fn()
+        calls.append(1)
+        return float(len(calls))
+
+    triton_pod.pod_fuse = "auto"  # measure forces it for the fused column only (the fixture restores it)
+    row = bench_pod.measure(w, device="cpu", time_fn=timer, rounds=3)
     assert "fused_error" not in row, row.get("fused_error")
-    assert row["fused"] == row["serial"] == row["streams"] == row["sm_split"] == row["auto"] == 1.0
-    assert len(calls) == 5
+    # three rounds, each timing every column once in the same order: a column's figure is its median round
+    assert len(calls) == 15 and row["rounds"] == 3
+    assert [row[f"{k}_rounds"] for k in ("fused", "serial", "streams", "sm_split", "auto")] == [
+        [1.0, 6.0, 11.0], [2.0, 7.0, 12.0], [3.0, 8.0, 13.0], [4.0, 9.0, 14.0], [5.0, 10.0, 15.0]]
+    assert (row["fused"], row["serial"], row["auto"]) == (6.0, 7.0, 10.0)
+    assert row["fused_speedup"] == 7.0 / 6.0
+    assert forced == ["always", "auto", "auto", "auto", "auto"] * 3, forced
     assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("serial: prefill=")
     assert row["streams_mode"] == "serial" and "no CUDA streams on cpu" in row["streams_reason"]
     assert row["sm_split_sms"] is None and "overlap='sm_split': no CUDA streams on cpu" in row["sm_split_reason"]
-    assert triton_pod._pod[0] == "always"  # the forced mode is restored to the fixture's
+    assert triton_pod._pod[0] == "auto"  # the forced mode is restored
     table = bench_pod.format_pod_table({"device": "cpu", "rows": [row]})
     assert "PD1" in table and "fused x" in table and "streams x" in table and "streams_reason" in table
     assert "split x" in table and "sm_split_reason" in table
@@ -357,19 +371,22 @@ def test_batch_pod_fused_draft_rows_fp32(triton_pod):
 @pytest.mark.parametrize("name", ["triton", "cuda_fa2"])
 def test_pod_bench_forces_either_fused_op_through_pod_fuse(name):
     """``attncore bench --pod-backend NAME`` forces the backend's fused op on every batch through its ``pod_fuse``
-    knob (the same name on both backends) and restores it afterwards; a bad value is refused."""
+    knob (the same name on both backends) while timing the fused column, and restores it afterwards, also when
+    the block raises; a bad value is refused."""
     from attncore.cli import bench_pod
     from attncore.core import registry
 
     b = registry.entries()[name].backend
     before = b.pod_fuse
-    restore = bench_pod._forced(name)
-    assert b.pod_fuse == "always"
-    restore()
+    with bench_pod._forced(name):
+        assert b.pod_fuse == "always"
+    assert b.pod_fuse == before
+    with pytest.raises(KeyError), bench_pod._forced(name):
+        raise KeyError("x")
     assert b.pod_fuse == before
     if name == "triton":
         assert b._pod[0] == before
         with pytest.raises(ValueError, match="pod_fuse: got 'never', expected 'auto' or 'always'"):
             b.pod_fuse = "never"
-    with pytest.raises(ValueError, match="'reference' has no fused POD op"):
-        bench_pod._forced("reference")
+    with pytest.raises(ValueError, match="'reference' has no fused POD op"), bench_pod._forced("reference"):
+        pass

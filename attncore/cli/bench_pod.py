@@ -10,12 +10,14 @@ disjoint sets of SMs (``fuse=False, overlap="sm_split"``: the split its model pi
 split where its model says it gains, else serial; the table says which ran), and ``flashinfer`` (with
 ``--flashinfer``) is FlashInfer's POD wrapper on the same inputs. The sweep (``--pod-sweep``; alone, without
 PD ids, it runs only the sweep): prefill 512 / 2k / 8k x decode batch 8 / 32 / 128 x decode kv 1k / 4k / 16k,
-with the median speedup and, with ``--plot``, a plot of the speedup over serial (matplotlib, optional). On a
-CPU the shapes shrink (Triton's interpreter) and the figures only show that the paths run.
+with the median speedup and, with ``--plot``, a plot of the speedup over serial (matplotlib, optional). A
+point's columns share its inputs and are timed in interleaved rounds (``measure``). On a CPU the shapes shrink
+(Triton's interpreter) and the figures only show that the paths run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional
@@ -46,29 +48,36 @@ def _shrink(w: PODWorkload) -> PODWorkload:
     return replace(w, qo=min(w.qo, 32), batch=min(w.batch, 2), kv=min(w.kv, 64), hq=4, hkv=2, d=32, page=4)
 
 
-def _setup(w: PODWorkload, device: str, dtype, api, kwargs: dict) -> tuple:
-    """Plan the POD workload on ``api`` (attncore or flashinfer) and return (run closure, wrapper)."""
-    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+def _inputs(w: PODWorkload, device: str, dtype) -> dict:
+    """The workload's tensors, made once and shared by every column (one KV cache: the sweep's largest point
+    holds 8.6 GB of it)."""
     pages = (w.kv + w.page - 1) // w.page
-    indptr = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages
-    last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
-    indices = torch.randperm(w.batch * pages, device=device).to(torch.int32)
-    cache = torch.randn(w.batch * pages, 2, w.page, w.hkv, w.d, device=device, dtype=dtype)
-    qp = torch.randn(w.qo, w.hq, w.d, device=device, dtype=dtype)
-    kp, vp = (torch.randn(w.qo, w.hkv, w.d, device=device, dtype=dtype) for _ in range(2))
-    qd = torch.randn(w.batch, w.hq, w.d, device=device, dtype=dtype)
-    wr = api.PODWithPagedKVCacheWrapper(ws, "NHD", **kwargs)
-    wr.plan(indptr, indices, last, w.hq, w.hkv, w.d, w.page, q_data_type=dtype)
+    rnd = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
+    return dict(
+        ws=torch.empty(128 << 20, dtype=torch.uint8, device=device),
+        indptr=torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages,
+        last=torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device),
+        indices=torch.randperm(w.batch * pages, device=device).to(torch.int32),
+        cache=rnd(w.batch * pages, 2, w.page, w.hkv, w.d), qp=rnd(w.qo, w.hq, w.d), kp=rnd(w.qo, w.hkv, w.d),
+        vp=rnd(w.qo, w.hkv, w.d), qd=rnd(w.batch, w.hq, w.d))
+
+
+def _setup(w: PODWorkload, x: dict, dtype, api, kwargs: dict) -> tuple:
+    """Plan the POD workload on ``api`` (attncore or flashinfer) over the inputs ``x`` and return (run closure,
+    wrapper)."""
+    wr = api.PODWithPagedKVCacheWrapper(x["ws"], "NHD", **kwargs)
+    wr.plan(x["indptr"], x["indices"], x["last"], w.hq, w.hkv, w.d, w.page, q_data_type=dtype)
 
     def run():
-        wr.run(qp, kp, vp, qd, cache, causal_p=True)
+        wr.run(x["qp"], x["kp"], x["vp"], x["qd"], x["cache"], causal_p=True)
     run()  # warm-up (JIT compiles, plans)
     return run, wr
 
 
+@contextlib.contextmanager
 def _forced(name: str):
-    """The registered backend ``name`` with its fused op forced on every batch (restore with the
-    returned function), or raise ValueError when it has no fused POD op."""
+    """The registered backend ``name`` with its fused op forced on every batch while in the block; ValueError
+    when it has no fused POD op."""
     from attncore.core import registry
 
     entry = registry.entries().get(name)
@@ -79,7 +88,10 @@ def _forced(name: str):
         raise ValueError(f"--pod-backend: {name!r} has no pod_fuse knob to force its fused op with")
     old = b.pod_fuse
     b.pod_fuse = "always"
-    return lambda: setattr(b, "pod_fuse", old)
+    try:
+        yield
+    finally:
+        b.pod_fuse = old
 
 
 def default_pod_backend(device: str) -> str:
@@ -99,47 +111,62 @@ def default_pod_backend(device: str) -> str:
         return "triton"
 
 
+ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per point (--pod-sweep's columns interleave; see measure)
+
+
 def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
-            time_fn: Optional[Callable] = None) -> Dict:
-    """One row: ms of fused / serial / streams / auto (/ flashinfer) and the speedups over serial."""
+            time_fn: Optional[Callable] = None, rounds: Optional[int] = None) -> Dict:
+    """One row: ms of fused / serial / streams / sm_split / auto (/ flashinfer) and the speedups over serial.
+    Every column is planned first on the same inputs; then ``rounds`` rounds each time every column once, back
+    to back, and a column's figure is the median of its rounds: a GPU whose speed drifts during the point moves
+    every column of a round alike (one column after the other, two columns running the same path differed
+    by 7%)."""
     import attncore
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     t = time_fn or _timer(device)
-    row: Dict = {"id": w.id, "shape": f"p{w.qo} + {w.batch}x{w.kv}"}
-    restore = _forced(pod_backend)
+    rounds = rounds or ROUNDS.get(device, 1)
+    row: Dict = {"id": w.id, "shape": f"p{w.qo} + {w.batch}x{w.kv}", "rounds": rounds}
+    x = _inputs(w, device, dtype)
+    runs: Dict[str, tuple] = {}  # column: (run closure, the context it is timed in)
     try:
-        run, wr = _setup(w, device, dtype, attncore, dict(backend=pod_backend))
+        with _forced(pod_backend):
+            run, wr = _setup(w, x, dtype, attncore, dict(backend=pod_backend))
         if wr.fused_reason is not None:
             raise RuntimeError(f"{pod_backend} did not fuse: {wr.fused_reason}")
-        row["fused"] = t(run)
+        runs["fused"] = (run, lambda: _forced(pod_backend))
     except Exception as e:  # a row says why, the others still run
         row["fused_error"] = f"{type(e).__name__}: {str(e)[:160]}"
-    finally:
-        restore()
-    run, wr = _setup(w, device, dtype, attncore, dict(fuse=False, overlap="serial"))
-    row["serial"] = t(run)
+    run, wr = _setup(w, x, dtype, attncore, dict(fuse=False, overlap="serial"))
+    runs["serial"] = (run, contextlib.nullcontext)
     row["serial_backends"] = wr.backend
-    run, wr = _setup(w, device, dtype, attncore, dict(fuse=False, overlap="streams"))
-    row["streams"] = t(run)
+    run, wr = _setup(w, x, dtype, attncore, dict(fuse=False, overlap="streams"))
+    runs["streams"] = (run, contextlib.nullcontext)
     row["streams_mode"] = wr.mode  # "serial" where the device has no streams (overlap_reason says why)
     if wr.overlap_reason:
         row["streams_reason"] = wr.overlap_reason
-    run, wr = _setup(w, device, dtype, attncore, dict(fuse=False, overlap="sm_split"))
-    row["sm_split"] = t(run)
+    run, wr = _setup(w, x, dtype, attncore, dict(fuse=False, overlap="sm_split"))
+    runs["sm_split"] = (run, contextlib.nullcontext)
     row["sm_split_sms"] = wr.sm_split  # None where the device cannot split (overlap_reason says why)
     if wr.overlap_reason:
         row["sm_split_reason"] = wr.overlap_reason
-    run, wr = _setup(w, device, dtype, attncore, {})
-    row["auto"] = t(run)
+    run, wr = _setup(w, x, dtype, attncore, {})
+    runs["auto"] = (run, contextlib.nullcontext)
     row["auto_ran"] = wr.backend if wr.mode == "fused" else f"{wr.mode}{wr.sm_split or ''}: {wr.backend}"
     row["auto_reason"] = wr.fused_reason
     if fi is not None:
         try:
-            run, _ = _setup(w, device, dtype, fi, {})
-            row["flashinfer"] = t(run)
+            runs["flashinfer"] = (_setup(w, x, dtype, fi, {})[0], contextlib.nullcontext)
         except Exception as e:
             row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    times: Dict[str, list] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, (run, ctx) in runs.items():
+            with ctx():
+                times[k].append(t(run))
+    for k, v in times.items():
+        row[k] = statistics.median(v)
+        row[f"{k}_rounds"] = v
     for k in ("fused", "streams", "sm_split", "auto", "flashinfer"):
         if k in row:
             row[f"{k}_speedup"] = row["serial"] / row[k]
@@ -200,7 +227,9 @@ def _fmt_row(r: Dict) -> str:
 
 
 def format_pod_table(info: Dict) -> str:
-    lines = [f"POD on {info['device']} (ms; speedup = serial / x; fused: {info.get('pod_backend', '?')})",
+    rounds = sorted({r["rounds"] for r in info["rows"] if "rounds" in r})
+    per = f", the median of {'/'.join(map(str, rounds))} interleaved rounds" if rounds else ""
+    lines = [f"POD on {info['device']} (ms{per}; speedup = serial / x; fused: {info.get('pod_backend', '?')})",
              f"{'id':<20} {'shape':<18} {'fused':>8} {'serial':>8} {'streams':>8} {'sm_split':>8} {'auto':>8} "
              f"{'flashinf':>8} {'fused x':>8} {'streams x':>9} {'split x':>7} {'auto x':>7} {'fi x':>6}  auto ran"]
     for r in info["rows"]:
