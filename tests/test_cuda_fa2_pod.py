@@ -159,7 +159,9 @@ def test_plan_declines_what_the_kernel_does_not_serve_cpu(what, problem, batch, 
 
 
 @pytest.mark.parametrize("qo, decode, fuses", [(512, ((1, 4096),) * 8, True), (2048, ((1, 1024),) * 8, True),
-                                               (2048, ((1, 1024),) * 32, False), (2048, ((1, 4096),) * 64, False),
+                                               (2048, ((1, 1024),) * 32, True), (2048, ((1, 4096),) * 8, True),
+                                               (2048, ((1, 4096),) * 9, False), (2048, ((1, 1024),) * 33, False),
+                                               (4096, ((1, 1024),) * 8, False), (2048, ((1, 4096),) * 64, False),
                                                (512, ((1, 16384),), False)])
 def test_auto_fuses_inside_the_measured_region_only_cpu(qo, decode, fuses):
     """auto (``fuse="auto"``) fuses where the one launch was measured to win (pod.MEASURED_WINS) and elsewhere

@@ -34,18 +34,17 @@ from attncore.core.workspace import ALIGN, WorkspaceTooSmall
 
 from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 
-# Where the one launch beat what auto composes otherwise (the SM split or the parts in turn), measured with
-# `attncore bench --pod-sweep --pod-backend cuda_fa2` (H100, bf16, 32/8 heads, d128, page 16; BENCHMARKS 2q, 2r),
-# ms, one launch / the faster of serial and the SM split.  Session 21 (15:12 UTC, decode tiles split between the
-# consumer warpgroups, long decodes chunked): 512 + 8 x 1k 0.092 / 0.152, 512 + 8 x 4k 0.094 / 0.107, 2k + 8 x 1k
-# 0.107 / 0.120.  512 + 32 x 1k: 0.076 / 0.095 in session 20, 0.152 forced against auto's own pod90 0.097 and
-# serial 0.135 in session 21 (host-bound there).  Dropped from session 20's region, lost in session 21: 512 + 32 x
-# 4k 0.221 / 0.211, 512 + 128 x 1k 0.218 / 0.205, 2k + 32 x 1k 0.132 / 0.128.  Elsewhere the split or serial
-# wins or ties (within 3%): PD1 0.420 / 0.407, PD2 0.421 / 0.385.
+# Where the one launch beat what auto composes otherwise (the SM split where its model picks it, else the parts in
+# turn), measured with `attncore bench --pod-sweep --pod-backend cuda_fa2` (H100, bf16, 32/8 heads, d128, page 16;
+# BENCHMARKS 2q, 2r, 2s), ms, one launch / what auto composed.  Session 22 (two sweeps, 16:59 and 17:11 UTC; auto
+# composed serially at each of these): 2k + 32 x 1k 0.133 / 0.155 and 0.132 / 0.155, 2k + 8 x 4k 0.147 / 0.158
+# and 0.148 / 0.158; 512 + 8 x 1k, 512 + 8 x 4k, 512 + 32 x 1k and 2k + 8 x 1k won as in session 21 (e.g. 2k + 8 x
+# 1k 0.104 / 0.121).  Session 21 compared with the faster of serial and the SM split and so dropped 2k + 32 x 1k
+# (0.132 against the split's 0.128), which auto never composes there.  Outside, serial or the split wins or ties:
+# 512 + 32 x 4k 0.220 / 0.211, 512 + 128 x 1k 0.217 / 0.212, PD1 0.422 / 0.407 (split), PD2 0.427 / 0.394 (split).
 MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
-    (512, 8, 4096),
-    (512, 32, 1024),
-    (2048, 8, 1024),
+    (2048, 8, 4096),
+    (2048, 32, 1024),
 )
 WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 
