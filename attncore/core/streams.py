@@ -17,7 +17,7 @@ Tensor = torch.Tensor
 # Under torch.compile the wrappers trace the serial composition: the stream fork/join is not expressed in a
 # compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
 OVERLAPS = ("auto", "sm_split", "streams", "serial")
-PREFILL_FIRST = True  # the launch order in streams mode (see Streams.compose; scripts/gpu_pod_streams.sh times both)
+PREFILL_FIRST = True  # the launch order on two streams or an SM split (Streams.compose; scripts/gpu_pod_streams.sh)
 # Why overlap="auto" never picks "streams": measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16
 # 32/8 heads d128 page 16), streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median
 # of 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32:
@@ -213,8 +213,8 @@ class Streams:
     def compose(self, prefill, decode, why_serial: Optional[str] = None, prefill_first: Optional[bool] = None) -> None:
         """Run the parts (callables that launch them; everything they write is allocated already): on the
         split ``decide()`` chose, on the current and a side stream (``"streams"``), or in turn with the reason
-        ``why_serial`` (or ``unavailable()``'s).  ``prefill_first``: the launch order on two streams (None:
-        ``PREFILL_FIRST``; measurement scripts time both, scripts/gpu_pod_coresident.py).
+        ``why_serial`` (or ``unavailable()``'s).  ``prefill_first``: the launch order on two streams or an SM split
+        (None: ``PREFILL_FIRST``; measurement scripts time both, scripts/gpu_pod_coresident.py).
 
         Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
         are the caller's, used as if on the current stream; the current stream waits for every stream it
@@ -240,11 +240,11 @@ class Streams:
             fork.record(cur)  # fork both before either part is queued
             sp.wait_event(fork)
             sd.wait_event(fork)
+            first = PREFILL_FIRST if prefill_first is None else bool(prefill_first)
             try:
-                with torch.cuda.stream(sp):
-                    prefill()
-                with torch.cuda.stream(sd):
-                    decode()
+                for stream, part in ((sp, prefill), (sd, decode))[::1 if first else -1]:
+                    with torch.cuda.stream(stream):
+                        part()
             finally:  # join, even when a launch raised: nothing forked dangles
                 join_p.record(sp)
                 join_d.record(sd)
