@@ -133,6 +133,27 @@ def test_one_stall_moves_one_block_not_the_cell():
     assert n[0] == 13 and us < 1000, us
 
 
+def test_latency_timing_runs_without_the_garbage_collector():
+    """The timed calls run with the collector off (a pending collection would land in one cell); it is on again
+    afterwards, also when a call raises."""
+    import gc
+
+    from attncore.cli import latency
+
+    seen = []
+    latency._time(lambda: seen.append(gc.isenabled()), 5, "cpu")
+    assert seen[:3] == [True] * 3 and seen[3:] == [False] * 5 and gc.isenabled()
+
+    def boom():
+        if len(seen) > 10:
+            raise RuntimeError("x")
+        seen.append(0)
+
+    with pytest.raises(RuntimeError):
+        latency._time(boom, 5, "cpu")
+    assert gc.isenabled()
+
+
 def test_rounds_interleave_every_row_of_a_cell_flashinfers_child_included(tmp_path, monkeypatch):
     """Each round times one column at a time with every row back to back (FlashInfer's, stood in for by a module of
     its API, in its child process); a cell is the median of its rounds, a refusal stays its reason, and the table so

@@ -16,6 +16,7 @@ process of its own it ran.  A cell it does not finish within the limit says so, 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -83,6 +84,9 @@ def _blocks(calls: int) -> int:
 
 
 def _time(fn: Callable[[], object], calls: int, device: str) -> float:
+    """us per call of ``fn``: the median over ``_blocks(calls)`` blocks, after 3 warm-up calls.  The garbage
+    collector is off while the blocks run (as ``timeit`` does): a collection the rows' setup left pending would
+    land in one cell of one row."""
     for _ in range(3):  # warm-up: JIT builds, autotuning, caches
         fn()
     if device == "cuda":
@@ -90,13 +94,19 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     blocks = _blocks(calls)
     n = calls // blocks
     per_call = []
-    for _ in range(blocks):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - t) / n * 1e6)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(blocks):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            per_call.append((time.perf_counter() - t) / n * 1e6)
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(per_call)
 
 
