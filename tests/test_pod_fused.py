@@ -310,13 +310,14 @@ def test_pod_bench_rows_on_cpu(triton_pod):
     triton_pod.pod_fuse = "auto"  # measure forces it for the fused column only (the fixture restores it)
     row = bench_pod.measure(w, device="cpu", time_fn=timer, rounds=3)
     assert "fused_error" not in row, row.get("fused_error")
-    # three rounds, each timing every column once in the same order: a column's figure is its median round
+    # three rounds, each timing every column once, each round starting one column later: a column's figure is
+    # its median round
     assert len(calls) == 15 and row["rounds"] == 3
     assert [row[f"{k}_rounds"] for k in ("fused", "serial", "streams", "sm_split", "auto")] == [
-        [1.0, 6.0, 11.0], [2.0, 7.0, 12.0], [3.0, 8.0, 13.0], [4.0, 9.0, 14.0], [5.0, 10.0, 15.0]]
-    assert (row["fused"], row["serial"], row["auto"]) == (6.0, 7.0, 10.0)
-    assert row["fused_speedup"] == 7.0 / 6.0
-    assert forced == ["always", "auto", "auto", "auto", "auto"] * 3, forced
+        [1.0, 10.0, 14.0], [2.0, 6.0, 15.0], [3.0, 7.0, 11.0], [4.0, 8.0, 12.0], [5.0, 9.0, 13.0]]
+    assert (row["fused"], row["serial"], row["auto"]) == (10.0, 6.0, 9.0)
+    assert row["fused_speedup"] == 6.0 / 10.0
+    assert forced == ["always"] + ["auto"] * 8 + ["always"] + ["auto"] * 3 + ["always", "auto"], forced
     assert row["serial_backends"].startswith("prefill=") and row["auto_ran"].startswith("serial: prefill=")
     assert row["streams_mode"] == "serial" and "no CUDA streams on cpu" in row["streams_reason"]
     assert row["sm_split_sms"] is None and "overlap='sm_split': no CUDA streams on cpu" in row["sm_split_reason"]

@@ -118,9 +118,10 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
             time_fn: Optional[Callable] = None, rounds: Optional[int] = None) -> Dict:
     """One row: ms of fused / serial / streams / sm_split / auto (/ flashinfer) and the speedups over serial.
     Every column is planned first on the same inputs; then ``rounds`` rounds each time every column once, back
-    to back, and a column's figure is the median of its rounds: a GPU whose speed drifts during the point moves
-    every column of a round alike (one column after the other, two columns running the same path differed
-    by 7%)."""
+    to back, each round starting one column later than the one before, and a column's figure is the median of
+    its rounds: a GPU whose speed drifts during the point moves every column of a round alike (one column after
+    the other, two columns running the same path differed by 7%), and no column always follows the same one
+    (in one sweep auto, timed after the SM split in every round, ran the serial path 2.4% slower than serial)."""
     import attncore
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
@@ -160,8 +161,10 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
         except Exception as e:
             row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     times: Dict[str, list] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, (run, ctx) in runs.items():
+    names = list(runs)
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:  # each round starts one column later
+            run, ctx = runs[k]
             with ctx():
                 times[k].append(t(run))
     for k, v in times.items():
