@@ -23,6 +23,12 @@ def test_latency_table_on_cpu(tmp_path, capsys):
     xqa = info["rows"]["attncore xqa"]  # not available on the CPU: every cell says why
     assert all(isinstance(v, str) and v.startswith("n/a: ") for v in xqa.values())
     assert "attncore xqa / decode plan: n/a:" in text
+    # each cell's fastest block of its rounds (one block per round here: 2 calls), as a second table
+    fast = info["fastest"]["attncore reference"]
+    assert fast == {c: min(info["samples"]["attncore reference"][c]) for c in COLUMNS}
+    assert info["fastest"]["attncore xqa"] == {}
+    second = text.split("the fastest block of each cell, us (of 2)\n")[1].splitlines()
+    assert second[2].startswith("| attncore reference | ") and second[3] == "| attncore xqa |" + " n/a |" * len(COLUMNS)
 
 
 def test_latency_says_which_backend_auto_ran_per_cell():
@@ -184,5 +190,8 @@ def test_rounds_interleave_every_row_of_a_cell_flashinfers_child_included(tmp_pa
             if not isinstance(row[c], str):
                 assert row[c] == round((got[0] + got[1]) / 2, 1)
     assert fi["single_decode"] == "n/a: RuntimeError: refused here" and isinstance(fi["decode plan"], float)
+    # the child sends each cell's fastest block back with its time
+    assert info["fastest"]["FlashInfer 0.0"] == {c: min(info["samples"]["FlashInfer 0.0"][c]) for c in COLUMNS
+                                                 if c != "single_decode"}
     assert format_latency(info).startswith("host time per call, us (the median of 2 rounds, the rows interleaved, of 1 "
                                            "calls")

@@ -83,10 +83,10 @@ def _blocks(calls: int) -> int:
     return BLOCKS if calls >= BLOCKS else 1
 
 
-def _time(fn: Callable[[], object], calls: int, device: str) -> float:
-    """us per call of ``fn``: the median over ``_blocks(calls)`` blocks, after 3 warm-up calls.  The garbage
-    collector is off while the blocks run (as ``timeit`` does): a collection the rows' setup left pending would
-    land in one cell of one row."""
+def _time(fn: Callable[[], object], calls: int, device: str, blocks_out: Optional[list] = None) -> float:
+    """us per call of ``fn``: the median over ``_blocks(calls)`` blocks, after 3 warm-up calls (each block's
+    figure appended to ``blocks_out`` when given).  The garbage collector is off while the blocks run (as
+    ``timeit`` does): a collection the rows' setup left pending would land in one cell of one row."""
     for _ in range(3):  # warm-up: JIT builds, autotuning, caches
         fn()
     if device == "cuda":
@@ -107,6 +107,8 @@ def _time(fn: Callable[[], object], calls: int, device: str) -> float:
     finally:
         if collecting:
             gc.enable()
+    if blocks_out is not None:
+        blocks_out += per_call
     return statistics.median(per_call)
 
 
@@ -121,11 +123,13 @@ def _ran(cells_ran: dict, col: str) -> Optional[str]:
 
 
 class _LocalRow:
-    """One API's cells in this process (``_cells``), timed one column at a time (``time``); for attncore's rows
-    (those with a backend argument) ``ran`` keeps which backend served each cell."""
+    """One API's cells in this process (``_cells``), timed one column at a time (``time``); ``fastest`` keeps each
+    cell's fastest block over its rounds, and for attncore's rows (those with a backend argument) ``ran`` which
+    backend served each cell."""
 
     def __init__(self, api, device: str, backend_kw: dict, calls: int):
         self.device, self.calls, self.ran, self.keep_ran = device, calls, {}, bool(backend_kw)
+        self.fastest: Dict[str, float] = {}
         try:
             self.cells, self.error = _cells(api, device, backend_kw), None
         except Exception as e:  # a backend that cannot even make the wrappers here
@@ -140,7 +144,9 @@ class _LocalRow:
             if isinstance(f, tuple):  # run() timed after one plan()
                 f[0]()
                 f = f[1]
-            v = round(_time(f, self.calls, self.device), 1)
+            blocks: list = []
+            v = round(_time(f, self.calls, self.device, blocks), 1)
+            self.fastest[col] = round(min([*blocks, self.fastest.get(col, float("inf"))]), 1)
             if self.keep_ran:  # FlashInfer's wrappers have no ``backend``
                 self.ran[col] = _ran(self.cells["ran"], col)
             return v
@@ -150,7 +156,8 @@ class _LocalRow:
 
 FLASHINFER_TIMEOUT_S = 300  # FlashInfer's row, its child process's whole life (its kernels warmed beforehand)
 
-# The child's loop: a column name per line in, [column, result] per line out ("ready" first, once its cells exist)
+# The child's loop: a column name per line in, [column, result, its fastest block so far] per line out ("ready"
+# first, once its cells exist)
 _CHILD = """
 import importlib, json, sys
 from attncore.cli.latency import _LocalRow
@@ -159,7 +166,7 @@ row = _LocalRow(api, sys.argv[2], {}, int(sys.argv[3]))
 print(json.dumps(["ready", None]), flush=True)
 for line in sys.stdin:
     col = line.strip()
-    print(json.dumps([col, row.time(col)]), flush=True)
+    print(json.dumps([col, row.time(col), row.fastest.get(col)]), flush=True)
 """
 
 
@@ -174,6 +181,7 @@ class _ChildRow:
 
         self.module, self.deadline = module, time.monotonic() + timeout
         self.timeout, self.why, self.stopped_in = timeout, None, None
+        self.fastest: Dict[str, float] = {}
         self._err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks on it
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, module, device, str(calls)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
@@ -192,7 +200,7 @@ class _ChildRow:
                     got = json.loads(line)
                 except ValueError:  # something else the child printed
                     continue
-                if isinstance(got, list) and len(got) == 2:
+                if isinstance(got, list) and len(got) in (2, 3):
                     return got
                 continue
             left = self.deadline - time.monotonic()
@@ -228,6 +236,8 @@ class _ChildRow:
         if got is None:
             self.stopped_in = col
             return f"n/a: {self.why}"
+        if len(got) == 3 and got[2] is not None:
+            self.fastest[col] = got[2]
         return got[1]
 
     def close(self) -> None:
@@ -262,8 +272,10 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
     """The table: each cell the median of ``rounds`` timings.  A round times one column at a time, every row
     back to back (FlashInfer's in its child process, ``_ChildRow``), so that a host whose speed drifts during
     the run (H100 hosts, 2026-11-25: two rows of one path 35% apart when timed a row at a time) moves every row
-    of a cell alike.  ``progress`` is told each cell before it is timed, and the table so far after each round
-    (a run stopped from outside still shows it)."""
+    of a cell alike.  ``fastest`` is each cell's fastest block of all its rounds: on a shared host whose
+    rounds of one cell spread by half (2026-11-25, both libraries), the least-disturbed figure, printed as a
+    second table.  ``progress`` is told each cell before it is timed, and the table so far after each round (a
+    run stopped from outside still shows it)."""
     import attncore
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -296,6 +308,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
                         progress(f"latency:   {name} / {col}" + (f" (round {r + 1} of {rounds})" if rounds > 1 else ""))
                     samples[name][col].append(t.time(col))
             info["rows"] = {name: {c: _median(v) for c, v in by_col.items()} for name, by_col in samples.items()}
+            info["fastest"] = {name: {c: t.fastest[c] for c in COLUMNS if c in t.fastest} for name, t in timers.items()}
             if progress and r + 1 < rounds:
                 progress(format_latency(info))
     finally:
@@ -305,23 +318,33 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
     return info
 
 
-def format_latency(info: dict) -> str:
+def _table(info: dict, cells: Dict[str, dict], notes: list) -> list:
+    """The markdown rows of ``cells`` ({row: {column: us or "n/a: why"}}); a reason goes to ``notes``."""
     cols = info["columns"]
+    lines = ["| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, row in cells.items():
+        out = []
+        for c in cols:
+            v = row.get(c, "n/a")
+            if isinstance(v, str):
+                if v != "n/a":
+                    notes.append(f"{name} / {c}: {v}")
+                v = "n/a"
+            out.append(str(v))
+        lines.append(f"| {name} | " + " | ".join(out) + " |")
+    return lines
+
+
+def format_latency(info: dict) -> str:
     blocks = info.get("blocks", 1)
     rounds = info.get("rounds", 1)
     how = f"the median of {rounds} rounds, the rows interleaved, of " if rounds > 1 else ""
+    notes: list = []
     lines = [f"host time per call, us ({how}{info['calls']} calls: the median of {blocks} blocks, the device synced "
-             f"after each; {info['device']})", "| us per call | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    notes = []
-    for name, row in info["rows"].items():
-        cells = []
-        for c in cols:
-            v = row[c]
-            if isinstance(v, str):
-                notes.append(f"{name} / {c}: {v}")
-                v = "n/a"
-            cells.append(str(v))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+             f"after each; {info['device']})"] + _table(info, info["rows"], notes)
+    fastest = info.get("fastest")
+    if fastest and (rounds > 1 or blocks > 1):  # a cell without one (refused) reads n/a; its reason is above
+        lines += [f"the fastest block of each cell, us (of {rounds * blocks})"] + _table(info, fastest, [])
     for name, by_col in info.get("ran", {}).items():
         if by_col and name.endswith(" auto"):  # what auto picked, per cell (a forced row ran its own backend)
             notes.append(f"{name} ran: " + ", ".join(f"{c} {b}" for c, b in by_col.items()))
