@@ -124,6 +124,40 @@ def test_compose_without_a_decision_runs_serially_and_says_so(h100):
     assert st.sms is None
 
 
+class _FakeStream:
+    """A stream that records what it waits for (compose's fork and join), for the launch-order test."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_event(self, e):
+        self.log.append(f"{self.name} waits")
+
+
+@pytest.mark.parametrize("first, order", [(None, ["p", "d"]), (True, ["p", "d"]), (False, ["d", "p"])])
+def test_split_launches_in_the_order_asked(h100, monkeypatch, first, order):
+    """compose() on an SM split queues both parts after the fork, in ``prefill_first``'s order (None:
+    ``PREFILL_FIRST``), each under its own stream, and joins both into the current stream."""
+    import contextlib
+
+    log = []
+    cur, sp, sd = (_FakeStream(n, log) for n in ("current", "prefill", "decode"))
+    under = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: SimpleNamespace(record=lambda s: log.append(f"record {s.name}")))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(under.append(s.name)))
+    st = streams.Streams("sm_split", torch.device("cuda", 0))
+    mp, md = _metas(2048, 64, 4096)
+    assert st.decide(PREFILL, mp, DECODE, md) is None
+    st.pair = ((sp, 40), (sd, 92))
+    ran = []
+    st.compose(lambda: ran.append("p"), lambda: ran.append("d"), prefill_first=first)
+    assert ran == order and under == ["prefill" if r == "p" else "decode" for r in order]
+    assert log == ["record current", "prefill waits", "decode waits", "record prefill", "record decode",
+                   "current waits", "current waits"]
+    assert st.mode == "sm_split" and st.sms == (40, 92)
+
+
 def test_green_contexts_refused_off_cuda():
     assert green.unavailable(torch.device("cpu")) == "no SM partitions on cpu"
 
