@@ -329,6 +329,26 @@ def test_pod_bench_rows_on_cpu(triton_pod):
         bench_pod.run_pod_bench(["PD9"], device="cpu")
 
 
+def test_sweep_summary_names_autos_worst_point():
+    """The sweep's medians per column and auto's worst point, named with what auto ran there; PD rows are not
+    sweep points."""
+    from attncore.cli import bench_pod
+
+    rows = [{"id": "PD1", "auto_speedup": 0.5, "fused_speedup": 0.5},
+            {"id": "S-a", "auto_speedup": 1.10, "fused_speedup": 1.2, "auto_ran": "fused=cuda_fa2"},
+            {"id": "S-b", "auto_speedup": 0.97, "fused_speedup": 0.9, "auto_ran": "serial: prefill=x decode=y"},
+            {"id": "S-c", "auto_speedup": 1.00, "sm_split_speedup": 1.1, "auto_ran": "serial: prefill=x decode=y"}]
+    info = bench_pod.sweep_summary(rows)
+    for r in rows:
+        r["shape"] = "p1 + 1x1"
+    assert info["sweep_median_auto_speedup"] == 1.00 and info["sweep_median_fused_speedup"] == (1.2 + 0.9) / 2
+    assert info["sweep_median_sm_split_speedup"] == 1.1 and "sweep_median_streams_speedup" not in info
+    assert info["sweep_worst_auto_speedup"] == 0.97 and info["sweep_worst_auto"] == "S-b, auto ran serial: prefill=x decode=y"
+    table = bench_pod.format_pod_table({"device": "cpu", "rows": rows, **info})
+    assert table.endswith("worst auto 0.970 (target: >= 0.98) at S-b, auto ran serial: prefill=x decode=y")
+    assert bench_pod.sweep_summary(rows[:1]) == {}
+
+
 def test_bench_plot_needs_pod_rows():
     from attncore.cli.main import main
 

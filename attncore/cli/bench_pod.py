@@ -199,12 +199,21 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
         rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi))
         if progress:  # each row as it is measured: a run cut short still shows what it measured
             progress("pod bench: " + _fmt_row(rows[-1]))
-    sp = [r["fused_speedup"] for r in rows if r["id"].startswith("S-") and "fused_speedup" in r]
-    auto = [r["auto_speedup"] for r in rows if r["id"].startswith("S-") and "auto_speedup" in r]
-    streams = [r["streams_speedup"] for r in rows if r["id"].startswith("S-") and "streams_speedup" in r]
-    split = [r["sm_split_speedup"] for r in rows if r["id"].startswith("S-") and "sm_split_speedup" in r]
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pod_backend": pod_backend,
             "rows": rows}
+    info.update(sweep_summary(rows))
+    return info
+
+
+def sweep_summary(rows: List[Dict]) -> Dict:
+    """The sweep rows' (``S-`` ids) median speedups over serial per column, and auto's worst point: its speedup,
+    id and what auto ran there (a worst point where auto ran the serial path itself is the timing's spread)."""
+    sweep = [r for r in rows if r["id"].startswith("S-")]
+    sp = [r["fused_speedup"] for r in sweep if "fused_speedup" in r]
+    auto = [r for r in sweep if "auto_speedup" in r]
+    streams = [r["streams_speedup"] for r in sweep if "streams_speedup" in r]
+    split = [r["sm_split_speedup"] for r in sweep if "sm_split_speedup" in r]
+    info: Dict = {}
     if sp:
         info["sweep_median_fused_speedup"] = statistics.median(sp)
     if streams:
@@ -212,8 +221,10 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
     if split:
         info["sweep_median_sm_split_speedup"] = statistics.median(split)
     if auto:
-        info["sweep_median_auto_speedup"] = statistics.median(auto)
-        info["sweep_worst_auto_speedup"] = min(auto)
+        info["sweep_median_auto_speedup"] = statistics.median(r["auto_speedup"] for r in auto)
+        worst = min(auto, key=lambda r: r["auto_speedup"])
+        info["sweep_worst_auto_speedup"] = worst["auto_speedup"]
+        info["sweep_worst_auto"] = f"{worst['id']}, auto ran {worst.get('auto_ran')}"
     return info
 
 
@@ -245,7 +256,7 @@ def format_pod_table(info: Dict) -> str:
                      f"streams {info.get('sweep_median_streams_speedup', 0):.3f}, "
                      f"sm_split {info.get('sweep_median_sm_split_speedup', 0):.3f}, auto "
                      f"{info['sweep_median_auto_speedup']:.3f}; worst auto {info['sweep_worst_auto_speedup']:.3f} "
-                     f"(target: >= 0.98)")
+                     f"(target: >= 0.98) at {info.get('sweep_worst_auto', '?')}")
     return "\n".join(lines)
 
 
