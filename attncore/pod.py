@@ -39,6 +39,7 @@ from attncore.core import _api
 from attncore.core import checks as _checks
 from attncore.core import ops as _ops
 from attncore.core import params as _params
+from attncore.core import plan_cache as _plan_cache
 from attncore.core import ranking as _ranking
 from attncore.core import selector as _selector
 from attncore.core.backend import RunArgs
@@ -47,6 +48,7 @@ from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_problem
 from attncore.core.streams import Streams, decode_bytes, halves, prefill_flops
 from attncore.core.workspace import WorkspaceTooSmall
 from attncore.core.single_prefill import plan_single
+from attncore.core.wrapper import _plain
 from attncore.decode import BatchDecodeWithPagedKVCacheWrapper
 from attncore.prefill import BatchPrefillWithPagedKVCacheWrapper
 
@@ -212,6 +214,8 @@ class PODWithPagedKVCacheWrapper(_Modes):
         self._prefill_backend: Optional[str] = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
         self._streams = Streams(overlap, self._decode._device)
+        # run()'s fast path: {signature of a run's arguments: what its checks produced}, valid for one decode plan
+        self._run_memo: dict = {}
 
     @property
     def backend(self) -> Optional[str]:
@@ -233,6 +237,7 @@ class PODWithPagedKVCacheWrapper(_Modes):
              q_data_type="float16", kv_data_type=None, data_type=None, sm_scale: Optional[float] = None,
              rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, non_blocking: bool = True) -> None:
         """Plan the decode side (the prefill side is given whole to ``run``)."""
+        self._run_memo = {}  # what the checks of earlier runs produced belongs to the earlier plan
         self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                           pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale,
@@ -251,9 +256,30 @@ class PODWithPagedKVCacheWrapper(_Modes):
             return_lse_d: bool = False, use_fp16_qk_reduction: bool = False, enable_pdl: Optional[bool] = None,
             *args):
         """Returns ``(out_p, out_d)``; each part becomes ``(out, lse)`` when its ``return_lse_*`` is set.
-        q_scale/k_scale/v_scale apply to the decode side."""
+        q_scale/k_scale/v_scale apply to the decode side.  A run with the signature of an earlier run on the same
+        decode plan (every tensor's shape, strides, dtype and device, every scalar, what selection reads) skips
+        the checks, which read nothing else (host time: a small POD step is bound by it)."""
         if args:
             _api.reject_extra("run", args)
+        key = None
+        if (custom_mask_p is None and packed_custom_mask_p is None and custom_mask_d is None
+                and packed_custom_mask_d is None and not _ops.compiling()
+                and _plain(causal_p, kv_layout_p, pos_encoding_mode_p, sm_scale_p, window_left_p, rope_scale_p,
+                           rope_theta_p, return_lse_p, causal_d, kv_layout_d, pos_encoding_mode_d, sm_scale_d,
+                           window_left_d, rope_scale_d, rope_theta_d, q_scale, k_scale, v_scale, return_lse_d,
+                           use_fp16_qk_reduction, enable_pdl)):
+            tk = _plan_cache.tkey
+            cache = paged_kv_cache_d
+            key = (tk(q_p), tk(k_p), tk(v_p), tk(q_d), tk(cache) if cache.__class__ is torch.Tensor
+                   else tuple(map(tk, cache)) if isinstance(cache, (tuple, list)) else None,
+                   causal_p, kv_layout_p, pos_encoding_mode_p, sm_scale_p, window_left_p, rope_scale_p, rope_theta_p,
+                   return_lse_p, causal_d, kv_layout_d, pos_encoding_mode_d, sm_scale_d, window_left_d, rope_scale_d,
+                   rope_theta_d, q_scale, k_scale, v_scale, return_lse_d, use_fp16_qk_reduction, enable_pdl,
+                   _selector.env_key())
+            hit = self._run_memo.get(key) if key[4] is not None else None
+            if hit is not None and hit[0] is self._decode._planned:
+                planned_p, args_p, args_d = self._memo_args(hit, q_p, k_p, v_p, q_d, cache, return_lse_d)
+                return self._run_parts(hit[0], planned_p, args_p, args_d)
         planned = self._decode._require_plan()
         params = planned.meta.params
         if custom_mask_d is not None or packed_custom_mask_d is not None:
@@ -291,6 +317,31 @@ class PODWithPagedKVCacheWrapper(_Modes):
                                            v_scale=v_scale, return_lse=return_lse_d)
         planned_p, args_p = plan_single(**prefill)
         args_d = _paged_args(self._decode, q_d, paged_kv_cache_d, q_scale, k_scale, v_scale, return_lse_d)
+        if key is not None and key[4] is not None:  # after every check: an error is never kept
+            if len(self._run_memo) > 64:
+                self._run_memo.clear()
+            self._run_memo[key] = (planned, planned_p, (args_p.out.shape, args_p.out.dtype, args_p.lse is not None),
+                                   (args_p.q_scale, args_p.k_scale, args_p.v_scale),
+                                   (args_d.q_scale, args_d.k_scale, args_d.v_scale))
+        return self._run_parts(planned, planned_p, args_p, args_d)
+
+    def _memo_args(self, hit: tuple, q_p, k_p, v_p, q_d, cache, return_lse_d: bool) -> tuple:
+        """(prefill plan, prefill RunArgs, decode RunArgs) of a run whose signature ``hit`` (a ``_run_memo``
+        entry) holds: the outputs allocated as the checked run allocated them, the scales as it checked them."""
+        planned, planned_p, (out_shape, out_dtype, lse_p), scales_p, scales_d = hit
+        dev = self._decode._device
+        out_p = torch.empty(out_shape, dtype=out_dtype, device=dev)
+        args_p = RunArgs(q_p, k_p, v_p, out_p, torch.empty(out_shape[:2], dtype=torch.float32, device=dev)
+                         if lse_p else None, None, *scales_p)
+        p = planned.problem
+        k, v = self._decode._kv_views.of(cache) if cache.__class__ is torch.Tensor else cache
+        rows = q_d.shape[0]
+        out_d = torch.empty((rows, p.num_qo_heads, p.head_dim_vo), dtype=p.out_dtype, device=dev)
+        lse_d = torch.empty((rows, p.num_qo_heads), dtype=torch.float32, device=dev) if return_lse_d else None
+        return planned_p, args_p, RunArgs(q_d, k, v, out_d, lse_d, None, *scales_d)
+
+    def _run_parts(self, planned, planned_p, args_p: RunArgs, args_d: RunArgs):
+        """Run both parts, checked: fused where the fuser plans it, else composed as ``overlap`` says."""
         fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p.lse is not None, False), planned_p.meta,
                                  _variant(planned.problem, args_d.lse is not None, _fp8(args_d)), planned.meta)
         if fused is not None:

@@ -398,3 +398,68 @@ def test_auto_splits_only_where_the_model_was_fitted(monkeypatch):
     why = streams.Streams("sm_split", torch.device("cuda", 0)).unavailable()
     assert why.startswith("overlap='sm_split': CUDA green contexts are not available") and "one after the" in why
     assert "no CUDA streams on cpu" in streams.Streams("auto", torch.device("cpu")).unavailable()
+
+
+def _single_pod(backend="reference", **kw):
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend=backend, **kw)
+    return w
+
+
+@pytest.mark.parametrize("lse", [False, True])
+@pytest.mark.parametrize("tuple_cache", [False, True])
+def test_pod_run_of_a_seen_signature_skips_the_checks_and_equals_them(monkeypatch, lse, tuple_cache):
+    """A POD run with the signature of an earlier run on the same plan skips the checks (host time) and gives
+    what the checked run gives on the same inputs, bit for bit (LSEs, a (k, v) tuple cache); a plan() empties
+    the memo, and a run of another shape is checked again and refused as before."""
+    dt = torch.float16
+    calls = []
+    real = _pod._paged_args
+    monkeypatch.setattr(_pod, "_paged_args", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dt, seed=3)
+    w, fresh = _single_pod(), _single_pod()
+    for x in (w, fresh):
+        x.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=dt)
+    checked = lambda: sum(c is w._decode for c in calls)  # noqa: E731  (w's checked runs)
+    kw = dict(causal_p=True, return_lse_p=lse, return_lse_d=lse)
+    as_cache = (lambda c: tuple(c.unbind(1))) if tuple_cache else (lambda c: c)
+    w.run(qp, kp, vp, qd, as_cache(cache), **kw)
+    assert checked() == 1
+    # new values, same signature: no check, the same result as a checked run of a fresh wrapper
+    _, _, _, cache2, qp2, kp2, vp2, qd2 = _pod_inputs(dt, seed=4)
+    got = w.run(qp2, kp2, vp2, qd2, as_cache(cache2), **kw)
+    assert checked() == 1
+    want = fresh.run(qp2, kp2, vp2, qd2, as_cache(cache2), **kw)
+    flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]  # noqa: E731
+    assert len(flat(got)) == len(flat(want)) == (4 if lse else 2)
+    assert all(torch.equal(a, b) for a, b in zip(flat(got), flat(want)))
+    # another signature is checked again (and refused as before)
+    with pytest.raises(ValueError, match="q"):
+        w.run(qp2, kp2, vp2, qd2[:2], as_cache(cache2), **kw)
+    assert checked() == 2
+    # plan() empties the memo: a batch of another size runs, checked, and the old signature is refused
+    indptr3, indices3, last3, cache3, qp3, kp3, vp3, qd3 = _pod_inputs(dt, kv_lens=(4, 3), seed=5)
+    w.plan(indptr3, indices3, last3, HQ, HKV, D, PAGE, q_data_type=dt)
+    assert not w._run_memo
+    w.run(qp3, kp3, vp3, qd3, as_cache(cache3), **kw)
+    assert checked() == 3
+    with pytest.raises(ValueError, match="q"):
+        w.run(qp2, kp2, vp2, qd2, as_cache(cache2), **kw)
+
+
+def test_pod_run_of_a_seen_signature_runs_the_fused_op_as_checked(triton_pod, monkeypatch):
+    """The same on Triton's fused op (its interpreter on the CPU): the memo's run launches the fused plan with the
+    new inputs, equal to a checked run of a fresh wrapper."""
+    dt = torch.float16
+    calls = []
+    real = _pod._paged_args
+    monkeypatch.setattr(_pod, "_paged_args", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dt, seed=6)
+    w, fresh = _single_pod("triton"), _single_pod("triton")
+    for x in (w, fresh):
+        x.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=dt)
+    w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
+    _, _, _, cache2, qp2, kp2, vp2, qd2 = _pod_inputs(dt, seed=7)
+    got = w.run(qp2, kp2, vp2, qd2, cache2, causal_p=True, return_lse_d=True)
+    assert sum(c is w._decode for c in calls) == 1 and w.backend == "fused=triton"
+    want = fresh.run(qp2, kp2, vp2, qd2, cache2, causal_p=True, return_lse_d=True)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
