@@ -463,3 +463,26 @@ def test_pod_run_of_a_seen_signature_runs_the_fused_op_as_checked(triton_pod, mo
     assert sum(c is w._decode for c in calls) == 1 and w.backend == "fused=triton"
     want = fresh.run(qp2, kp2, vp2, qd2, cache2, causal_p=True, return_lse_d=True)
     assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def test_batch_pod_fused_run_of_a_seen_signature_skips_the_part_checks(triton_pod, monkeypatch):
+    """BatchPOD's fused run checks each part's arguments once per signature and plan (the part wrapper's run cache,
+    shared with its own run()); a repeat gives what a checked run of a fresh wrapper gives, and another shape is
+    checked again and refused."""
+    from attncore.core import wrapper as _wrapper
+
+    checked = []
+    real = _wrapper._BatchWrapper._paged_kv
+    monkeypatch.setattr(_wrapper._BatchWrapper, "_paged_kv", lambda self, kv: (checked.append(self), real(self, kv))[1])
+    dt = torch.float16
+    w, (qp, cp, qd, cd), _ = _batch_pod(torch.empty(1 << 20, dtype=torch.uint8), dt, backend="triton")
+    fresh, _, _ = _batch_pod(torch.empty(1 << 20, dtype=torch.uint8), dt, backend="triton")
+    w.run(qp, cp, qd, cd, causal_p=True, return_lse=True)
+    assert w.backend == "fused=triton" and len(checked) == 2
+    qp2, qd2 = torch.randn_like(qp), torch.randn_like(qd)
+    got = w.run(qp2, cp, qd2, cd, causal_p=True, return_lse=True)
+    assert len(checked) == 2
+    want = fresh.run(qp2, cp, qd2, cd, causal_p=True, return_lse=True)
+    assert all(torch.equal(a, b) for g, x in zip(got, want) for a, b in zip(g, x))
+    with pytest.raises(ValueError, match="q"):
+        w.run(qp2[:3], cp, qd2, cd, causal_p=True, return_lse=True)
