@@ -233,7 +233,8 @@ class PODWithPagedKVCacheWrapper(_Modes):
         self._prefill_backend: Optional[str] = None
         self._fuser = _Fuser(backend, self._decode._device, fuse)
         self._streams = Streams(overlap, self._decode._device)
-        # run()'s fast path: {signature of a run's arguments: what its checks produced}, valid for one decode plan
+        # run()'s fast path: {signature of a run's arguments: (decode plan, prefill plan, the prefill's output shape,
+        # dtype and LSE, its scales)}, as the checks produced them; emptied by plan()
         self._run_memo: dict = {}
 
     @property
@@ -297,8 +298,13 @@ class PODWithPagedKVCacheWrapper(_Modes):
                    _selector.env_key())
             hit = self._run_memo.get(key) if key[4] is not None else None
             if hit is not None and hit[0] is self._decode._planned:
-                planned_p, args_p, args_d = self._memo_args(hit, q_p, k_p, v_p, q_d, cache, return_lse_d)
-                return self._run_parts(hit[0], planned_p, args_p, args_d)
+                planned, planned_p, (out_shape, out_dtype, lse_p), scales_p = hit
+                dev = self._decode._device
+                args_p = RunArgs(q_p, k_p, v_p, torch.empty(out_shape, dtype=out_dtype, device=dev),
+                                 torch.empty(out_shape[:2], dtype=torch.float32, device=dev) if lse_p else None,
+                                 None, *scales_p)
+                args_d = _paged_args(self._decode, q_d, cache, q_scale, k_scale, v_scale, return_lse_d)  # a hit too
+                return self._run_parts(planned, planned_p, args_p, args_d)
         planned = self._decode._require_plan()
         params = planned.meta.params
         if custom_mask_d is not None or packed_custom_mask_d is not None:
@@ -340,24 +346,8 @@ class PODWithPagedKVCacheWrapper(_Modes):
             if len(self._run_memo) > 64:
                 self._run_memo.clear()
             self._run_memo[key] = (planned, planned_p, (args_p.out.shape, args_p.out.dtype, args_p.lse is not None),
-                                   (args_p.q_scale, args_p.k_scale, args_p.v_scale),
-                                   (args_d.q_scale, args_d.k_scale, args_d.v_scale))
+                                   (args_p.q_scale, args_p.k_scale, args_p.v_scale))
         return self._run_parts(planned, planned_p, args_p, args_d)
-
-    def _memo_args(self, hit: tuple, q_p, k_p, v_p, q_d, cache, return_lse_d: bool) -> tuple:
-        """(prefill plan, prefill RunArgs, decode RunArgs) of a run whose signature ``hit`` (a ``_run_memo``
-        entry) holds: the outputs allocated as the checked run allocated them, the scales as it checked them."""
-        planned, planned_p, (out_shape, out_dtype, lse_p), scales_p, scales_d = hit
-        dev = self._decode._device
-        out_p = torch.empty(out_shape, dtype=out_dtype, device=dev)
-        args_p = RunArgs(q_p, k_p, v_p, out_p, torch.empty(out_shape[:2], dtype=torch.float32, device=dev)
-                         if lse_p else None, None, *scales_p)
-        p = planned.problem
-        k, v = self._decode._kv_views.of(cache) if cache.__class__ is torch.Tensor else cache
-        rows = q_d.shape[0]
-        out_d = torch.empty((rows, p.num_qo_heads, p.head_dim_vo), dtype=p.out_dtype, device=dev)
-        lse_d = torch.empty((rows, p.num_qo_heads), dtype=torch.float32, device=dev) if return_lse_d else None
-        return planned_p, args_p, RunArgs(q_d, k, v, out_d, lse_d, None, *scales_d)
 
     def _run_parts(self, planned, planned_p, args_p: RunArgs, args_d: RunArgs):
         """Run both parts, checked: fused where the fuser plans it, else composed as ``overlap`` says."""

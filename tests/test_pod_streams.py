@@ -400,6 +400,16 @@ def test_auto_splits_only_where_the_model_was_fitted(monkeypatch):
     assert "no CUDA streams on cpu" in streams.Streams("auto", torch.device("cpu")).unavailable()
 
 
+def _count_part_checks(monkeypatch) -> list:
+    """The part wrappers whose query check ran (a POD part's checks start with it), one entry per check."""
+    from attncore.core import wrapper as _wrapper
+
+    calls = []
+    real = _wrapper._BatchWrapper._check_q
+    monkeypatch.setattr(_wrapper._BatchWrapper, "_check_q", lambda self, q: (calls.append(self), real(self, q))[1])
+    return calls
+
+
 def _single_pod(backend="reference", **kw):
     w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD", backend=backend, **kw)
     return w
@@ -412,9 +422,10 @@ def test_pod_run_of_a_seen_signature_skips_the_checks_and_equals_them(monkeypatc
     what the checked run gives on the same inputs, bit for bit (LSEs, a (k, v) tuple cache); a plan() empties
     the memo, and a run of another shape is checked again and refused as before."""
     dt = torch.float16
-    calls = []
-    real = _pod._paged_args
-    monkeypatch.setattr(_pod, "_paged_args", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    calls = _count_part_checks(monkeypatch)
+    planned_p = []  # the prefill side's checked plans (its one-call cache included)
+    real = _pod.plan_single
+    monkeypatch.setattr(_pod, "plan_single", lambda **kw: (planned_p.append(1), real(**kw))[1])
     indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dt, seed=3)
     w, fresh = _single_pod(), _single_pod()
     for x in (w, fresh):
@@ -427,7 +438,7 @@ def test_pod_run_of_a_seen_signature_skips_the_checks_and_equals_them(monkeypatc
     # new values, same signature: no check, the same result as a checked run of a fresh wrapper
     _, _, _, cache2, qp2, kp2, vp2, qd2 = _pod_inputs(dt, seed=4)
     got = w.run(qp2, kp2, vp2, qd2, as_cache(cache2), **kw)
-    assert checked() == 1
+    assert checked() == 1 and len(planned_p) == 1
     want = fresh.run(qp2, kp2, vp2, qd2, as_cache(cache2), **kw)
     flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]  # noqa: E731
     assert len(flat(got)) == len(flat(want)) == (4 if lse else 2)
@@ -450,9 +461,7 @@ def test_pod_run_of_a_seen_signature_runs_the_fused_op_as_checked(triton_pod, mo
     """The same on Triton's fused op (its interpreter on the CPU): the memo's run launches the fused plan with the
     new inputs, equal to a checked run of a fresh wrapper."""
     dt = torch.float16
-    calls = []
-    real = _pod._paged_args
-    monkeypatch.setattr(_pod, "_paged_args", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    calls = _count_part_checks(monkeypatch)
     indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dt, seed=6)
     w, fresh = _single_pod("triton"), _single_pod("triton")
     for x in (w, fresh):
@@ -469,11 +478,7 @@ def test_batch_pod_fused_run_of_a_seen_signature_skips_the_part_checks(triton_po
     """BatchPOD's fused run checks each part's arguments once per signature and plan (the part wrapper's run cache,
     shared with its own run()); a repeat gives what a checked run of a fresh wrapper gives, and another shape is
     checked again and refused."""
-    from attncore.core import wrapper as _wrapper
-
-    checked = []
-    real = _wrapper._BatchWrapper._paged_kv
-    monkeypatch.setattr(_wrapper._BatchWrapper, "_paged_kv", lambda self, kv: (checked.append(self), real(self, kv))[1])
+    checked = _count_part_checks(monkeypatch)
     dt = torch.float16
     w, (qp, cp, qd, cd), _ = _batch_pod(torch.empty(1 << 20, dtype=torch.uint8), dt, backend="triton")
     fresh, _, _ = _batch_pod(torch.empty(1 << 20, dtype=torch.uint8), dt, backend="triton")
