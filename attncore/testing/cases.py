@@ -21,7 +21,8 @@ How the cases are chosen, for each op the backend claims on the test device:
    merging) and ``cuda_graph`` (replay equals eager) cases where claimed.  Every case fills the K/V
    slots no request may read with NaN;
 6. ``pod`` cases for a fused POD op (``pod``, ``batch_pod``): the first claimed pair of parts, with and
-   without both LSEs and at the edge shapes, both parts checked as their own ops are.
+   without both LSEs and at the edge shapes, both parts checked as their own ops are; where it claims CUDA-graph
+   mode, ``cuda_graph`` cases of it (plain, both LSEs, each part with a window, soft cap, ALiBi or RoPE).
 
 Case ids read like ``reference-batch_prefill_paged-fp16-d128-g4-p16-causal-lse-edge`` so that
 ``-k`` selects them and ``Backend.known_failures`` substrings match them.
@@ -52,6 +53,7 @@ ODD_GROUPS = (3, 5, 6, 7, 12)
 PAGE_SIZES = (16, 1, 2, 8, 32, 64, 128, 3)
 Q_LENS = (1, 2, 3, 4, 8, 16)
 SWEPT_FEATURES = ("return_lse", "window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales")
+POD_GRAPH_FEATURES = ("window", "soft_cap", "alibi", "rope")  # what a POD wrapper's two parts may each be planned with
 FEATURE_TAGS = {
     "return_lse": "lse", "window": "window", "soft_cap": "softcap", "alibi": "alibi", "rope": "rope",
     "sinks": "sinks", "fp8_scales": "scales", "spec_mask": "specmask", "cuda_graph": "graph",
@@ -209,6 +211,16 @@ def find_pod_base(backend: Backend, op: str, device_type: str, cc, dtypes) -> Op
 def with_pod_lse(p: AttentionProblem) -> AttentionProblem:
     """A fused POD problem with both parts' LSEs."""
     return p.replace(return_lse=True, decode=p.decode.replace(return_lse=True))
+
+
+def pod_graph_variants(base: AttentionProblem) -> List[AttentionProblem]:
+    """CUDA-graph cases of a fused POD problem: the decode part in graph mode (as the POD wrapper plans it with
+    ``use_cuda_graph``), plain, with both LSEs, and with each feature of ``POD_GRAPH_FEATURES`` in both parts."""
+    pg = base.replace(decode=base.decode.replace(cuda_graph=True))
+    out = [pg, with_pod_lse(pg)]
+    for f in POD_GRAPH_FEATURES:
+        out.append(with_feature(pg, f).replace(decode=with_feature(pg.decode, f)))
+    return out
 
 
 def _sweep(base: AttentionProblem, dtypes) -> List[Tuple[str, AttentionProblem]]:
@@ -443,6 +455,10 @@ def generate(backend: Backend, *, device: Optional[str] = None, full: bool = Fal
         for p, tag in ((base, ""), (pl, ""), (pl if claims(backend, pl) else base, "edge")):
             if claims(backend, p):
                 add("pod", p, tag=tag)
+        # CUDA graphs (the API's graph-mode POD plans its decode part so): plain, both LSEs, each feature in turn
+        for p in pod_graph_variants(base):
+            if claims(backend, p):
+                add("cuda_graph", p, tag="edge")
     if not found_any and not unavailable:
         add("fail", None, cid=f"{name}-no-cases",
             note=f"{name} claims no op the conformance suite can run on {dev} "

@@ -25,7 +25,8 @@ import torch
 
 from attncore.core.backend import BatchMeta
 from attncore.core.capabilities import Reason
-from attncore.core.problem import DECODE_OPS, PAGED_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs, pod_parts
+from attncore.core.problem import (DECODE_OPS, PAGED_OPS, POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs,
+                                   pod_parts)
 from attncore.testing.golden import TOL_FACTOR, tolerance_terms
 from attncore.testing.inputs import Built, _bits, build, case_shapes, check_inputs_unchanged, expected, snapshot
 
@@ -341,85 +342,157 @@ def run_cuda_graph(case) -> None:
 
     Paged ops: B has new kv lengths (same batch size, query rows and page pool).  Ragged batch: the
     same total of keys split differently among the requests (the API fixes K/V shapes).
-    single_prefill: plan A replayed on new values."""
+    single_prefill: plan A replayed on new values.  Fused POD ops: both parts so (``pod_graph_errors``)."""
     import pytest
 
     if not case.device.startswith("cuda") or not torch.cuda.is_available():
         pytest.skip("CUDA-graph replay needs a CUDA device")
     with torch.cuda.device(torch.device(case.device)):  # a graph is captured on its tensors' device
-        _graph_case(case)
-
-
-def _graph_case(case) -> None:
-    import pytest
-
-    be, p = case.backend, case.problem
-    paged = p.op in PAGED_OPS
-    replan = paged or p.op == "batch_prefill_ragged"
-    pool = width = 0
-    if replan:
-        qo_a, kv_a = case_shapes(p, case.tag, random.Random(case.seed))
-        if paged:
-            kv_b = _second_shapes(p, qo_a, case.seed + 5)
-            pages = lambda kv: [-(-n // p.page_size) for n in kv]  # noqa: E731
-            pool = max(sum(pages(kv_a)), sum(pages(kv_b))) + 3
-            width = max(pages(kv_a) + pages(kv_b)) + 1
+        if case.problem.op in POD_OPS:
+            _fail(case, pod_graph_errors(case.backend, case.problem, case.tag, case.seed, case.device, _capture))
         else:
-            kv_b = _recompose(sum(kv_a), len(kv_a), case.seed + 5)
-        a = build(p, case.tag, case.seed, case.device, shapes=(qo_a, kv_a), min_pages=pool, min_bt_width=width)
-    else:
-        a = build(p, case.tag, case.seed, case.device)
-    bases: dict = {}
-    _into_fixed(a.meta, bases)
-    plan_a = be.plan(p, a.meta)
+            _graph_case(case)
+
+
+def _capture(be, plan, args):
+    """Warm up (JIT, autotune) off the default stream, capture ``be.run(plan, args)``; returns the replay."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        be.run(plan_a, a.args)  # warm-up (JIT, autotune) outside the capture
+        be.run(plan, args)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        be.run(plan_a, a.args)
+        be.run(plan, args)
     torch.cuda.synchronize()
-    if replan:
-        b = build(p, case.tag, case.seed + 1, case.device, data_seed=case.seed + 31337, shapes=(qo_a, kv_b),
-                  views=(a.strided, a.paged_5d), min_pages=pool, min_bt_width=width)
-        if paged and (b.pool != a.pool or (p.op == "xqa_decode" and b.bt_width != a.bt_width)):
-            pytest.fail(f"internal: second batch does not fit the first's buffers ({b.pool} vs {a.pool} pages)")
-        what = f"graph captured at kv_lens={a.kv_lens}, re-planned to kv_lens={b.kv_lens}, replayed: "
+    return g.replay
+
+
+def _graph_pair(p: AttentionProblem, tag: str, seed: int, device: str):
+    """(A, B, whether B is planned anew, what the replay is) of a graph case (see ``run_cuda_graph``); B is
+    built to fit A's buffers (page pool, block-table width, strided views)."""
+    import pytest
+
+    paged = p.op in PAGED_OPS
+    replan = paged or p.op == "batch_prefill_ragged"
+    if not replan:
+        return (build(p, tag, seed, device), build(p, tag, seed, device, data_seed=seed + 31337), False,
+                "graph replayed on new values: ")
+    pool = width = 0
+    qo_a, kv_a = case_shapes(p, tag, random.Random(seed))
+    if paged:
+        kv_b = _second_shapes(p, qo_a, seed + 5)
+        pages = lambda kv: [-(-n // p.page_size) for n in kv]  # noqa: E731
+        pool = max(sum(pages(kv_a)), sum(pages(kv_b))) + 3
+        width = max(pages(kv_a) + pages(kv_b)) + 1
     else:
-        b = build(p, case.tag, case.seed, case.device, data_seed=case.seed + 31337)
-        what = "graph replayed on new values: "
-    meta_b = _into_fixed(b.meta, bases)
-    plan_b = be.plan(p, meta_b) if replan else plan_a
+        kv_b = _recompose(sum(kv_a), len(kv_a), seed + 5)
+    a = build(p, tag, seed, device, shapes=(qo_a, kv_a), min_pages=pool, min_bt_width=width)
+    b = build(p, tag, seed + 1, device, data_seed=seed + 31337, shapes=(qo_a, kv_b),
+              views=(a.strided, a.paged_5d), min_pages=pool, min_bt_width=width)
+    if paged and (b.pool != a.pool or (p.op == "xqa_decode" and b.bt_width != a.bt_width)):
+        pytest.fail(f"internal: second batch does not fit the first's buffers ({b.pool} vs {a.pool} pages)")
+    return a, b, True, f"graph captured at kv_lens={a.kv_lens}, re-planned to kv_lens={b.kv_lens}, replayed: "
+
+
+def _load(a, b) -> None:
+    """Write B's inputs into A's captured tensors and poison A's outputs."""
     for dst, src in zip(a.storages, b.storages):
         dst.copy_(src)
     if a.args.sinks is not None and b.args.sinks is not None:
         a.args.sinks.copy_(b.args.sinks)
     if a.args.spec_mask is not None and b.args.spec_mask is not None:
         a.args.spec_mask.copy_(b.args.spec_mask)
+    _poison(a)
+
+
+def _poison(a) -> None:
     a.out_buf.fill_(float("nan"))
     if a.lse_buf is not None:
         a.lse_buf.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    replay_out = a.out_buf.clone()
-    replay_lse = None if a.lse_buf is None else a.lse_buf.clone()
-    errs = check_result(b, expected(b), out_buf=replay_out, lse_buf=replay_lse, what=what)
-    a.out_buf.fill_(float("nan"))
-    if a.lse_buf is not None:
-        a.lse_buf.fill_(float("nan"))
-    be.run(plan_b, a.args)
-    torch.cuda.synchronize()
-    if not torch.equal(_bits(replay_out), _bits(a.out_buf)):
-        diff = (replay_out.double() - a.out_buf.double()).abs().nan_to_num(float("inf")).max()
-        errs.append("graph replay differs from an eager run() of the same plan and inputs "
+
+
+def _outputs(a) -> tuple:
+    return a.out_buf.clone(), None if a.lse_buf is None else a.lse_buf.clone()
+
+
+def _same_as_eager(a, replayed: tuple, what: str = "") -> List[str]:
+    """Failures where the replay's outputs differ from those of an eager run into A's buffers."""
+    errs = []
+    out, lse = replayed
+    if not torch.equal(_bits(out), _bits(a.out_buf)):
+        diff = (out.double() - a.out_buf.double()).abs().nan_to_num(float("inf")).max()
+        errs.append(f"{what}graph replay differs from an eager run() of the same plan and inputs "
                     f"(max |diff| = {float(diff):.3g})")
-    if replay_lse is not None and not torch.equal(_bits(replay_lse), _bits(a.lse_buf)):
-        errs.append("graph replay LSE differs from an eager run() of the same plan and inputs")
-    del g
-    _fail(case, errs, b)
+    if lse is not None and not torch.equal(_bits(lse), _bits(a.lse_buf)):
+        errs.append(f"{what}graph replay LSE differs from an eager run() of the same plan and inputs")
+    return errs
+
+
+def _graph_case(case) -> None:
+    be, p = case.backend, case.problem
+    a, b, replan, what = _graph_pair(p, case.tag, case.seed, case.device)
+    bases: dict = {}
+    _into_fixed(a.meta, bases)
+    plan_a = be.plan(p, a.meta)
+    replay = _capture(be, plan_a, a.args)
+    plan_b = be.plan(p, _into_fixed(b.meta, bases)) if replan else plan_a
+    _load(a, b)
+    replay()
+    sync(case.device)
+    replayed = _outputs(a)
+    errs = check_result(b, expected(b), out_buf=replayed[0], lse_buf=replayed[1], what=what)
+    _poison(a)
+    be.run(plan_b, a.args)
+    sync(case.device)
+    _fail(case, errs + _same_as_eager(a, replayed), b)
+
+
+def pod_graph_errors(be, p: AttentionProblem, tag: str, seed: int, device: str, capture) -> List[str]:
+    """A fused POD op in CUDA-graph mode: each part built as its graph case is (``_graph_pair``: the decode part
+    with new kv lengths, the prefill part re-planned or given new values), plan A of both parts, ``capture(be,
+    plan, args)`` (returns the replay), B's index tables written into A's fixed buffers and B's inputs into A's
+    tensors.  Replayed twice: before the fused op is planned again (the POD wrapper's plan() re-plans only its
+    parts) and after plan B; each part must pass the golden check of B both times and equal an eager run() of
+    plan B.  A backend may decline the batch (the API composes it): skipped, saying why."""
+    import pytest
+
+    pp, pd = pod_parts(p)
+    ap, bp, _, _ = _graph_pair(pp, tag, seed, device)
+    ad, bd, _, what = _graph_pair(pd, tag, seed + 1, device)
+    fixed_p: dict = {}
+    fixed_d: dict = {}
+    _into_fixed(ap.meta, fixed_p)
+    _into_fixed(ad.meta, fixed_d)
+    try:
+        plan_a = be.plan(p, PODBatch(prefill=ap.meta, decode=ad.meta))
+    except PODDeclined as e:
+        pytest.skip(f"{be.name} declined this batch (the API composes it): {e}")
+    args = PODRunArgs(prefill=ap.args, decode=ad.args)
+    replay = capture(be, plan_a, args)
+    batch_b = PODBatch(prefill=_into_fixed(bp.meta, fixed_p), decode=_into_fixed(bd.meta, fixed_d))
+    _load(ap, bp)
+    _load(ad, bd)
+    errs: List[str] = []
+    got: tuple = ()
+    for when in ("before the fused op is planned again: ", "after plan B: "):
+        if got:
+            plan_b = be.plan(p, batch_b)
+            _poison(ap)
+            _poison(ad)
+        replay()
+        sync(device)
+        got = (_outputs(ap), _outputs(ad))
+        for b, out, part in zip((bp, bd), got, ("prefill part: ", "decode part: ")):
+            errs += check_result(b, expected(b), out_buf=out[0], lse_buf=out[1], what=part + what + when)
+    _poison(ap)
+    _poison(ad)
+    be.run(plan_b, args)
+    sync(device)
+    for a, out, part in zip((ap, ad), got, ("prefill part: ", "decode part: ")):
+        errs += _same_as_eager(a, out, part)
+    return errs
 
 
 FAMILIES = {"numerics": run_numerics, "nonfinite": run_nonfinite, "refusal": run_refusal, "merge": run_merge, "cuda_graph": run_cuda_graph}

@@ -89,7 +89,7 @@ def declines(backend, problem: AttentionProblem, batch: PODBatch, dev: torch.dev
 
     pp, pd = pod_parts(problem)
     r = []
-    if problem.cuda_graph:
+    if "cuda_graph" in problem.features:  # either part's (the single POD's decode part is the graph-mode one)
         r.append("CUDA-graph mode (the order table's size follows the batch)")
     cc = _capability(dev)
     if cc != (9, 0):

@@ -14,32 +14,43 @@ compute-bound prefill tiles on the same SMs.  Two launch shapes (``mode``):
 
 plan() declines (``PODDeclined``: the API composes the parts) when its cost estimate says the fused
 launch would not beat the two launches of the composed path by 2% (a decode part that needs split-KV
-to fill the GPU, mostly), unless forced (``fused="always"``).  Scratch (work list, schedule) is carved
-from the caller's int workspace (``BatchMeta.int_workspace`` of the decode part) when given.
+to fill the GPU, mostly), unless forced (``fused="always"``).  The tables (work list, schedule, ALiBi slopes)
+are carved from the caller's int workspace (``BatchMeta.int_workspace`` of the decode part) when given and sent in
+one non-blocking copy.
+
+CUDA-graph mode (a part planned with ``cuda_graph``): a captured launch keeps its grid, scalars and pointers.  The
+first graph-mode plan of a caller (its int workspace, else its fixed decode ``qo_indptr``: attncore.core.graphs)
+fixes each part's launch config, the work list's capacity and the grid; later plans of that caller fuse too (the
+captured launch is fused), write their tables at the same addresses and pad the grid's unused programs with
+empty item lists.  An item is (part, request, first row, kv head) and the kernel reads each request's lengths
+from the index tables, so a re-plan with new kv lengths and the same query rows (a decode step) has the same
+items: a replay after it is correct even before the next run() re-plans the fused op.  A re-plan needing more
+items than the capacity is an error naming it.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional
 
 import torch
 
-from attncore.core import current
+from attncore.core import current, graphs, uploads
 from attncore.core import schedule as _schedule
 from attncore.backends.triton.backend import TritonBackend, _interpreting
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.mask import alibi_slopes
 from attncore.core.problem import (POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs,
                                    outside_measured_wins, outside_region, pod_parts)
-from attncore.core.workspace import WorkspaceLayout
+from attncore.core.workspace import ALIGN, WorkspaceLayout
 
 LOG2E = 1.4426950408889634
 _F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
 _E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-# every feature of the parts but CUDA graphs (the schedule's size follows the batch) and spec masks
-POD_FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse"})
+# every feature of the parts but spec masks
+POD_FEATURES = frozenset({"window", "soft_cap", "alibi", "rope", "sinks", "fp8_scales", "return_lse", "cuda_graph"})
 POD_CAPABILITIES = (
     Capabilities(
         ops=frozenset(POD_OPS), devices=frozenset({"cuda"}), min_compute_capability=(8, 0),
@@ -97,6 +108,25 @@ def _outside_measured_wins(batch: "PODBatch") -> Optional[str]:
 
 
 @dataclass
+class PODGraph:
+    """What the first CUDA-graph-mode plan of one caller fixed (see the module's docstring)."""
+
+    configs: tuple  # each part's LaunchConfig
+    mode: str  # "grid" or "persistent"
+    cap_items: int  # work-list rows
+    programs: int  # the grid
+    batch_size: int  # of the decode part, for the capacity error
+    nnz_q: int  # query rows of both parts, for the capacity error
+    own_int: Optional[torch.Tensor] = None  # the tables when the caller gave no int workspace
+    anchor: Any = None  # weak reference to the caller's buffer (attncore.core.graphs)
+
+
+_GRAPH_STATES = graphs.GraphStates()
+CAPTURING = ("triton pod: plan() during CUDA-graph capture (its tables cannot be sent there): run() once with "
+             "these parts before capturing, so that the fused op is planned outside the capture")
+
+
+@dataclass
 class PODPlan:
     problem: AttentionProblem
     batch: PODBatch
@@ -110,6 +140,7 @@ class PODPlan:
     slopes: Optional[torch.Tensor]
     stats: dict = field(default_factory=dict)
     launch_cache: dict = field(default_factory=dict)
+    graph: Optional[PODGraph] = None
 
 
 def _num_sms(device: torch.device) -> int:
@@ -162,6 +193,12 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
         raise TypeError(f"batch: a {problem.op} problem is planned from a PODBatch, got {type(batch).__name__}")
     mp, md = batch.prefill, batch.decode
     device = md.device
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(CAPTURING)
+    graph_mode = "cuda_graph" in problem.features
+    graph = _GRAPH_STATES.find(problem, md) if graph_mode else None
+    if graph is not None:  # the caller's captured launch is fused: so is every later plan of it
+        fused, mode = "always", graph.mode
     # the measured rule first: a batch it declines costs no work list (a serving step plans one each step)
     measured = _outside_measured_wins(batch) if device.type == "cuda" else None
     if fused == "auto" and measured:
@@ -169,9 +206,11 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
     G, D = problem.group_size, problem.head_dim_qk
     hkv = problem.num_kv_heads
     parts = []
-    for which, meta, pp in zip(("prefill", "decode"), (mp, md), pod_parts(problem)):
+    for k, (which, meta, pp) in enumerate(zip(("prefill", "decode"), (mp, md), pod_parts(problem))):
         rows = max([q * G for q in meta.qo_lens_host] + [1])
-        if config is not None:
+        if graph is not None:
+            c = graph.configs[k]
+        elif config is not None:
             c = _cfg.LaunchConfig(**config[which])
         elif interpret:
             c = _cfg.candidates(pp, rows, interpret=True)[0]
@@ -179,9 +218,9 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
             c = _cfg.LaunchConfig(*GPU_CONFIG["prefill"], prefetch=pp.page_size is not None)
         else:
             c = _cfg.LaunchConfig(max(16, _cfg._pow2(min(rows, 64))), *GPU_CONFIG["decode"][1:])
-        parts.append(dict(problem=pp, meta=meta, block_m=c.block_m, block_n=c.block_n, prefetch=c.prefetch,
-                          num_warps=c.num_warps, num_stages=c.num_stages, mask_mode=MASK_IDS[meta.mask],
-                          nnz_q=meta.qo_indptr_host[-1]))
+        parts.append(dict(problem=pp, meta=meta, config=c, block_m=c.block_m, block_n=c.block_n,
+                          prefetch=c.prefetch, num_warps=c.num_warps, num_stages=c.num_stages,
+                          mask_mode=MASK_IDS[meta.mask], nnz_q=meta.qo_indptr_host[-1]))
     kvb = problem.kv_dtype.itemsize
     items = ([], [])
     for k, part in enumerate(parts):
@@ -204,43 +243,80 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
             f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs: the "
             f"longest decode item ({longest[1] * 1e6:.1f} us) needs split-KV" if longest[1] >= t_fused * 0.99
             else f"estimated fused {t_fused * 1e6:.1f} us vs composed {t_composed * 1e6:.1f} us on {sms} SMs")
-    order = _interleave(items[0], items[1])
-    if mode == "persistent":
-        nprog = max(1, sms * ctas_per_sm)
-        heap = [(0.0, p) for p in range(nprog)]
-        lists: List[list] = [[] for _ in range(nprog)]
-        for it in sorted(order, key=lambda x: -x[0]):
-            load, p = heapq.heappop(heap)
-            lists[p].append(it)
-            heapq.heappush(heap, (load + it[0], p))
-        lists = [_interleave([x for x in lst if x[1] == 0], [x for x in lst if x[1] == 1]) for lst in lists]
-        flat = [it for lst in lists for it in lst]
-        offs = [0]
-        for lst in lists:
-            offs.append(offs[-1] + len(lst))
-    elif mode == "grid":
-        flat, offs = order, list(range(len(order) + 1))
-        nprog = len(order)
+    flat, offs = _program_lists(_interleave(items[0], items[1]), mode, sms * ctas_per_sm)
+    nprog = len(offs) - 1
+    if graph_mode:
+        nnz = parts[0]["nnz_q"] + parts[1]["nnz_q"]
+        if graph is None:
+            graph = _GRAPH_STATES.add(problem, md, PODGraph(
+                configs=tuple(p["config"] for p in parts), mode=mode, cap_items=max(len(flat), 1),
+                programs=max(nprog, 1), batch_size=md.batch_size, nnz_q=nnz))
+        _schedule.check_capacity("triton pod", "work items", len(flat), graph.cap_items, graph.batch_size,
+                                 graph.nnz_q)
+        if nprog > graph.programs:  # persistent: the SM count is the device's; grid: one item per program
+            raise ValueError(f"triton pod: this CUDA-graph plan needs {nprog} programs, the captured grid has "
+                             f"{graph.programs}")
+        offs += [offs[-1]] * (graph.programs - nprog)  # the grid's other programs run no item
+        nprog, cap = graph.programs, graph.cap_items
     else:
-        raise ValueError(f"mode: got {mode!r}, expected 'grid' or 'persistent'")
-    lay = WorkspaceLayout("triton pod")
-    lay.add("work", (max(len(flat), 1), 4), torch.int32)
-    lay.add("offs", (len(offs),), torch.int32)
+        cap = max(len(flat), 1)
+    alibi = problem.pos_encoding == "ALIBI" or problem.decode.pos_encoding == "ALIBI"
+    lay = _int_layout(cap, nprog + 1, problem.num_qo_heads if alibi else 0)
     ws = md.int_workspace
-    if ws is None:  # driven directly (tests, benchmarks): room for the layout and its alignment
-        ws = torch.empty(lay.nbytes + 256, dtype=torch.uint8, device=device)
-    bufs = lay.carve(ws, "int_workspace_buffer")
-    host = torch.tensor([v for it in flat for v in it[1:]] or [0, 0, 0, 0], dtype=torch.int32)
-    bufs["work"].view(-1).copy_(host)
-    bufs["offs"].copy_(torch.tensor(offs, dtype=torch.int32))
-    slopes = None
-    if problem.pos_encoding == "ALIBI" or problem.decode.pos_encoding == "ALIBI":
-        slopes = torch.tensor([s * LOG2E for s in alibi_slopes(problem.num_qo_heads).tolist()],
-                              dtype=torch.float32, device=device)
+    if ws is None and graph is not None:  # driven directly (tests, the conformance suite): the state's own
+        if graph.own_int is None:
+            graph.own_int = torch.empty(lay.nbytes + ALIGN, dtype=torch.uint8, device=device)
+        ws = graph.own_int
+    # one host image of the tables, one non-blocking copy (attncore.core.uploads); without a workspace the
+    # tables get their own allocation (the backend driven directly)
+    tabs, image, h, span = uploads.carve_tables(lay, ws, None, device, md.memo)
+    if flat:
+        h["work"][:len(flat)] = [it[1:] for it in flat]
+    h["offs"][:] = offs
+    if alibi:
+        h["slopes"][:] = (alibi_slopes(problem.num_qo_heads).float() * LOG2E).numpy()
+    uploads.send_image(image, span)
     stats.update(mode=mode, programs=nprog, config=[{k: p[k] for k in ("block_m", "block_n")} for p in parts])
-    return PODPlan(problem=problem, batch=batch, device=device, parts=tuple(parts), work=bufs["work"],
-                   offs=bufs["offs"], num_programs=nprog, num_warps=parts[0]["num_warps"],
-                   num_stages=min(parts[0]["num_stages"], parts[1]["num_stages"]), slopes=slopes, stats=stats)
+    if graph is not None:
+        stats["graph"] = dict(programs=graph.programs, cap_items=graph.cap_items)
+    return PODPlan(problem=problem, batch=batch, device=device, parts=tuple(parts), work=tabs["work"],
+                   offs=tabs["offs"], num_programs=nprog, num_warps=parts[0]["num_warps"],
+                   num_stages=min(parts[0]["num_stages"], parts[1]["num_stages"]), slopes=tabs.get("slopes"),
+                   stats=stats, graph=graph)
+
+
+def _program_lists(order: list, mode: str, programs: int):
+    """(the work items grouped by program, each program's first item and the end: ``offs``): ``grid`` one
+    item per program in ``order``; ``persistent`` ``programs`` lists by greedy longest-first assignment to
+    the least-loaded program, each list's parts interleaved."""
+    if mode == "grid":
+        return order, list(range(len(order) + 1))
+    if mode != "persistent":
+        raise ValueError(f"mode: got {mode!r}, expected 'grid' or 'persistent'")
+    nprog = max(1, programs)
+    heap = [(0.0, p) for p in range(nprog)]
+    lists: List[list] = [[] for _ in range(nprog)]
+    for it in sorted(order, key=lambda x: -x[0]):
+        load, p = heapq.heappop(heap)
+        lists[p].append(it)
+        heapq.heappush(heap, (load + it[0], p))
+    lists = [_interleave([x for x in lst if x[1] == 0], [x for x in lst if x[1] == 1]) for lst in lists]
+    offs = [0]
+    for lst in lists:
+        offs.append(offs[-1] + len(lst))
+    return [it for lst in lists for it in lst], offs
+
+
+@functools.lru_cache(maxsize=256)
+def _int_layout(cap_items: int, offs: int, slopes: int) -> WorkspaceLayout:
+    """The int workspace's layout of a plan by its sizes (0: absent), made once per sizes and never changed
+    after (``uploads.carve_tables`` keys its memo by the object)."""
+    lay = WorkspaceLayout("triton pod")
+    lay.add("work", (cap_items, 4), torch.int32)
+    lay.add("offs", (offs,), torch.int32)
+    if slopes:
+        lay.add("slopes", (slopes,), torch.float32)
+    return lay
 
 
 def _kv_strides(k, v, paged: bool, layout: str):
@@ -313,8 +389,10 @@ def _first_run(plan: PODPlan, args: PODRunArgs) -> Any:
         sm = prm.sm_scale * a.q_scale * a.k_scale
         cap = prm.logits_soft_cap or 0.0
         kv_indices = meta.kv_indices if paged else None
-        if kv_indices is not None and kv_indices.numel() == 0:
-            kv_indices = meta.kv_lens  # never read: no request has a page
+        if kv_indices is not None and kv_indices.numel() == 0 and (plan.graph is None or not kv_indices.data_ptr()):
+            # never read (no request has a page): any valid int32 pointer; in graph mode the caller's fixed
+            # buffer stays (a re-plan with pages fills it)
+            kv_indices = meta.kv_lens
         built.append(Part(
             q=a.q, k=a.k, v=a.v, out=a.out, lse=a.lse, qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr,
             kv_indices=kv_indices, kv_lens=meta.kv_lens, mask_bytes=meta.packed_mask,
