@@ -50,28 +50,6 @@ FEATURES = {  # problem fields of each feature the backend declares
 OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged", "single_prefill")
 
 
-def _two_batches(p, seed, device="cpu"):
-    """Batch A and batch B as the graph runner makes them: B re-planned into A's fixed index buffers
-    (paged: new kv lengths; ragged: the keys split differently; single prefill: new values)."""
-    paged = p.page_size is not None
-    replan = paged or p.op == "batch_prefill_ragged"
-    pool = width = 0
-    qo_a, kv_a = inputs.case_shapes(p, "edge", random.Random(seed))
-    if paged:
-        kv_b = runner._second_shapes(p, qo_a, seed + 5)
-        pages = lambda kv: [-(-n // p.page_size) for n in kv]  # noqa: E731
-        pool = max(sum(pages(kv_a)), sum(pages(kv_b))) + 3
-        width = max(pages(kv_a) + pages(kv_b)) + 1
-    elif replan:
-        kv_b = runner._recompose(sum(kv_a), len(kv_a), seed + 5)
-    else:
-        kv_b = kv_a
-    a = inputs.build(p, "edge", seed, device, shapes=(qo_a, kv_a), min_pages=pool, min_bt_width=width)
-    b = inputs.build(p, "edge", seed + 1 if replan else seed, device, data_seed=seed + 31337, shapes=(qo_a, kv_b),
-                     views=(a.strided, a.paged_5d), min_pages=pool, min_bt_width=width)
-    return a, b
-
-
 def _record(monkeypatch):
     """Every kernel launch as (kernel, grid, args with tensors as data pointers)."""
     from attncore.backends.triton.kernels import attention, merge
@@ -98,7 +76,7 @@ def _emulated_replay(be, p, seed, monkeypatch):
     into A's buffers, write B's inputs into A's tensors, rerun A's launchers; they must pass the
     golden check of B, and plan B's own launches must bake in the same grids, pointers and scalars."""
     log = _record(monkeypatch)
-    a, b = _two_batches(p, seed)
+    a, b, _, _ = runner._graph_pair(p, "edge", seed, "cpu")  # as the conformance suite's graph cases
     bases: dict = {}
     runner._into_fixed(a.meta, bases)
     plan_a = be.plan(p, a.meta)
