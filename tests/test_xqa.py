@@ -20,6 +20,7 @@ import torch
 from attncore.core.backend import AttnParams, BatchMeta, RunArgs
 from attncore.core.mask import pack_spec_mask
 from attncore.core.problem import AttentionProblem
+from attncore.testing import runner
 from attncore.testing.contract import assert_batch, page_table
 
 
@@ -572,16 +573,7 @@ def test_gpu_cuda_graph_replan_after_plan_dropped():
     assert plan.num_splits > 1
     out, lse = c.new_out()
     args = c.args(out, lse)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        b.run(plan, args)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        b.run(plan, args)
-    torch.cuda.synchronize()
+    replay_graph = runner.capture_run(b, plan, args)
     del plan
     gc.collect()
     junk = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(8)]  # reuse freed memory
@@ -591,7 +583,7 @@ def test_gpu_cuda_graph_replan_after_plan_dropped():
     plan_b = b.plan(c.problem, c.meta)  # re-plan B (host work only; the graph keeps A's launch)
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
-    g.replay()
+    replay_graph()
     torch.cuda.synchronize()
     del junk
     c.check(out, lse)

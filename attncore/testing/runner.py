@@ -349,12 +349,12 @@ def run_cuda_graph(case) -> None:
         pytest.skip("CUDA-graph replay needs a CUDA device")
     with torch.cuda.device(torch.device(case.device)):  # a graph is captured on its tensors' device
         if case.problem.op in POD_OPS:
-            _fail(case, pod_graph_errors(case.backend, case.problem, case.tag, case.seed, case.device, _capture))
+            _fail(case, pod_graph_errors(case.backend, case.problem, case.tag, case.seed, case.device, capture_run))
         else:
             _graph_case(case)
 
 
-def _capture(be, plan, args):
+def capture_run(be, plan, args):
     """Warm up (JIT, autotune) off the default stream, capture ``be.run(plan, args)``; returns the replay."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -436,7 +436,7 @@ def _graph_case(case) -> None:
     bases: dict = {}
     _into_fixed(a.meta, bases)
     plan_a = be.plan(p, a.meta)
-    replay = _capture(be, plan_a, a.args)
+    replay = capture_run(be, plan_a, a.args)
     plan_b = be.plan(p, _into_fixed(b.meta, bases)) if replan else plan_a
     _load(a, b)
     replay()
