@@ -475,19 +475,21 @@ def pod_graph_errors(be, p: AttentionProblem, tag: str, seed: int, device: str, 
     _load(ap, bp)
     _load(ad, bd)
     errs: List[str] = []
-    got: tuple = ()
-    for when in ("before the fused op is planned again: ", "after plan B: "):
-        if got:
-            plan_b = be.plan(p, batch_b)
-            _poison(ap)
-            _poison(ad)
+    exps = (expected(bp), expected(bd))
+
+    def replayed(when: str) -> tuple:
         replay()
         sync(device)
         got = (_outputs(ap), _outputs(ad))
-        for b, out, part in zip((bp, bd), got, ("prefill part: ", "decode part: ")):
-            errs += check_result(b, expected(b), out_buf=out[0], lse_buf=out[1], what=part + what + when)
-    _poison(ap)
-    _poison(ad)
+        for b, exp, out, part in zip((bp, bd), exps, got, ("prefill part: ", "decode part: ")):
+            errs.extend(check_result(b, exp, out_buf=out[0], lse_buf=out[1], what=part + what + when))
+        _poison(ap)
+        _poison(ad)
+        return got
+
+    replayed("before the fused op is planned again: ")
+    plan_b = be.plan(p, batch_b)
+    got = replayed("after plan B: ")
     be.run(plan_b, args)
     sync(device)
     for a, out, part in zip((ap, ad), got, ("prefill part: ", "decode part: ")):
