@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16 (POD in one launch) on one GPU, within ~500 s: install, the fused POD tests in bf16 on the
-# GPU (the gpu-marked tests of tests/test_pod_fused.py), fused-launch variants on PD1/PD2 (grid vs
+# GPU (the gpu-marked tests of tests/test_pod_fused.py, the fused launch captured in a CUDA graph through the
+# POD wrapper and the conformance suite's POD graph cases on Triton), fused-launch variants on PD1/PD2 (grid vs
 # persistent, prefill tile configs), then `attncore bench` for PD1/PD2 (fused vs composed-serial vs
 # auto) and the sweep (prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k), a short table last.
 # FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON
@@ -17,7 +18,11 @@ if [ "${FI:-0}" = 1 ]; then
   ANCHORS_DIR=.anchors source .anchors/fi_setup.sh && FIARG="--flashinfer"
 fi
 stamp "installed"
-timeout 150 python3 -m pytest -q -m gpu tests/test_pod_fused.py 2>&1 | tail -15 > "$OUT/tests.txt"
+timeout 150 python3 -m pytest -q -m gpu tests/test_pod_fused.py tests/test_triton_pod_graphs.py \
+  "tests/test_pod_streams.py::test_streams_graph_capture_replay_after_replan_gpu" 2>&1 | tail -15 > "$OUT/tests.txt"
+# Triton's fused op in CUDA-graph mode: the conformance suite's POD graph cases captured for real
+timeout 120 python3 -m attncore.cli conformance triton -q -rfE -p no:cacheprovider --attncore-device cuda \
+  -k "pod and graph" > "$OUT/pod_graph_conformance.txt" 2>&1
 stamp "gpu tests done"
 # fused launch variants on PD1/PD2 (fused time only): grid vs persistent, a prefill tile config
 cat > /tmp/pod_variants.py <<'PY'
@@ -56,6 +61,7 @@ if [ "${SWEEP:-1}" = 1 ]; then  # rows also go to pod_sweep.err as they are meas
   stamp "sweep done (rc $?)"
 fi
 echo "== tests =="; tail -3 "$OUT/tests.txt"
+echo "== POD graph conformance (triton) =="; tail -3 "$OUT/pod_graph_conformance.txt"
 echo "== fused launch variants (PD1/PD2, ms) =="; tail -4 "$OUT/pod_variants.txt"
 [ -s "$OUT/pod_sweep.txt" ] && { echo "== sweep =="; cat "$OUT/pod_sweep.txt"; } \
   || { echo "== sweep (cut short: rows measured) =="; grep "pod bench:" "$OUT/pod_sweep.err" 2>/dev/null; }
