@@ -4,10 +4,11 @@ CPU (Triton's interpreter): the conformance suite's POD graph cases (``attncore.
 with the capture emulated: plan A's launcher, prepared by its first run, is what a capture bakes in; with B's index
 tables in A's fixed buffers and B's inputs in A's tensors it must pass B's golden check, before the fused op is
 planned again (as the POD wrapper's plan() leaves it) and after plan B, and equal an eager run of plan B, whose
-launch must bake in the same grid, pointers and scalars.  Also: re-plans fuse once the
-caller's first graph-mode plan fused, a re-plan needing more work items than the captured capacity is an error
-naming it, and the tables are views of the caller's int workspace.  GPU (``-m gpu``): the same cases captured
-for real (``attncore conformance triton --attncore-device cuda -k graph``) and through the POD wrapper.
+launch must bake in the same grid, pointers and scalars.  Also: re-plans fuse once the caller's first graph-mode
+plan fused, a re-plan needing more work items than the captured capacity is an error naming it, fewer items pad
+the captured grid, and the tables are views of the caller's int workspace.  On a GPU the same cases are captured
+for real (``attncore conformance triton --attncore-device cuda -k "pod and graph"``), and the POD wrapper's capture
+is tests/test_pod_streams.py's graph test (``[fused]``).
 """
 
 import os
