@@ -50,12 +50,13 @@ FEATURES = {  # problem fields of each feature the backend declares
 OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged", "single_prefill")
 
 
-def _record(monkeypatch):
-    """Every kernel launch as (kernel, grid, args with tensors as data pointers)."""
+def _record(monkeypatch, modules=None):
+    """Every kernel launch of ``modules`` (default: attention and merge) as (kernel, grid, args with tensors as
+    data pointers, constexprs)."""
     from attncore.backends.triton.kernels import attention, merge
 
     log = []
-    for mod in (attention, merge):
+    for mod in modules or (attention, merge):
         real = mod.fast_launcher
 
         def wrapped(fn, grid, cx, _real=real):

@@ -24,6 +24,7 @@ from attncore.backends.triton import pod as tpod  # noqa: E402
 from attncore.backends.triton.kernels import pod as kpod  # noqa: E402
 from attncore.core.problem import PODBatch, PODDeclined, PODRunArgs, pod_parts  # noqa: E402
 from attncore.testing import cases, inputs, runner  # noqa: E402
+from test_triton_graphs import _record  # noqa: E402
 
 cpu_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests")
 
@@ -40,23 +41,6 @@ def _graph_cases():
 
 
 CASES = _graph_cases() if os.environ.get("TRITON_INTERPRET") == "1" else []
-
-
-def _record(monkeypatch):
-    """Every fused POD launch as (grid, args with tensors as data pointers, constexprs)."""
-    log = []
-    real = kpod.fast_launcher
-
-    def wrapped(fn, grid, cx):
-        inner = real(fn, grid, cx)
-
-        def launch(*args):
-            log.append((tuple(grid), tuple(("ptr", a.data_ptr()) if isinstance(a, torch.Tensor) else a
-                                           for a in args), tuple(sorted(cx.items()))))
-            return inner(*args)
-        return launch
-    monkeypatch.setattr(kpod, "fast_launcher", wrapped)
-    return log
 
 
 def _emulated_capture(be, plan, args):
@@ -76,7 +60,7 @@ def test_every_pod_graph_case_is_generated():
 @cpu_only
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_pod_graph_replan_replays_on_cpu(case, monkeypatch):
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, (kpod,))
     be = _backend()
     errs = runner.pod_graph_errors(be, case.problem, case.tag, case.seed, "cpu", _emulated_capture)
     assert not errs, errs

@@ -363,7 +363,7 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
     if n_merge:
         h["merge"][:n_merge] = merge
     if "slopes" in h:
-        h["slopes"][:] = (alibi_slopes(Hq).float() * LOG2E).numpy()
+        h["slopes"][:] = slopes_log2(Hq)
     if "xqa_indptr" in h:
         h["xqa_indptr"][:] = range(0, (B + 1) * xqa_width, xqa_width) if xqa_width else 0
     for bm, (items, _, _) in dense_lists.items():
@@ -395,6 +395,11 @@ def make_plan(be, problem: AttentionProblem, meta: BatchMeta) -> TritonPlan:
                                    cap_part=graph.cap_part, cap_merge=graph.cap_merge)
     plan.stats["workspace"] = dict(float_bytes=flay.nbytes if flay.regions else 0, int_bytes=ilay.nbytes)
     return plan
+
+
+def slopes_log2(num_heads: int):
+    """ALiBi slopes as Triton's kernels take them (times log2(e): their softmax is base 2), fp32 numpy."""
+    return (alibi_slopes(num_heads).float() * LOG2E).numpy()
 
 
 @functools.lru_cache(maxsize=256)

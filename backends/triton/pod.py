@@ -40,13 +40,12 @@ import torch
 from attncore.core import current, graphs, uploads
 from attncore.core import schedule as _schedule
 from attncore.backends.triton.backend import TritonBackend, _interpreting
+from attncore.backends.triton.plan import LOG2E, slopes_log2
 from attncore.core.capabilities import Capabilities, Reason
-from attncore.core.mask import alibi_slopes
 from attncore.core.problem import (POD_OPS, AttentionProblem, PODBatch, PODDeclined, PODRunArgs,
                                    outside_measured_wins, outside_region, pod_parts)
 from attncore.core.workspace import ALIGN, WorkspaceLayout
 
-LOG2E = 1.4426950408889634
 _F16, _BF16, _F32 = torch.float16, torch.bfloat16, torch.float32
 _E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # every feature of the parts but spec masks
@@ -274,7 +273,7 @@ def plan_pod(problem: AttentionProblem, batch: PODBatch, *, interpret: bool, fus
         h["work"][:len(flat)] = [it[1:] for it in flat]
     h["offs"][:] = offs
     if alibi:
-        h["slopes"][:] = (alibi_slopes(problem.num_qo_heads).float() * LOG2E).numpy()
+        h["slopes"][:] = slopes_log2(problem.num_qo_heads)
     uploads.send_image(image, span)
     stats.update(mode=mode, programs=nprog, config=[{k: p[k] for k in ("block_m", "block_n")} for p in parts])
     if graph is not None:
