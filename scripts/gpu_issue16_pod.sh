@@ -51,7 +51,8 @@ for name, v in variants:
 PY
 timeout 80 python3 /tmp/pod_variants.py > "$OUT/pod_variants.txt" 2>&1
 stamp "fused variants done"
-PYTHONPATH="${FI_ROOT:-}" timeout 200 python3 -m attncore.cli bench --workload PD1 --workload PD2 $FIARG --device cuda \
+# with FI=1 FlashInfer's POD module JIT-builds in this process first (~200 s on the H200's 16 cores, session 24)
+PYTHONPATH="${FI_ROOT:-}" timeout $(( ${FI:-0} == 1 ? 400 : 200 )) python3 -m attncore.cli bench --workload PD1 --workload PD2 $FIARG --device cuda \
   --json "$OUT/pod_pd.json" > "$OUT/pod_pd.txt" 2> "$OUT/pod_pd.err"
 stamp "PD1/PD2 done (rc $?)"
 if [ "${SWEEP:-1}" = 1 ]; then  # rows also go to pod_sweep.err as they are measured

@@ -175,6 +175,25 @@ def test_auto_fuses_inside_the_measured_region_only_cpu(qo, decode, fuses):
             _cpu_pod_plan(problem, batch, fuse="auto")
 
 
+@pytest.mark.parametrize("gpu, sizes, fuses", [
+    ("NVIDIA H100 80GB HBM3", (2048, 8, 4096), True), ("NVIDIA H200", (2048, 8, 4096), False),
+    ("NVIDIA H200", (512, 8, 4096), False), ("NVIDIA H200", (2048, 32, 1024), True),
+    ("NVIDIA GH200 480GB", (2048, 8, 4096), True)])  # a model word, not a substring: GH200 takes the default rows
+def test_measured_region_follows_the_gpu_model_cpu(monkeypatch, gpu, sizes, fuses):
+    """Each GPU model has its own measured rows (the H200's decode is faster: 8 x 4k beside a prefill lost there);
+    a batch's plan reads them for the batch's device, and the refusal names the rows it used."""
+    from attncore.core import problem as problem_mod
+
+    monkeypatch.setattr(problem_mod, "gpu_name", lambda device=None: gpu)
+    why = pod.outside_region(*sizes)
+    assert (why is None) == fuses, why
+    if not fuses:
+        assert "MEASURED_WINS in backends/cuda_fa2/pod.py, H200 rows" in why
+        qo, b, kv = sizes
+        with pytest.raises(PODDeclined, match="H200 rows"):
+            _cpu_pod_plan(_problems(), _batch(qo=qo, decode=((1, kv),) * b), fuse="auto")
+
+
 def test_capabilities_name_the_decode_part_cpu():
     b = CudaFa2Backend()
     ok = _problems()

@@ -9,6 +9,7 @@ what the selector matches against each backend's declared capabilities.  It hold
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -193,21 +194,50 @@ class PODBatch:
 
 def outside_measured_wins(batch: PODBatch, regions, where: str) -> Optional[str]:
     """Why ``batch`` lies outside every region where a backend's fused launch was measured to beat the composed
-    parts (None: inside one).  ``regions``: (max prefill tokens, max decode batch or None, max decode kv) rows;
-    ``where``: the table's name and home, for the message."""
+    parts (None: inside one).  ``regions``: a ``measured_rows`` table; ``where``: its name and home, for the
+    message."""
     return outside_region(batch.prefill.qo_indptr_host[-1], batch.decode.batch_size,
-                          max(batch.decode.kv_lens_host, default=0), regions, where)
+                          max(batch.decode.kv_lens_host, default=0), regions, where, batch.decode.device)
 
 
-def outside_region(p: int, b: int, kv: int, regions, where: str) -> Optional[str]:
+def outside_region(p: int, b: int, kv: int, regions, where: str, device=None) -> Optional[str]:
     """``outside_measured_wins`` by the sizes themselves: prefill tokens ``p``, decode requests ``b``, the longest
-    decode KV ``kv`` (``attncore explain --pod-sizes``)."""
-    for max_p, max_b, max_kv in regions:
+    decode KV ``kv`` (``attncore explain --pod-sizes``), on ``device`` (None: the current CUDA device)."""
+    rows, model = measured_rows(regions, device)
+    for max_p, max_b, max_kv in rows:
         if p <= max_p and (max_b is None or b <= max_b) and kv <= max_kv:
             return None
-    bounds = "; ".join(f"prefill <= {mp} tokens with decode batch <= {mb} and kv <= {mk}" for mp, mb, mk in regions)
+    bounds = "; ".join(f"prefill <= {mp} tokens with decode batch <= {mb} and kv <= {mk}" for mp, mb, mk in rows)
     return (f"prefill {p} tokens + decode {b} x up to {kv} keys is outside the measured region where the fused "
-            f"launch beat the composed parts ({where}: {bounds})")
+            f"launch beat the composed parts ({where}, {model}: {bounds})")
+
+
+def measured_rows(table, device=None) -> Tuple[tuple, str]:
+    """The rows of a measured-wins table for ``device``'s GPU, and which rows they are.  ``table`` maps a GPU
+    model, a word of the GPU's name ("H200" in "NVIDIA H200"), to (max prefill tokens, max decode batch or None,
+    max decode kv) rows; ``"default"`` serves any other device.  The same kernels win over different ranges on
+    different chips (the H200's bandwidth makes the composed decode cheaper), so each model has its own rows."""
+    words = set(gpu_name(device).split())
+    for model, rows in table.items():
+        if model != "default" and model in words:
+            return rows, f"{model} rows"
+    return table["default"], "default rows"
+
+
+def gpu_name(device=None) -> str:
+    """The CUDA device's name ("" for a CPU device or without CUDA); None: the current CUDA device."""
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type != "cuda":
+        return ""
+    if not torch.cuda.is_available():
+        return ""
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _gpu_name(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 @dataclass

@@ -42,16 +42,20 @@ from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
 # 1k 0.104 / 0.121).  Session 21 compared with the faster of serial and the SM split and so dropped 2k + 32 x 1k
 # (0.132 against the split's 0.128), which auto never composes there.  Outside, serial or the split wins or ties:
 # 512 + 32 x 4k 0.220 / 0.211, 512 + 128 x 1k 0.217 / 0.212, PD1 0.422 / 0.407 (split), PD2 0.427 / 0.394 (split).
-MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
-    (2048, 8, 4096),
-    (2048, 32, 1024),
-)
+# H200 (session 24, 2026-11-29 05:30 UTC, the same sweep, BENCHMARKS 2t): the faster decode shrinks the region to
+# the short decodes: 512 + 8 x 1k 0.036 / 0.040, 512 + 32 x 1k 0.062 / 0.065, 2k + 8 x 1k 0.103 / 0.116, 2k + 32 x 1k
+# 0.129 / 0.139 won; 512 + 8 x 4k 0.073 / 0.067 and 2k + 8 x 4k 0.144 / 0.142 lost.
+MEASURED_WINS = {  # GPU model: (max prefill tokens, max decode batch, max decode kv) rows (problem.measured_rows)
+    "default": ((2048, 8, 4096), (2048, 32, 1024)),  # the H100's, and any sm_90 GPU not measured
+    "H200": ((2048, 32, 1024),),
+}
 WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 
 
-def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int) -> Optional[str]:
-    """Why auto would compose a batch of these sizes (None: inside MEASURED_WINS, it fuses)."""
-    return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE)
+def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int, device=None) -> Optional[str]:
+    """Why auto would compose a batch of these sizes on ``device`` (None: the current GPU) (None: inside
+    MEASURED_WINS, it fuses)."""
+    return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE, device)
 
 
 # The decode part's KV split (pod90 merges the partials in a second launch): requests longer than LONG_DECODE keys in

@@ -95,9 +95,9 @@ MARGIN = 0.98  # fused must beat composed by 2% (issue 16: auto never slower tha
 # wins (1.42); 512 + 8 x 4k 0.69, 512 + 32 x 1k 0.89, 512 + 128 x 1k 0.79, 2k + 8 x 1k 0.46 (median 0.465).  The
 # cost model above does not tell these apart, so on a GPU auto fuses only inside this region; elsewhere plan()
 # declines.
-MEASURED_WINS = (  # (max prefill tokens, max decode batch, max decode kv)
-    (512, 8, 1024),
-)
+# Not measured on an H200 (there auto ranks cuda_fa2's pod90 first; Triton's fused op serves graph mode), so every
+# GPU takes these rows.
+MEASURED_WINS = {"default": ((512, 8, 1024),)}  # GPU model: rows, as problem.measured_rows reads them
 WHERE = "MEASURED_WINS in backends/triton/pod.py"
 
 
