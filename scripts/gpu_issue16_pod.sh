@@ -6,7 +6,8 @@
 # auto) and the sweep (prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k), a short table last.
 # FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON
 # and (when matplotlib imports) the plot under $OUT.
-# Usage on the device machine:  [FI=0] [SWEEP=1] bash scripts/gpu_issue16_pod.sh
+# SPLIT=1 adds scripts/gpu_pod_smsplit.py on PD1/PD2 (fits attncore/core/streams.py's split model to a new GPU).
+# Usage on the device machine:  [FI=0] [SWEEP=1] [SPLIT=0] bash scripts/gpu_issue16_pod.sh
 source scripts/gpu_common.sh
 gpu_header
 install_tree plugins/attncore-sdpa
@@ -24,6 +25,11 @@ timeout 150 python3 -m pytest -q -m gpu tests/test_pod_fused.py tests/test_trito
 timeout 120 python3 -m attncore.cli conformance triton -q -rfE -p no:cacheprovider --attncore-device cuda \
   -k "pod and graph" > "$OUT/pod_graph_conformance.txt" 2>&1
 stamp "gpu tests done"
+if [ "${SPLIT:-0}" = 1 ]; then  # the SM split probe: each part alone on N SMs, both split at each S (streams.py's model)
+  timeout 200 python3 scripts/gpu_pod_smsplit.py --workloads PD1,PD2 --prefill auto --json "$OUT/pod_smsplit.json" \
+    > "$OUT/pod_smsplit.txt" 2>&1
+  stamp "SM split probe (rc $?)"
+fi
 # fused launch variants on PD1/PD2 (fused time only): grid vs persistent, a prefill tile config
 cat > /tmp/pod_variants.py <<'PY'
 import torch
@@ -62,6 +68,7 @@ if [ "${SWEEP:-1}" = 1 ]; then  # rows also go to pod_sweep.err as they are meas
   stamp "sweep done (rc $?)"
 fi
 echo "== tests =="; tail -3 "$OUT/tests.txt"
+[ -s "$OUT/pod_smsplit.txt" ] && { echo "== SM split probe =="; grep -v '^{' "$OUT/pod_smsplit.txt"; }
 echo "== POD graph conformance (triton) =="; tail -3 "$OUT/pod_graph_conformance.txt"
 echo "== fused launch variants (PD1/PD2, ms) =="; tail -4 "$OUT/pod_variants.txt"
 [ -s "$OUT/pod_sweep.txt" ] && { echo "== sweep =="; cat "$OUT/pod_sweep.txt"; } \
