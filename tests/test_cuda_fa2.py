@@ -124,7 +124,8 @@ def test_uri_naming_roundtrip():
     assert ("FA2_H_WS", "1") in kws.spec().defines
     with pytest.raises(ValueError):
         specs.Fa2Key("prefill", "bf16", "same", 128, "causal", ws=True).spec()
-    for bad in (dict(mask="custom"), dict(head_dim=256), dict(kv="e4m3"), dict(softcap=True)):
+    for bad in (dict(mask="custom"), dict(head_dim=96), dict(kv="e4m3"), dict(softcap=True),
+                dict(config="pod90", ws=True, head_dim=256)):
         with pytest.raises(ValueError):
             specs.Fa2Key(**{**dict(config="prefill90", dtype="bf16", head_dim=128, mask="causal"), **bad}).spec()
 
@@ -143,11 +144,30 @@ def test_compile_check_sm90a_prefill_and_selftest():
     sp = [specs.Fa2Key("prefill90", "bf16", "same", 128, "causal").spec(),
           specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True).spec(),
           specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", ws=True).spec(),
-          specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True).spec(), specs.selftest_spec()]
+          specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True).spec(),
+          specs.Fa2Key("prefill90", "bf16", "same", 256, "causal", ws=True).spec(),
+          specs.Fa2Key("prefill90", "fp16", "same", 256, "none", pipe=True, ws=True).spec(), specs.selftest_spec()]
     res = jit.compile_check(sp, archs=("90",), jobs=2, ptxas_verbose=True)
     assert all("compute_90a,code=sm_90a" in " ".join(jit._flags(s, "90")) for s in sp)
-    for r in res[:4]:  # no local memory, no wgmma serialization (ptxas C7514 / C7515)
+    for r in res[:6]:  # no local memory, no wgmma serialization (ptxas C7514 / C7515)
         assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log and "C7508" not in r.log, r.log
+
+
+def test_prefill90_d256_is_off_until_checked_on_a_gpu_cpu():
+    """prefill90 builds at d256 (never yet run on a GPU): off by default with a reason that says how to turn it
+    on; on, prefill90 takes it; pod90 never does (its kernels are d64 / d128)."""
+    b = CudaFa2Backend()
+    d256 = _problem(op="single_prefill", page_size=None, head_dim_qk=256, head_dim_vo=256)
+    why = b._problem_sm90_reasons(d256)
+    assert why == ["head dim 256 (prefill90's d256 build is not yet checked on a GPU: sm90_d256 turns it on)"]
+    assert b._problem_sm90_reasons(_problem(head_dim_qk=96, head_dim_vo=96)) == ["head dim 96 (64, 128)"]
+    b.sm90_d256 = True
+    assert b._problem_sm90_reasons(d256) == []
+    assert b._problem_sm90_reasons(d256, pod=True) == ["head dim 256 (64, 128)"]
+    assert b._problem_sm90_reasons(_problem(head_dim_qk=96, head_dim_vo=96)) == ["head dim 96 (64, 128, 256)"]
+    assert specs.Fa2Key("prefill90", "bf16", "same", 256, "causal", pipe=True, ws=True).spec().uri.endswith("_ws")
+    with pytest.raises(ValueError, match="pod90 serves 16-bit KV, d64/d128, mask none/causal"):
+        specs.Fa2Key("pod90", "bf16", "same", 256, "causal", ws=True).spec()
 
 
 def test_priority_ranks_prefill90_against_triton_as_measured():
@@ -388,6 +408,7 @@ class Case:
     force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
     sm90_pipe: Optional[bool] = None  # prefill90: pipelined loop forced on / off (None: plan's rule)
     sm90_ws: Optional[bool] = None  # prefill90: warp-specialized variant on / off (None: the default)
+    sm90_d256: bool = False  # prefill90 at d256 (off by default until checked on a GPU)
     split_v: bool = False  # paged: V its own contiguous tensor, so K and V page strides differ
     pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
 
@@ -476,6 +497,7 @@ def run_case(c: Case, seed: int = 0):
     backend.sm90_pipe = c.sm90_pipe
     if c.sm90_ws is not None:
         backend.sm90_ws = c.sm90_ws
+    backend.sm90_d256 = c.sm90_d256
     assert backend.reasons(problem) == [], backend.reasons(problem)
     i32 = dict(dtype=torch.int32, device=dev)
     meta = BatchMeta(
@@ -575,6 +597,27 @@ def test_prefill90(dtype, pipe, ws):
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.pipe == pipe
     assert plan.lib.key.ws == ws
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("ws", [False, True], ids=["nows", "ws"])
+@pytest.mark.parametrize("pipe", [False, True], ids=["loop", "pipe"])
+def test_prefill90_d256(dtype, pipe, ws):
+    """prefill90 at head dim 256 (64-key tiles in two stages, 48 in three for the pipelined loop; the producer copies
+    two chunk columns per thread): paged (pages 16 / 1 / 3), ragged, both masks, qo > kv, empty KV, LSE, sinks,
+    split-KV."""
+    kw = dict(dtype=dtype, force_config="prefill90", sm90_pipe=pipe, sm90_ws=ws, sm90_d256=True, d=256)
+    run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=8, hkv=2,
+                  page_size=16, **kw))
+    run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=4, hkv=4, paged=False, mask="none", **kw))
+    run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
+    for ps in (1, 3):
+        run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
+    plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
+    assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.head_dim == 256
 
 
 @gpu

@@ -99,7 +99,7 @@ def declines(backend, problem: AttentionProblem, batch: PODBatch, dev: torch.dev
     if cc != (9, 0):
         r.append("compute capability %d.%d is not 9.0 (pod90 is built for sm_90a)" % cc)
     for name, prob, meta in (("prefill", pp, batch.prefill), ("decode", pd, batch.decode)):
-        r += [f"{name} part: {x}" for x in backend._problem_sm90_reasons(prob, meta.params.window_left)]
+        r += [f"{name} part: {x}" for x in backend._problem_sm90_reasons(prob, meta.params.window_left, pod=True)]
     if batch.decode.mask != "causal":
         r.append(f"decode part: mask {batch.decode.mask} (causal only)")
     return r

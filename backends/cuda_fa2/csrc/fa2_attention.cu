@@ -7,7 +7,7 @@
 //                                                             1 decode tile (CTA_Q 16, 4 warps on KV),
 //                                                             2 prefill64 tile (CTA_Q 64: causal, qo ~ kv)
 //                                                             3 prefill90: the sm_90a wgmma kernel
-//                                                               (fa2_sm90.cuh; 16-bit KV, d64/d128,
+//                                                               (fa2_sm90.cuh; 16-bit KV, d64/d128/d256,
 //                                                               mask none/causal, no features)
 //                                                             4 pod90: prefill90's POD kernel, a prefill
 //                                                               part (FA2_MASK, FA2_H_PIPE) and a decode
@@ -92,8 +92,9 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #ifndef FA2_H_KVT
 // keys per K/V tile: 192 at d64 (H100 2026-11-25, pipelined loop: P2 d64 0.187 / 0.188 ms against 0.195 / 0.195
 // with 128; the plain loop 0.212 / 0.214 against 0.213), 128 at d128 (three 64 KiB stages and the Q tile fill
-// shared memory)
-#define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : 128)
+// shared memory).  d256 (not yet measured): the 64 KiB Q tile leaves room for two stages of 64 keys (the plain
+// loop) or three of 48 (the pipelined loop, which holds two stages)
+#define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : FA2_HEAD_DIM == 128 ? 128 : (FA2_H_PIPE ? 48 : 64))
 #endif
 #ifndef FA2_H_NWG
 #define FA2_H_NWG 2
@@ -108,10 +109,10 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #define FA2_H_PREG 56  // WS: producer registers (setmaxnreg); the consumers get the rest (224 either way)
 #endif
 #ifndef FA2_H_STAGES
-#define FA2_H_STAGES ((FA2_H_PIPE || FA2_H_WS) ? 3 : 2)
+#define FA2_H_STAGES ((FA2_H_PIPE || (FA2_H_WS && D != 256)) ? 3 : 2)
 #endif
-static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && D != 256,
-              "prefill90 serves 16-bit KV, d64/d128, mask none/causal, no features");
+static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
+              "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");
 using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG>;
 #if FA2_CONFIG == 4
 static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");

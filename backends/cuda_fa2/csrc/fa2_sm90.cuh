@@ -17,7 +17,7 @@
 //   O += P V: wgmma m64n{D}k16, A = P from registers, B = V from smem, MN-major (transpose bit).
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
-// RoPE, fp8 KV, head dims other than 64 / 128.
+// RoPE, fp8 KV, head dims other than 64 / 128 / 256 (d256: not yet checked on a GPU, off unless asked for).
 // Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, setmaxnreg), fa2_sm90_load.cuh
 // (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
 // clock64 timeline of the loops, built only with -DFA2_TRACE=1).
@@ -58,6 +58,7 @@ struct Cfg90 {
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
   static constexpr int ws_bytes = WS ? 16 * STAGES : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
+  static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
 
 // One CTA of work item `item` of `p` (blockIdx.y: the kv head): the whole kernel body, so that the POD kernel
@@ -371,9 +372,11 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
-    constexpr int PT = 128;                // producer threads
-    constexpr int PRSTEP = PT / CPR;       // rows between a producer thread's chunks
-    constexpr int PLROWS = KVT / PRSTEP;   // chunks per producer thread per K (or V) tile
+    constexpr int PT = 128;                    // producer threads
+    constexpr int PCOLS = CPR < 16 ? CPR : 16;  // producer threads per row: a pass covers >= 8 rows (the swizzle period)
+    constexpr int PNC = CPR / PCOLS;           // chunk columns per producer thread (2 at d256, 16 apart)
+    constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
+    constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
     static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
     const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
     if (tid == 0) {
@@ -388,9 +391,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       // ---------------- producer
       setmaxnreg_dec<Cfg::PREG>();
       if (n_tiles == 0) return;
-      const int pr0 = tid / CPR, pcc = tid % CPR;
+      const int pr0 = tid / PCOLS, pcc = tid % PCOLS;
       copy_q(PT);  // joins the first K/V group
-      KvTileCopy<KVT, PLROWS, PRSTEP, T> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
+      KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
                                             kv_base, pr0, pcc, kv_lo, kv_hi);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES;

@@ -7,13 +7,16 @@
 namespace fa2 {
 namespace sm90 {
 
-// K/V tile copies of one thread: chunk column c of rows r0 + it * STEP (it < N) of each K and V tile,
-// into the 128B-swizzled stage; rows past kv_hi are zero-filled.  Ragged rows advance by the token
+// K/V tile copies of one thread: chunk columns c + g * CSTEP (g < NC) of rows r0 + it * STEP (it < N) of each K and
+// V tile, into the 128B-swizzled stage; rows past kv_hi are zero-filled.  NC > 1 where a row has more chunks than
+// the copying threads cover in one 8-row pass (d256 by the 128 producer threads: two columns 16 chunks apart, so
+// that STEP stays a multiple of the swizzle period).  Ragged rows advance by the token
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
 // plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
 // multiply-add and a cp.async per chunk.
-template <int KVT, int N, int STEP, typename T>
+template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0>
 struct KvTileCopy {
+  static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
   const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
   const int32_t* pages;      // the request's page ids (paged)
   int64_t k_sn, v_sn;        // ragged token strides
@@ -65,14 +68,19 @@ struct KvTileCopy {
     const uint32_t so = sw128<KVT>(r0, c);
     uint32_t sk = ac::smem_u32(dk) + so, sv = ac::smem_u32(dv) + so;
     asm volatile("" : "+r"(sk), "+r"(sv));  // opaque per tile: ptxas would hoist 2N row addresses otherwise
+    // column group g: CSTEP / 8 column blocks of KVT rows further in smem, CSTEP * 8 elements further in memory
+    constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
     if (page_size == 0) {
       const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
       const T* pv = vb + (int64_t)(t0 + r0) * v_sn;
 #pragma unroll
       for (int it = 0; it < N; ++it) {
         const bool ok = it * STEP < left;
-        ac::cp_async16(sk + it * STEP * 128, ok ? pk : kb, ok);  // zero-fill reads nothing: any valid address
-        ac::cp_async16(sv + it * STEP * 128, ok ? pv : vb, ok);
+#pragma unroll
+        for (int g = 0; g < NC; ++g) {  // zero-fill reads nothing: any valid address (kb / vb + a column)
+          ac::cp_async16(sk + g * GS + it * STEP * 128, (ok ? pk : kb) + g * CSTEP * 8, ok);
+          ac::cp_async16(sv + g * GS + it * STEP * 128, (ok ? pv : vb) + g * CSTEP * 8, ok);
+        }
         pk += STEP * k_sn;
         pv += STEP * v_sn;
       }
@@ -83,10 +91,13 @@ struct KvTileCopy {
     copy_paged(sv, vb, v_unit, left);
   }
   __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
+    constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
 #pragma unroll
     for (int it = 0; it < N; ++it) {
       const bool ok = it * STEP < left;
-      ac::cp_async16(dst + it * STEP * 128, base + (ok ? (uint64_t)roff[it] * unit : 0ull), ok);
+      const T* src = base + (ok ? (uint64_t)roff[it] * unit : 0ull);
+#pragma unroll
+      for (int g = 0; g < NC; ++g) ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8, ok);
     }
   }
 };

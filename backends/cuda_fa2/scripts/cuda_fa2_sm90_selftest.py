@@ -1,7 +1,8 @@
 """wgmma primitive checks for the cuda_fa2 Hopper kernel (csrc/fa2_sm90_selftest.cu) against torch matmul.
 
 Usage (sm90 GPU): python backends/cuda_fa2/scripts/cuda_fa2_sm90_selftest.py SWAP [FLAGS_FILE]
-Prints one line per (layout, dtype, N) and exits 0 when the K-major SS form and the register-A +
+Prints one line per (layout, dtype, N: the S tiles' 48 / 64 / 80 / 128 keys, P V's 64 / 128 / 256 head dims; K 128,
+64 where N > 128) and exits 0 when the K-major SS form and the register-A +
 MN-major B form (V descriptor LBO/SBO order SWAP: 0 default, 1 swapped) all match.  A wrong order
 can fault (it reads past the tile), so each order runs in its own process.  On success FLAGS_FILE
 gets the nvcc flag that selects the order ("" or "-DFA2_SM90_VSWAP=1").
@@ -27,11 +28,12 @@ def main() -> int:
     ok = {}
     for mode, name in ((0, "SS K-major A/B  (Q K^T)"), (1, "RS reg-A, MN-major B (P V)")):
         for dt in (torch.bfloat16, torch.float16):
-            for n in (64, 128):
+            for n in ((48, 64, 80, 128) if mode == 0 else (64, 128, 256)):
+                k = 64 if n > 128 else 128
                 for swap in ((0,) if mode == 0 else (int(sys.argv[1]),)):
                     torch.manual_seed(n + mode)
-                    a = torch.randn(64, 128, device=dev, dtype=dt)
-                    b = torch.randn(n, 128, device=dev, dtype=dt) if mode == 0 else torch.randn(128, n, device=dev, dtype=dt)
+                    a = torch.randn(64, k, device=dev, dtype=dt)
+                    b = torch.randn(n, k, device=dev, dtype=dt) if mode == 0 else torch.randn(k, n, device=dev, dtype=dt)
                     c = torch.full((64, n), float("nan"), device=dev)
                     err = fn(mode, 1 if dt == torch.bfloat16 else 0, n, a.data_ptr(), b.data_ptr(), c.data_ptr(), swap,
                              torch.cuda.current_stream().cuda_stream)
