@@ -53,8 +53,8 @@ WHERE = "MEASURED_WINS in backends/cuda_fa2/pod.py"
 
 
 def outside_region(prefill_tokens: int, decode_batch: int, decode_kv: int, device=None) -> Optional[str]:
-    """Why auto would compose a batch of these sizes on ``device`` (None: the current GPU) (None: inside
-    MEASURED_WINS, it fuses)."""
+    """Why auto would compose a batch of these sizes on ``device`` (default: the current GPU); None inside
+    MEASURED_WINS, where it fuses."""
     return _outside_region(prefill_tokens, decode_batch, decode_kv, MEASURED_WINS, WHERE, device)
 
 

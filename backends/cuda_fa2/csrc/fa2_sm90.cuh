@@ -373,7 +373,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
     constexpr int PT = 128;                    // producer threads
-    constexpr int PCOLS = CPR < 16 ? CPR : 16;  // producer threads per row: a pass covers >= 8 rows (the swizzle period)
+    constexpr int PCOLS = CPR < 16 ? CPR : 16;  // producer threads per row: a pass covers >= 8 rows (swizzle period)
     constexpr int PNC = CPR / PCOLS;           // chunk columns per producer thread (2 at d256, 16 apart)
     constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
     constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
@@ -393,8 +393,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       if (n_tiles == 0) return;
       const int pr0 = tid / PCOLS, pcc = tid % PCOLS;
       copy_q(PT);  // joins the first K/V group
-      KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh,
-                                            kv_base, pr0, pcc, kv_lo, kv_hi);
+      KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
+                                                        reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc, kv_lo,
+                                                        kv_hi);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES;
         FA2_TR(tile, 0);

@@ -100,5 +100,6 @@ int dispatch(int mode, int n, const void* A, const void* B, float* C, int swap, 
 extern "C" __attribute__((visibility("default"))) int fa2_sm90_selftest(int mode, int dtype, int n, const void* A,
                                                                        const void* B, float* C, int swap,
                                                                        cudaStream_t st) {
-  return dtype == 1 ? dispatch<__nv_bfloat16>(mode, n, A, B, C, swap, st) : dispatch<__half>(mode, n, A, B, C, swap, st);
+  return dtype == 1 ? dispatch<__nv_bfloat16>(mode, n, A, B, C, swap, st)
+                    : dispatch<__half>(mode, n, A, B, C, swap, st);
 }
