@@ -44,6 +44,11 @@ struct Cfg90 {
   // Measured on H100 (2026-11-25, session 18) with the producer's early arrival: P1 non-causal 0.476 ms
   // against 0.478 without turns and 0.519 for the plain loop; P1 causal 0.276 / 0.284 / 0.295.
   static constexpr bool PP = WS && PIPE && NWG == 2;
+  // WS: the producer arrives on a stage's `full` barrier as soon as its copies land (cp.async.mbarrier.arrive), not
+  // after waiting for them a tile later.  The pipelined loop needs it (it holds two of three stages); so does a
+  // two-stage ring (d256's plain loop), where a waited arrival would hold tile t behind the producer's wait for
+  // tile t + 1's stage.  The three-stage plain loop keeps the waited arrival (the early one spills there).
+  static constexpr bool EARLY_ARRIVE = WS && (PIPE || STAGES_ < 3);
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -409,19 +414,19 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         kv.issue(tile, dk, dk + Cfg::tile_bytes);
         ac::cp_async_commit();
         FA2_TR(tile, 2);
-        if constexpr (Cfg::PIPE) {
-          // the pipelined loop holds two of the three stages: the stage's arrival fires as soon as this
-          // thread's copies of the tile (and of Q) have landed, and the producer goes on at once.  (Arriving
-          // after waiting for them, one tile late, starved it: 650-1200 clocks per tile on H100.)
+        if constexpr (Cfg::EARLY_ARRIVE) {
+          // the stage's arrival fires as soon as this thread's copies of the tile (and of Q) have landed, and the
+          // producer goes on at once.  (Arriving after waiting for them, one tile late, starved the pipelined loop:
+          // 650-1200 clocks per tile on H100.)
           mbar_arrive_on_copies(bar_full + 8 * stage);
-        } else if (tile > 0) {  // the plain loop keeps the waited arrival (the early one spills here)
+        } else if (tile > 0) {  // the three-stage plain loop keeps the waited arrival (the early one spills there)
           ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
           fence_async_smem();
           mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
         }
       }
       ac::cp_async_wait<0>();  // no thread leaves with copies in flight
-      if constexpr (!Cfg::PIPE) {
+      if constexpr (!Cfg::EARLY_ARRIVE) {
         fence_async_smem();
         mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
       }
@@ -466,6 +471,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             const int stage = tile % STAGES;
             FA2_TR(tile, 0);
             mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
+            if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
             FA2_TR(tile, 1);
             s_step(stage);
             FA2_TR(tile, 2);
