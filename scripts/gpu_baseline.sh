@@ -26,12 +26,7 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
   warm=$!
   timeout 200 python3 -m attncore.cli build cuda_fa2 > "$OUT/build.txt" 2>&1
   stamp "installed, cuda_fa2 built (rc $?)"
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_pod_fused.py tests/test_triton_pod_graphs.py \
-    "tests/test_pod_streams.py::test_streams_graph_capture_replay_after_replan_gpu" > "$OUT/tests.txt" 2>&1
-  stamp "POD GPU tests (rc $?)"
-  timeout 100 python3 -m attncore.cli conformance triton -q -rfE -p no:cacheprovider --attncore-device cuda \
-    -k "pod and graph" > "$OUT/pod_graph_conformance.txt" 2>&1
-  stamp "POD graph conformance (rc $?)"
+  pod_gpu_checks
   wait $warm; stamp "FlashInfer warm"
 fi
 a=""; for b in $BACKENDS; do a="$a --backend $b"; done

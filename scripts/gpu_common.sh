@@ -6,6 +6,8 @@
 #   has PHASE            whether PHASE is one of $PHASES
 #   gpu_header [FIELDS]  the GPU(s) (nvidia-smi --query-gpu FIELDS, default name,driver_version) and the date
 #   install_tree [PATH]  pip install -e . (and -e PATH for each PATH, e.g. plugins/attncore-sdpa), no deps
+#   pod_gpu_checks       the fused POD GPU tests (CUDA-graph capture included) -> $OUT/tests.txt, and the conformance
+#                        suite's POD graph cases on Triton -> $OUT/pod_graph_conformance.txt
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNCORE_CACHE_DIR=${ATTNCORE_CACHE_DIR:-/tmp/attncore-cache}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,4 +19,13 @@ install_tree() {
   local a=(-e .) p
   for p in "$@"; do a+=(-e "$p"); done
   python3 -m pip install -q --no-deps --no-build-isolation "${a[@]}" 2>&1 | grep -v WARNING
+}
+pod_gpu_checks() {
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_pod_fused.py tests/test_triton_pod_graphs.py \
+    "tests/test_pod_streams.py::test_streams_graph_capture_replay_after_replan_gpu" > "$OUT/tests.txt" 2>&1
+  stamp "POD GPU tests (rc $?)"
+  # Triton's fused op in CUDA-graph mode: the conformance suite's POD graph cases captured for real
+  timeout 120 python3 -m attncore.cli conformance triton -q -rfE -p no:cacheprovider --attncore-device cuda \
+    -k "pod and graph" > "$OUT/pod_graph_conformance.txt" 2>&1
+  stamp "POD graph conformance (rc $?)"
 }

@@ -19,12 +19,7 @@ if [ "${FI:-0}" = 1 ]; then
   ANCHORS_DIR=.anchors source .anchors/fi_setup.sh && FIARG="--flashinfer"
 fi
 stamp "installed"
-timeout 150 python3 -m pytest -q -m gpu tests/test_pod_fused.py tests/test_triton_pod_graphs.py \
-  "tests/test_pod_streams.py::test_streams_graph_capture_replay_after_replan_gpu" 2>&1 | tail -15 > "$OUT/tests.txt"
-# Triton's fused op in CUDA-graph mode: the conformance suite's POD graph cases captured for real
-timeout 120 python3 -m attncore.cli conformance triton -q -rfE -p no:cacheprovider --attncore-device cuda \
-  -k "pod and graph" > "$OUT/pod_graph_conformance.txt" 2>&1
-stamp "gpu tests done"
+pod_gpu_checks
 if [ "${SPLIT:-0}" = 1 ]; then  # the SM split probe: each part alone on N SMs, both split at each S (streams.py's model)
   timeout 200 python3 scripts/gpu_pod_smsplit.py --workloads PD1,PD2 --prefill auto --json "$OUT/pod_smsplit.json" \
     > "$OUT/pod_smsplit.txt" 2>&1

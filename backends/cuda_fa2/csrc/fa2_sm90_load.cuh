@@ -17,6 +17,8 @@ namespace sm90 {
 template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0>
 struct KvTileCopy {
   static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
+  // column group g: CSTEP / 8 column blocks of KVT rows further in smem, CSTEP * 8 elements further in memory
+  static constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
   const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
   const int32_t* pages;      // the request's page ids (paged)
   int64_t k_sn, v_sn;        // ragged token strides
@@ -68,8 +70,6 @@ struct KvTileCopy {
     const uint32_t so = sw128<KVT>(r0, c);
     uint32_t sk = ac::smem_u32(dk) + so, sv = ac::smem_u32(dv) + so;
     asm volatile("" : "+r"(sk), "+r"(sv));  // opaque per tile: ptxas would hoist 2N row addresses otherwise
-    // column group g: CSTEP / 8 column blocks of KVT rows further in smem, CSTEP * 8 elements further in memory
-    constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
     if (page_size == 0) {
       const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
       const T* pv = vb + (int64_t)(t0 + r0) * v_sn;
@@ -91,7 +91,6 @@ struct KvTileCopy {
     copy_paged(sv, vb, v_unit, left);
   }
   __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
-    constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
 #pragma unroll
     for (int it = 0; it < N; ++it) {
       const bool ok = it * STEP < left;
