@@ -44,7 +44,8 @@ for name, v in variants:
     ms = []
     for w in bench_pod.POD_WORKLOADS:
         try:
-            run, wr = bench_pod._setup(w, "cuda", torch.bfloat16, attncore, dict(backend="triton"))
+            x = bench_pod._inputs(w, "cuda", torch.bfloat16)
+            run, wr = bench_pod._setup(w, x, torch.bfloat16, attncore, dict(backend="triton"))
             ms.append(f"{t(run):8.3f}")
         except Exception as e:
             ms.append(f"{type(e).__name__}"[:8])

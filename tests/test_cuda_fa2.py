@@ -153,15 +153,10 @@ def test_compile_check_sm90a_prefill_and_selftest():
         assert " 0 bytes spill stores" in r.log and "0 bytes stack frame" in r.log and "C751" not in r.log and "C7508" not in r.log, r.log
 
 
-def test_prefill90_d256_is_off_until_checked_on_a_gpu_cpu():
-    """prefill90 builds at d256 (never yet run on a GPU): off by default with a reason that says how to turn it
-    on; on, prefill90 takes it; pod90 never does (its kernels are d64 / d128)."""
+def test_prefill90_serves_d256_pod90_does_not_cpu():
+    """prefill90 takes d256; pod90 never does (its kernels are d64 / d128), and says so."""
     b = CudaFa2Backend()
     d256 = _problem(op="single_prefill", page_size=None, head_dim_qk=256, head_dim_vo=256)
-    why = b._problem_sm90_reasons(d256)
-    assert why == ["head dim 256 (prefill90's d256 build is not yet checked on a GPU: sm90_d256 turns it on)"]
-    assert b._problem_sm90_reasons(_problem(head_dim_qk=96, head_dim_vo=96)) == ["head dim 96 (64, 128)"]
-    b.sm90_d256 = True
     assert b._problem_sm90_reasons(d256) == []
     assert b._problem_sm90_reasons(d256, pod=True) == ["head dim 256 (64, 128)"]
     assert b._problem_sm90_reasons(_problem(head_dim_qk=96, head_dim_vo=96)) == ["head dim 96 (64, 128, 256)"]
@@ -198,7 +193,7 @@ def test_sm90_selection_reasons():
 
     with um.patch("torch.cuda.get_device_capability", return_value=(9, 0)):
         assert b.sm90_reasons(_problem(), mk(-1), "cuda:0") == []
-        why = b.sm90_reasons(_problem(mask="custom", head_dim_qk=256, head_dim_vo=256, soft_cap=True), meta, "cuda:0")
+        why = b.sm90_reasons(_problem(mask="custom", head_dim_qk=96, head_dim_vo=96, soft_cap=True), meta, "cuda:0")
         assert any("mask" in w for w in why) and any("head dim" in w for w in why)
         assert any("soft cap" in w for w in why) and any("window" in w for w in why)
     with um.patch("torch.cuda.get_device_capability", return_value=(8, 0)):
@@ -408,7 +403,6 @@ class Case:
     force_config: Optional[str] = None  # prefill / prefill64 (tile config under test)
     sm90_pipe: Optional[bool] = None  # prefill90: pipelined loop forced on / off (None: plan's rule)
     sm90_ws: Optional[bool] = None  # prefill90: warp-specialized variant on / off (None: the default)
-    sm90_d256: bool = False  # prefill90 at d256 (off by default until checked on a GPU)
     split_v: bool = False  # paged: V its own contiguous tensor, so K and V page strides differ
     pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
 
@@ -497,7 +491,6 @@ def run_case(c: Case, seed: int = 0):
     backend.sm90_pipe = c.sm90_pipe
     if c.sm90_ws is not None:
         backend.sm90_ws = c.sm90_ws
-    backend.sm90_d256 = c.sm90_d256
     assert backend.reasons(problem) == [], backend.reasons(problem)
     i32 = dict(dtype=torch.int32, device=dev)
     meta = BatchMeta(
@@ -598,10 +591,11 @@ def test_prefill90(dtype, pipe, ws):
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.pipe == pipe
     assert plan.lib.key.ws == ws
-    # d256 (64-key tiles in two stages, 48 in three for the pipelined loop; the producer copies two chunk columns per
-    # thread), off by default until this passes on a GPU (CudaFa2Backend.sm90_d256)
-    kw.update(sm90_d256=True, d=256)
+    # d256: 80-key tiles in two stages, K and V freed apart with a producer (SEPKV), 48 keys in three for the
+    # pipelined loop without one; the producer copies two chunk columns per thread
+    kw.update(d=256)
     run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (129, 129), (300, 300)], hq=8, hkv=2, page_size=16, **kw))
+    run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=16, split_v=True, **kw))  # V's rows on their own
     run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=4, hkv=4, paged=False, mask="none", **kw))
     run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
     for ps in (1, 3):

@@ -1149,7 +1149,6 @@ batch_prefill_paged cuda sm90 window
 batch_prefill_paged cuda sm90 softcap
 batch_prefill_paged cuda sm90 alibi
 batch_prefill_paged cuda sm90 rope
-batch_prefill_paged cuda sm90 d256
 batch_prefill_paged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 base ATTNCORE_FA2_SM90=0
 batch_prefill_paged cuda sm90 causal ATTNCORE_FA2_SM90=0
@@ -1208,6 +1207,7 @@ xqa_decode cuda sm90 causal ATTNCORE_FA2_SM90=0
 xqa_decode cuda sm90 d64 ATTNCORE_FA2_SM90=0
 """,
     'xqa 70 > sdpa 55 > cuda_fa2 52 > triton 50 > reference 0': """
+batch_prefill_paged cuda sm90 d256
 batch_prefill_ragged cuda sm90 fp32
 batch_prefill_ragged cuda sm90 out-fp16
 batch_prefill_ragged cuda sm90 spec
@@ -1227,6 +1227,7 @@ batch_prefill_paged cuda sm90 graph
 batch_prefill_paged cuda sm90 page1
 """,
     'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 52 > reference 0': """
+batch_prefill_ragged cuda sm90 d256
 batch_prefill_ragged cuda sm90 base
 batch_prefill_ragged cuda sm90 fp16
 batch_prefill_ragged cuda sm90 causal
@@ -1245,11 +1246,9 @@ xqa_decode cuda sm90 causal-lse
 xqa_decode cuda sm90 lse
 """,
     'xqa 70 > sdpa 55 > triton 53 > cuda_fa2 40 > reference 0': """
-single_prefill cuda sm90 d256
 single_prefill cuda sm90 base ATTNCORE_FA2_SM90=0
 single_prefill cuda sm90 causal ATTNCORE_FA2_SM90=0
 single_prefill cuda sm90 d64 ATTNCORE_FA2_SM90=0
-batch_prefill_ragged cuda sm90 d256
 batch_prefill_ragged cuda sm90 base ATTNCORE_FA2_SM90=0
 batch_prefill_ragged cuda sm90 causal ATTNCORE_FA2_SM90=0
 batch_prefill_ragged cuda sm90 d64 ATTNCORE_FA2_SM90=0
@@ -1263,6 +1262,7 @@ batch_prefill_paged cuda sm90 causal-lse
 batch_prefill_paged cuda sm90 lse
 """,
     'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 53 > reference 0': """
+single_prefill cuda sm90 d256
 single_prefill cuda sm90 base
 single_prefill cuda sm90 fp16
 single_prefill cuda sm90 causal

@@ -207,7 +207,8 @@ RULES: Tuple[Rule, ...] = (
              "single prefill on Hopper: prefill90's pipelined ping-pong loop measured above Triton's dense "
              "kernel (53) in the same run: P1 causal 0.276 vs 0.284 ms, non-causal 0.494 vs 0.515; P2 d64 "
              "0.190 vs 0.191 with its 192-key tiles (another call). Ragged batches stay below Triton (B8 x 2k "
-             "causal 0.670 vs 0.636 ms, the sm90 table)",
+             "causal 0.670 vs 0.636 ms, the sm90 table). d256 (prefill90 from 2026-11-29): a tie, P2 d256 0.298 vs "
+             "0.299 ms in one call, 0.304-0.315 vs 0.299 in another (H200, BENCHMARKS.md 2u)",
              H100, "2026-11-25", "BENCHMARKS.md 2o; backends/cuda_fa2/bench/cuda_fa2.md 'Session 18'")),
     Rule("cuda_fa2/sm90-prefill90", "cuda_fa2", 52, ops=_PREFILL, devices=_CUDA, compute_capabilities=_SM90,
          fast_path=FA2_PREFILL90, evidence=Evidence(

@@ -104,10 +104,6 @@ class CudaFa2Backend(Backend):
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
     # P4 328 vs 316 for the non-specialized plain loop, same run.
     sm90_ws = True
-    # prefill90 at head dim 256 (two stages of 64-key tiles, or three of 48 for the pipelined loop): built and
-    # compile-checked, never run on a GPU yet (session 24 had no device time left), so off: d256 takes the FA2
-    # kernel (and auto Triton's) until a GPU run checks it against the reference and times it.
-    sm90_d256 = False
     # POD in one launch (pod.py): "auto" fuses inside the measured region (pod.MEASURED_WINS), "always" every
     # batch the kernel serves (tests, benchmarks); the prefill part's items are issued ``pod_weight`` times ahead of
     # their time share in the CTA order (0.5 to 4 measured within 2-10% of each other, PD1 and PD2: no better one)
@@ -162,9 +158,9 @@ class CudaFa2Backend(Backend):
         table), the problem's selection key."""
         import os
 
-        from attncore.backends.cuda_fa2.specs import PREFILL90_HEAD_DIMS, SM90_HEAD_DIMS
+        from attncore.backends.cuda_fa2.specs import POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS
 
-        dims = PREFILL90_HEAD_DIMS if self.sm90_d256 and not pod else SM90_HEAD_DIMS
+        dims = POD90_HEAD_DIMS if pod else PREFILL90_HEAD_DIMS
         r = []
         if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
             r.append("turned off")
@@ -172,9 +168,7 @@ class CudaFa2Backend(Backend):
             r.append(f"kv dtype {problem.kv_dtype} (16-bit KV only)")
         if problem.mask not in ("none", "causal"):
             r.append(f"mask {problem.mask}")
-        if problem.head_dim_qk == 256 and 256 not in dims and not pod:
-            r.append("head dim 256 (prefill90's d256 build is not yet checked on a GPU: sm90_d256 turns it on)")
-        elif problem.head_dim_qk not in dims:
+        if problem.head_dim_qk not in dims:
             r.append(f"head dim {problem.head_dim_qk} ({', '.join(map(str, dims))})")
         if problem.soft_cap:
             r.append("soft cap")

@@ -10,9 +10,8 @@ URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GP
 ``decode`` is the 16-row Q tile with 4 warps along KV (GQA rows packed), used when a request has
 at most 16 packed rows.
 ``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles, 192 at d64,
-64 at d256 (48 in its pipelined loop)), built for sm_90a only; it serves 16-bit KV, d64/d128 (d256 builds, and runs
-only when ``CudaFa2Backend.sm90_d256`` is set: not yet checked on a GPU), masks none/causal and no soft cap / ALiBi /
-RoPE (plan() checks the rest: no window).
+80 at d256 in two stages), built for sm_90a only; it serves 16-bit KV, d64/d128/d256, masks none/causal and no soft
+cap / ALiBi / RoPE (plan() checks the rest: no window).
 ``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
 for contiguous K/V) and of a decode part (paged, the plain loop, causal, each item's K/V tiles shared between
 the two consumer warpgroups) in one grid; always ``_ws``.
@@ -46,8 +45,8 @@ KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 MASKS = {"none": 0, "causal": 1, "custom": 2}
 CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2, "prefill90": 3, "pod90": 4}
 SM90_CONFIGS = ("prefill90", "pod90")  # built for sm_90a only
-SM90_HEAD_DIMS = (64, 128)  # prefill90 and pod90 as auto uses them
-PREFILL90_HEAD_DIMS = SM90_HEAD_DIMS + (256,)  # d256: built, not yet checked on a GPU (CudaFa2Backend.sm90_d256)
+POD90_HEAD_DIMS = (64, 128)
+PREFILL90_HEAD_DIMS = POD90_HEAD_DIMS + (256,)
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -99,7 +98,7 @@ class Fa2Key:
             raise ValueError("cuda_fa2: warp specialization (_ws) is a prefill90 / pod90 option")
         if self.config == "pod90" and not self.ws:
             raise ValueError("cuda_fa2: pod90 is warp-specialized (_ws)")
-        dims = PREFILL90_HEAD_DIMS if self.config == "prefill90" else SM90_HEAD_DIMS
+        dims = PREFILL90_HEAD_DIMS if self.config == "prefill90" else POD90_HEAD_DIMS
         if self.config in SM90_CONFIGS and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
                                             or self.rope or self.head_dim not in dims):
             raise ValueError(f"cuda_fa2: {self.config} serves 16-bit KV, d{'/d'.join(map(str, dims))}, mask "
@@ -145,11 +144,11 @@ def common_keys() -> List[Fa2Key]:
 
 
 def sm90_keys() -> List[Fa2Key]:
-    """The Hopper (sm_90a) specializations auto uses: prefill90 and its POD kernel, both dtypes, d64/d128, masks
-    none/causal."""
-    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
+    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256) and its POD kernel (d64/d128), both
+    dtypes, masks none/causal."""
+    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16") for d in PREFILL90_HEAD_DIMS
             for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
-        [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in SM90_HEAD_DIMS
+        [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in POD90_HEAD_DIMS
          for m in ("none", "causal") for pi in (False, True)]
 
 

@@ -92,9 +92,10 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #ifndef FA2_H_KVT
 // keys per K/V tile: 192 at d64 (H100 2026-11-25, pipelined loop: P2 d64 0.187 / 0.188 ms against 0.195 / 0.195
 // with 128; the plain loop 0.212 / 0.214 against 0.213), 128 at d128 (three 64 KiB stages and the Q tile fill
-// shared memory).  d256 (not yet measured): the 64 KiB Q tile leaves room for two stages of 64 keys (the plain
-// loop) or three of 48 (the pipelined loop, which holds two stages)
-#define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : FA2_HEAD_DIM == 128 ? 128 : (FA2_H_PIPE ? 48 : 64))
+// shared memory).  d256: the 64 KiB Q tile leaves room for two stages of 80 keys (H200 2026-11-29, the plain
+// loop: P2 d256 0.305 ms against 0.317 with 64); the pipelined loop without a producer holds two stages and needs
+// a third, of 48 keys (the warp-specialized one frees K and V apart instead: Cfg90::SEPKV)
+#define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : FA2_HEAD_DIM == 128 ? 128 : (FA2_H_PIPE && !FA2_H_WS ? 48 : 80))
 #endif
 #ifndef FA2_H_NWG
 #define FA2_H_NWG 2
@@ -109,11 +110,15 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #define FA2_H_PREG 56  // WS: producer registers (setmaxnreg); the consumers get the rest (224 either way)
 #endif
 #ifndef FA2_H_STAGES
-#define FA2_H_STAGES ((FA2_H_PIPE || (FA2_H_WS && D != 256)) ? 3 : 2)
+#define FA2_H_STAGES (D == 256 ? (FA2_H_PIPE && !FA2_H_WS ? 3 : 2) : (FA2_H_PIPE || FA2_H_WS) ? 3 : 2)
+#endif
+#ifndef FA2_H_SEPKV
+#define FA2_H_SEPKV (FA2_H_WS && FA2_H_STAGES == 2)  // K and V on their own barriers (Cfg90::SEPKV)
 #endif
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
               "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");
-using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG>;
+using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG,
+                               FA2_H_SEPKV != 0>;
 #if FA2_CONFIG == 4
 static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");
 // the decode part: paged K/V, the plain loop (its producer cannot feed the pipelined one: cuda_fa2.md, session 19)

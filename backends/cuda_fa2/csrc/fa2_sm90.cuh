@@ -17,7 +17,7 @@
 //   O += P V: wgmma m64n{D}k16, A = P from registers, B = V from smem, MN-major (transpose bit).
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
-// RoPE, fp8 KV, head dims other than 64 / 128 / 256 (d256: not yet checked on a GPU, off unless asked for).
+// RoPE, fp8 KV, head dims other than 64 / 128 / 256.
 // Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, setmaxnreg), fa2_sm90_load.cuh
 // (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
 // clock64 timeline of the loops, built only with -DFA2_TRACE=1).
@@ -30,7 +30,8 @@
 namespace fa2 {
 namespace sm90 {
 
-template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56>
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56,
+          bool SEPKV_ = WS_ && STAGES_ == 2>
 struct Cfg90 {
   static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
@@ -49,6 +50,13 @@ struct Cfg90 {
   // two-stage ring (d256's plain loop), where a waited arrival would hold tile t behind the producer's wait for
   // tile t + 1's stage.  The three-stage plain loop keeps the waited arrival (the early one spills there).
   static constexpr bool EARLY_ARRIVE = WS && (PIPE || STAGES_ < 3);
+  // SEPKV (WS, two stages: d256, whose 64 KiB Q tile leaves room for two stages of 80 keys): K and V of a stage
+  // are handed over on their own barriers, K freed once S is computed, V once P V is, as FlashAttention-3 does.
+  // The pipelined loop holds K of tile j + 1 and V of tile j at once: with one barrier per stage a two-stage ring
+  // would leave the producer nothing to copy meanwhile.
+  static constexpr bool SEPKV = SEPKV_;
+  static_assert(!SEPKV || (WS && EARLY_ARRIVE), "SEPKV: the warp-specialized ring, early arrivals");
+  static_assert(!(WS && PIPE) || STAGES >= 3 || SEPKV, "the pipelined loop holds two stages");
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -59,9 +67,9 @@ struct Cfg90 {
   static constexpr int q_bytes = CTA_Q * D * 2;
   static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
   static constexpr int stage_bytes = 2 * tile_bytes;
-  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers
+  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty)
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
-  static constexpr int ws_bytes = WS ? 16 * STAGES : 0;
+  static constexpr int ws_bytes = WS ? 16 * STAGES * (SEPKV ? 2 : 1) : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
@@ -103,7 +111,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
   const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
   const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
-  static_assert(!KVSPLIT || (Cfg::WS && !Cfg::PIPE && Cfg::NWG == 2), "KVSPLIT: the warp-specialized plain loop, 2 WGs");
+  static_assert(!KVSPLIT || (Cfg::WS && !Cfg::PIPE && !Cfg::SEPKV && Cfg::NWG == 2),
+                "KVSPLIT: the warp-specialized plain loop (one barrier per stage), 2 WGs");
   const bool split = KVSPLIT && rows_here <= 64;
   const int wrow = split ? 0 : wg * 64;  // this consumer warpgroup's first local row
   const bool idle = split && wq * 16 >= rows_here;  // KVSPLIT: this warp holds no live row
@@ -383,12 +392,19 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
     constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
     static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
+    // bar_full / bar_empty: the stage's (SEPKV: its K tile's); bar_full_v / bar_empty_v: SEPKV, its V tile's
     const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
+    const uint32_t bar_full_v = bar_empty + 8 * STAGES, bar_empty_v = bar_full_v + 8 * STAGES;
     if (tid == 0) {
+      const int consumers = 128 * (split ? 1 : Cfg::NWG);  // split: one warpgroup per tile
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
         mbar_init(bar_full + 8 * st, PT);
-        mbar_init(bar_empty + 8 * st, 128 * (split ? 1 : Cfg::NWG));  // split: one warpgroup per tile
+        mbar_init(bar_empty + 8 * st, consumers);
+        if constexpr (Cfg::SEPKV) {
+          mbar_init(bar_full_v + 8 * st, PT);
+          mbar_init(bar_empty_v + 8 * st, consumers);
+        }
       }
     }
     __syncthreads();
@@ -407,6 +423,20 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
         FA2_TR(tile, 1);
         uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+        if constexpr (Cfg::SEPKV) {  // K, then V once its slot is free, each arriving on its own barrier
+          kv.prefetch(tile);
+          kv.template issue<1>(tile, dk, dk + Cfg::tile_bytes);
+          ac::cp_async_commit();
+          mbar_arrive_on_copies(bar_full + 8 * stage);
+          FA2_TR(tile, 3);
+          if (tile >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((tile / STAGES) - 1) & 1);
+          FA2_TR(tile, 4);
+          kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+          ac::cp_async_commit();
+          mbar_arrive_on_copies(bar_full_v + 8 * stage);
+          FA2_TR(tile, 2);
+          continue;
+        }
         // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
         // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
         // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
@@ -443,6 +473,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
           FA2_TR(0, 1);
           s_step(0);
+          if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty);  // K of tile 0 consumed
           FA2_TR(0, 2);
           softmax(0);
           FA2_TR(0, 3);
@@ -452,14 +483,24 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             const int nx = tile + 1;
             FA2_TR(nx, 0);
             mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
+            if constexpr (Cfg::SEPKV) mbar_wait(bar_full_v + 8 * (tile % STAGES), (tile / STAGES) & 1);
             fence_async_smem();
             FA2_TR(nx, 1);
             pipe_step(tile, nx, true);
-            mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
+            if constexpr (Cfg::SEPKV) {
+              mbar_arrive(bar_empty + 8 * (nx % STAGES));       // K of `nx` consumed
+              mbar_arrive(bar_empty_v + 8 * (tile % STAGES));   // V of `tile` consumed
+            } else {
+              mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
+            }
             pack();
             FA2_TR(nx, 4);
           }
           rescale();
+          if constexpr (Cfg::SEPKV) {
+            mbar_wait(bar_full_v + 8 * ((n_tiles - 1) % STAGES), ((n_tiles - 1) / STAGES) & 1);
+            fence_async_smem();
+          }
           pv_step((n_tiles - 1) % STAGES);
         } else {
           // split: a warpgroup waits on every other tile's `full` only.  Its parity wait on tile t is sound because
@@ -474,14 +515,19 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
             FA2_TR(tile, 1);
             s_step(stage);
+            if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stage);  // K consumed
             FA2_TR(tile, 2);
             softmax(tile);
             FA2_TR(tile, 3);
             rescale_pack();
             FA2_TR(tile, 4);
+            if constexpr (Cfg::SEPKV) {
+              mbar_wait(bar_full_v + 8 * stage, (tile / STAGES) & 1);
+              fence_async_smem();
+            }
             pv_step(stage);
             FA2_TR(tile, 5);
-            mbar_arrive(bar_empty + 8 * stage);
+            mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
           }
         }
       }

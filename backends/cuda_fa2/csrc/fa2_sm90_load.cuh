@@ -61,11 +61,14 @@ struct KvTileCopy {
   __device__ __forceinline__ void prefetch(int tile) {
     if (page_size > 0) rows(tile, false);
   }
-  // cp.async of `tile` into dk / dv (paged: prefetch(tile) must have run).  STEP is a multiple of
-  // the 8-row swizzle period, so row r0 + it * STEP lands at a fixed offset from row r0: immediates,
-  // not registers held across the tile loop.
+  // cp.async of `tile`: PARTS 3, its K tile into dk and its V tile into dv, row by row; 1 or 2, the K or the V tile
+  // alone (the two-stage ring hands them over apart: Cfg90::SEPKV).  Paged: prefetch(tile) must have run.
+  // STEP is a multiple of the 8-row swizzle period, so row r0 + it * STEP lands at a fixed offset from row r0:
+  // immediates, not registers held across the tile loop.
+  template <int PARTS = 3>
   __device__ __forceinline__ void issue(int tile, uint8_t* dk, uint8_t* dv) {
     static_assert(STEP % 8 == 0, "rows of one thread share the swizzle phase");
+    constexpr bool K = PARTS & 1, V = PARTS & 2;
     const int t0 = kv_lo + tile * KVT, left = kv_hi - t0 - r0;
     const uint32_t so = sw128<KVT>(r0, c);
     uint32_t sk = ac::smem_u32(dk) + so, sv = ac::smem_u32(dv) + so;
@@ -78,17 +81,17 @@ struct KvTileCopy {
         const bool ok = it * STEP < left;
 #pragma unroll
         for (int g = 0; g < NC; ++g) {  // zero-fill reads nothing: any valid address (kb / vb + a column)
-          ac::cp_async16(sk + g * GS + it * STEP * 128, (ok ? pk : kb) + g * CSTEP * 8, ok);
-          ac::cp_async16(sv + g * GS + it * STEP * 128, (ok ? pv : vb) + g * CSTEP * 8, ok);
+          if (K) ac::cp_async16(sk + g * GS + it * STEP * 128, (ok ? pk : kb) + g * CSTEP * 8, ok);
+          if (V) ac::cp_async16(sv + g * GS + it * STEP * 128, (ok ? pv : vb) + g * CSTEP * 8, ok);
         }
         pk += STEP * k_sn;
         pv += STEP * v_sn;
       }
       return;
     }
-    copy_paged(sk, kb, k_unit, left);
-    if (!same) rows(tile, true);  // rare (K and V strides differ): V's rows now, not prefetched
-    copy_paged(sv, vb, v_unit, left);
+    if (K) copy_paged(sk, kb, k_unit, left);
+    if (V && !same) rows(tile, true);  // rare (K and V strides differ): V's rows now, not prefetched
+    if (V) copy_paged(sv, vb, v_unit, left);
   }
   __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
 #pragma unroll

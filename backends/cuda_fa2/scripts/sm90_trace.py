@@ -23,6 +23,7 @@ PLAIN = {"wait full": (0, 1), "S": (1, 2), "softmax": (2, 3), "rescale+pack": (3
 PIPE = {"wait full": (0, 1), "turn": (1, 7), "issue": (7, 6), "S wait": (6, 2), "softmax": (2, 3),
         "P V wait": (3, 5), "pack": (5, 4)}
 PRODUCER = {"wait empty": (0, 1), "issue": (1, 2)}
+PRODUCER_SEPKV = {"wait K empty": (0, 1), "issue K": (1, 3), "wait V empty": (3, 4), "issue V": (4, 2)}
 
 
 def summary(stamps, label: str) -> list:
@@ -38,7 +39,10 @@ def summary(stamps, label: str) -> list:
             continue
         tiles = range(3, n - 2)
         for role, name in ((0, "producer"), (1, "consumer 0"), (2, "consumer 1")):
-            phases = PRODUCER if role == 0 else (PIPE if any(at(slot, role, t, 7) for t in tiles) else PLAIN)
+            if role == 0:
+                phases = PRODUCER_SEPKV if any(at(slot, role, t, 3) for t in tiles) else PRODUCER
+            else:
+                phases = PIPE if any(at(slot, role, t, 7) for t in tiles) else PLAIN
             period = statistics.median(at(slot, role, t + 1, 0) - at(slot, role, t, 0) for t in tiles)
             parts = {k: statistics.median(at(slot, role, t, b) - at(slot, role, t, a) for t in tiles)
                      for k, (a, b) in phases.items()}
