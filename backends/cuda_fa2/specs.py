@@ -15,12 +15,13 @@ cap / ALiBi / RoPE (plan() checks the rest: no window).
 ``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
 for contiguous K/V) and of a decode part (paged, the plain loop, causal, each item's K/V tiles shared between
 the two consumer warpgroups) in one grid; always ``_ws``.
-``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages; S of the next tile on the tensor
-cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
+``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages, 2 at d256 with ``_ws``; S of the next
+tile on the tensor cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
 (ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V, plain for paged.
 ``_ws`` (prefill90 and pod90): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
-every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers, and the two
-consumer warpgroups (224 registers) only compute (``CudaFa2Backend.sm90_ws``).
+every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers (d256: 2 stages, each K and
+V tile on its own barriers), and the two consumer warpgroups (224 registers) only compute
+(``CudaFa2Backend.sm90_ws``).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time
@@ -146,8 +147,8 @@ def common_keys() -> List[Fa2Key]:
 def sm90_keys() -> List[Fa2Key]:
     """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256) and its POD kernel (d64/d128), both
     dtypes, masks none/causal."""
-    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16") for d in PREFILL90_HEAD_DIMS
-            for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
+    return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16")
+            for d in PREFILL90_HEAD_DIMS for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
         [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in POD90_HEAD_DIMS
          for m in ("none", "causal") for pi in (False, True)]
 
