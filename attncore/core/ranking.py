@@ -207,15 +207,16 @@ RULES: Tuple[Rule, ...] = (
              "single prefill on Hopper: prefill90's pipelined ping-pong loop measured above Triton's dense "
              "kernel (53) in the same run: P1 causal 0.276 vs 0.284 ms, non-causal 0.494 vs 0.515; P2 d64 "
              "0.190 vs 0.191 with its 192-key tiles (another call). Ragged batches stay below Triton (B8 x 2k "
-             "causal 0.670 vs 0.636 ms, the sm90 table). d256 (prefill90 from 2026-11-29): a tie, P2 d256 0.298 vs "
-             "0.299 ms in one call, 0.304-0.315 vs 0.299 in another (H200, BENCHMARKS.md 2u)",
+             "causal 0.670 vs 0.636 ms, the sm90 table). d256 (prefill90 from 2026-11-29): a tie, P2 d256 0.298-0.315 "
+             "vs Triton 0.299-0.304 ms over three calls (H200, BENCHMARKS.md 2u)",
              H100, "2026-11-25", "BENCHMARKS.md 2o; backends/cuda_fa2/bench/cuda_fa2.md 'Session 18'")),
     Rule("cuda_fa2/sm90-prefill90", "cuda_fa2", 52, ops=_PREFILL, devices=_CUDA, compute_capabilities=_SM90,
          fast_path=FA2_PREFILL90, evidence=Evidence(
              "the Hopper prefill90 kernel beats Triton's generic kernel on the prefill it serves (P1 causal "
              "465 vs 430 TFLOP/s, P3 page 16 359 vs 299, P4 446 vs 353, session 3); Triton's dense kernel "
              "later measured above it for dense prefill (triton/sm90-dense, 53), not for paged prefill "
-             "(P4 424 vs 414, session 4)",
+             "(P4 424 vs 414, session 4). Paged d256 (prefill90 from 2026-11-29; H200, BENCHMARKS.md 2u): 8 x 2k "
+             "causal, page 16, 0.699-0.709 vs Triton 0.928 ms",
              H100, "2026-11-22", "BENCHMARKS.md section 1, sessions 3-4")),
     Rule("cuda_fa2/sm90-pod", "cuda_fa2", 56, ops=frozenset({"pod", "batch_pod"}), devices=_CUDA,
          compute_capabilities=_SM90, evidence=Evidence(
