@@ -20,6 +20,12 @@ install_tree() {
   for p in "$@"; do a+=(-e "$p"); done
   python3 -m pip install -q --no-deps --no-build-isolation "${a[@]}" 2>&1 | grep -v WARNING
 }
+# The device tool brings back at most 8 files from $OUT: the text logs go into one archive (logs.tgz), so the JSON
+# and plots a script writes come back beside it.  Call last, once the logs are printed.
+bundle_logs() {
+  (cd "$OUT" && shopt -s nullglob && f=(*.txt *.err *.log) && [ ${#f[@]} -gt 0 ] && tar czf logs.tgz "${f[@]}" \
+    && rm -f "${f[@]}")
+}
 pod_gpu_checks() {
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_pod_fused.py tests/test_triton_pod_graphs.py \
     "tests/test_pod_streams.py::test_streams_graph_capture_replay_after_replan_gpu" > "$OUT/tests.txt" 2>&1

@@ -71,3 +71,4 @@ echo "== fused launch variants (PD1/PD2, ms) =="; tail -4 "$OUT/pod_variants.txt
   || { echo "== sweep (cut short: rows measured) =="; grep "pod bench:" "$OUT/pod_sweep.err" 2>/dev/null; }
 echo "== PD1/PD2 (targets: PD1 fused x >= 1.15 and below FlashInfer's 0.414 ms; PD2 fused < 0.40 ms) =="
 cat "$OUT/pod_pd.txt"; tail -3 "$OUT/pod_pd.err" | grep -v "pod bench:"
+bundle_logs
