@@ -4,8 +4,8 @@
 # POD wrapper and the conformance suite's POD graph cases on Triton), fused-launch variants on PD1/PD2 (grid vs
 # persistent, prefill tile configs), then `attncore bench` for PD1/PD2 (fused vs composed-serial vs
 # auto) and the sweep (prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k), a short table last.
-# FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  Logs, JSON
-# and (when matplotlib imports) the plot under $OUT.
+# FI=1 adds FlashInfer's POD (needs .anchors/fi_setup.sh, see scripts/gpu_before_after.sh).  JSON, the plot (when
+# matplotlib imports) and the logs (logs.tgz: gpu_common.sh's bundle_logs) under $OUT.
 # SPLIT=1 adds scripts/gpu_pod_smsplit.py on PD1/PD2 (fits attncore/core/streams.py's split model to a new GPU).
 # Usage on the device machine:  [FI=0] [SWEEP=1] [SPLIT=0] bash scripts/gpu_issue16_pod.sh
 source scripts/gpu_common.sh
