@@ -122,7 +122,7 @@ using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE
 #if FA2_CONFIG == 4
 static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");
 // the decode part: paged K/V, the plain loop (its producer cannot feed the pipelined one: cuda_fa2.md, session 19)
-using Cfg90D = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, false, true, FA2_H_PREG>;
+using Cfg90D = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, false, true, FA2_H_PREG, false>;  // KVSPLIT
 auto kernel = fa2::sm90::fa2_sm90_pod_kernel<Cfg90, Cfg90D, T, FA2_MASK>;
 #else
 auto kernel = fa2::sm90::fa2_sm90_kernel<Cfg90, T, FA2_MASK>;

@@ -30,8 +30,7 @@
 namespace fa2 {
 namespace sm90 {
 
-template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56,
-          bool SEPKV_ = WS_ && STAGES_ == 2>
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56, bool SEPKV_ = false>
 struct Cfg90 {
   static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
@@ -50,10 +49,10 @@ struct Cfg90 {
   // two-stage ring (d256's plain loop), where a waited arrival would hold tile t behind the producer's wait for
   // tile t + 1's stage.  The three-stage plain loop keeps the waited arrival (the early one spills there).
   static constexpr bool EARLY_ARRIVE = WS && (PIPE || STAGES_ < 3);
-  // SEPKV (WS, two stages: d256, whose 64 KiB Q tile leaves room for two stages of 80 keys): K and V of a stage
-  // are handed over on their own barriers, K freed once S is computed, V once P V is, as FlashAttention-3 does.
-  // The pipelined loop holds K of tile j + 1 and V of tile j at once: with one barrier per stage a two-stage ring
-  // would leave the producer nothing to copy meanwhile.
+  // SEPKV (WS; fa2_attention.cu's FA2_H_SEPKV turns it on for two stages: d256, whose 64 KiB Q tile leaves room for
+  // two stages of 80 keys): K and V of a stage are handed over on their own barriers, K freed once S is computed,
+  // V once P V is, as FlashAttention-3 does.  The pipelined loop holds K of tile j + 1 and V of tile j at once: with
+  // one barrier per stage a two-stage ring would leave the producer nothing to copy meanwhile.
   static constexpr bool SEPKV = SEPKV_;
   static_assert(!SEPKV || (WS && EARLY_ARRIVE), "SEPKV: the warp-specialized ring, early arrivals");
   static_assert(!(WS && PIPE) || STAGES >= 3 || SEPKV, "the pipelined loop holds two stages");
