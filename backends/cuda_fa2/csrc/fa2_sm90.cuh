@@ -422,37 +422,31 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
         FA2_TR(tile, 1);
         uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-        if constexpr (Cfg::SEPKV) {  // K, then V once its slot is free, each arriving on its own barrier
-          kv.prefetch(tile);
-          kv.template issue<1>(tile, dk, dk + Cfg::tile_bytes);
-          ac::cp_async_commit();
-          mbar_arrive_on_copies(bar_full + 8 * stage);
-          FA2_TR(tile, 3);
-          if (tile >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((tile / STAGES) - 1) & 1);
-          FA2_TR(tile, 4);
-          kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
-          ac::cp_async_commit();
-          mbar_arrive_on_copies(bar_full_v + 8 * stage);
-          FA2_TR(tile, 2);
-          continue;
-        }
         // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
         // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
         // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
         kv.prefetch(tile);
-        kv.issue(tile, dk, dk + Cfg::tile_bytes);
+        kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
         ac::cp_async_commit();
-        FA2_TR(tile, 2);
         if constexpr (Cfg::EARLY_ARRIVE) {
-          // the stage's arrival fires as soon as this thread's copies of the tile (and of Q) have landed, and the
-          // producer goes on at once.  (Arriving after waiting for them, one tile late, starved the pipelined loop:
-          // 650-1200 clocks per tile on H100.)
+          // the stage's (SEPKV: K's) arrival fires as soon as this thread's copies of the tile (and of Q) have
+          // landed, and the producer goes on at once.  (Arriving after waiting for them, one tile late, starved the
+          // pipelined loop: 650-1200 clocks per tile on H100.)
           mbar_arrive_on_copies(bar_full + 8 * stage);
         } else if (tile > 0) {  // the three-stage plain loop keeps the waited arrival (the early one spills there)
           ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
           fence_async_smem();
           mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
         }
+        if constexpr (Cfg::SEPKV) {  // V once its slot is free, arriving on its own barrier
+          FA2_TR(tile, 3);
+          if (tile >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((tile / STAGES) - 1) & 1);
+          FA2_TR(tile, 4);
+          kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+          ac::cp_async_commit();
+          mbar_arrive_on_copies(bar_full_v + 8 * stage);
+        }
+        FA2_TR(tile, 2);
       }
       ac::cp_async_wait<0>();  // no thread leaves with copies in flight
       if constexpr (!Cfg::EARLY_ARRIVE) {

@@ -8,7 +8,7 @@
 // backends/cuda_fa2/scripts/sm90_trace.py builds, runs and summarises it.  One SM's clock64 is
 // consistent across its warps, so within a CTA the phases of the three roles compare directly.
 //
-// Phases: producer 0 before its `empty` wait, 1 after it, 2 after the tile's copies are issued (SEPKV: 1 after K's
+// Phases: producer 0 before its `empty` wait, 1 after it, 2 once the tile's copies are issued (SEPKV: 1 after K's
 // `empty` wait, 3 K's copies issued, 4 V's `empty` waited, 2 V's copies issued);
 // consumers 0 before the `full` wait, 1 after it, then the plain loop 2 S done, 3 softmax done,
 // 4 rescale + pack done, 5 P V done; the pipelined loop 7 turn taken, 6 S and P V issued, 2 S done,
