@@ -456,13 +456,15 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     } else {
       // ---------------- consumers
       setmaxnreg_inc<Cfg::CREG>();
+      // until tile `tile`'s copies into its stage have landed (`bar`: bar_full, or SEPKV's bar_full_v for its V)
+      auto wait_full = [&](uint32_t bar, int tile) { mbar_wait(bar + 8 * (tile % STAGES), (tile / STAGES) & 1); };
       if constexpr (Cfg::PP) {
         if (wg == 1 && n_tiles > 0) named_arrive(1, 256);  // warpgroup 0 takes the first turn
       }
       if (n_tiles > 0) {
         if constexpr (Cfg::PIPE) {
           FA2_TR(0, 0);
-          mbar_wait(bar_full, 0);
+          wait_full(bar_full, 0);
           fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
           FA2_TR(0, 1);
           s_step(0);
@@ -475,8 +477,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           for (int tile = 0; tile < n_tiles - 1; ++tile) {
             const int nx = tile + 1;
             FA2_TR(nx, 0);
-            mbar_wait(bar_full + 8 * (nx % STAGES), (nx / STAGES) & 1);
-            if constexpr (Cfg::SEPKV) mbar_wait(bar_full_v + 8 * (tile % STAGES), (tile / STAGES) & 1);
+            wait_full(bar_full, nx);
+            if constexpr (Cfg::SEPKV) wait_full(bar_full_v, tile);
             fence_async_smem();
             FA2_TR(nx, 1);
             pipe_step(tile, nx, true);
@@ -491,7 +493,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           }
           rescale();
           if constexpr (Cfg::SEPKV) {
-            mbar_wait(bar_full_v + 8 * ((n_tiles - 1) % STAGES), ((n_tiles - 1) / STAGES) & 1);
+            wait_full(bar_full_v, n_tiles - 1);
             fence_async_smem();
           }
           pv_step((n_tiles - 1) % STAGES);
@@ -504,7 +506,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
             const int stage = tile % STAGES;
             FA2_TR(tile, 0);
-            mbar_wait(bar_full + 8 * stage, (tile / STAGES) & 1);
+            wait_full(bar_full, tile);
             if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
             FA2_TR(tile, 1);
             s_step(stage);
@@ -515,7 +517,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             rescale_pack();
             FA2_TR(tile, 4);
             if constexpr (Cfg::SEPKV) {
-              mbar_wait(bar_full_v + 8 * stage, (tile / STAGES) & 1);
+              wait_full(bar_full_v, tile);
               fence_async_smem();
             }
             pv_step(stage);
