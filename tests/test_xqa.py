@@ -39,11 +39,12 @@ def _backend():
     import re
 
     from attncore.backends.xqa.backend import XqaBackend
+    from attncore.backends.xqa.specs import TUNE
 
     b = XqaBackend()
     tune = os.environ.get("XQA_TEST_TUNE", "")
     if tune:
-        b.tune = tuple((k, int(v)) for k, v in re.findall(r"(kpw|st|mb|dg|l2)(\d+)", tune))
+        b.tune = tuple((k, int(v)) for k, v in re.findall(r"(%s)(\d+)" % "|".join(TUNE), tune))
     return b
 
 
@@ -108,6 +109,19 @@ def test_claims_and_refusals():
     assert any("NVFP4" in s for s in nv)
 
 
+def test_key_for_swaps_fp8_up_to_8_rows():
+    """fp8 KV with at most 8 rows per kv head goes to the swapped-product kernel; 16-bit KV, more
+    rows, or the knob off do not."""
+    b = _backend()
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    assert b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap            # group 4
+    assert b.key_for(_problem(kv=e5, hq=16, hkv=4, d=256), 2).swap     # 4 x 2 draft rows
+    assert not b.key_for(_problem(kv=e4, hq=32, hkv=4), 2).swap        # 16 rows
+    assert not b.key_for(_problem(hq=32, hkv=8), 1).swap               # 16-bit KV
+    b.swap_for_fp8 = False
+    assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap
+
+
 def test_priority():
     b = _backend()
     assert _rank(b, _problem(cc=(9, 0))) == 70
@@ -118,10 +132,16 @@ def test_uri_roundtrip_and_splits():
     from attncore.backends.xqa import plan as xplan, specs
 
     tuned = specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("kpw", 32), ("st", 2)))
-    for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2), tuned]:
+    swapped = specs.XqaKey("fp16", "e5m2", "same", 64, 1, (("kpw", 16),), swap=True)
+    for k in specs.default_keys() + [specs.XqaKey("fp16", "e5m2", "e4m3", 64, 2), tuned, swapped]:
         s = specs.parse(k.uri + "_sm90")
         assert s.uri == k.uri
     assert tuned.uri.endswith("_mt1_tkpw32st2") and ("XQA_KPW", "32") in tuned.spec().defines
+    assert swapped.uri.endswith("_mt1_sw_tkpw16") and ("XQA_SWAP", "1") in swapped.spec().defines
+    for bad in (specs.XqaKey("bf16", "same", "same", 128, 1, swap=True), specs.XqaKey("bf16", "e4m3", "same", 128, 2,
+                                                                                      swap=True)):
+        with pytest.raises(ValueError, match="swapped-product kernel"):
+            bad.spec()
     with pytest.raises(ValueError):
         specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("nope", 1),)).spec()
     with pytest.raises(ValueError):
@@ -156,7 +176,8 @@ def test_sources_compile_sm80_sm90():
     from attncore.backends.xqa.specs import XqaKey
 
     keys = [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 2),
-            XqaKey("fp16", "e4m3", "e4m3", 256, 1), XqaKey("fp16", "e5m2", "same", 64, 2)]
+            XqaKey("fp16", "e4m3", "e4m3", 256, 1), XqaKey("fp16", "e5m2", "same", 64, 2),
+            XqaKey("bf16", "e4m3", "same", 128, 1, swap=True)]
     res = jit.compile_check([k.spec() for k in keys], archs=("80", "90"), ptxas_verbose=True)
     assert len(res) == 2 * len(keys)
     for r in res:
@@ -392,6 +413,28 @@ def test_gpu_fp8_kv(dtype, kv_dtype, group):
 def test_gpu_fp8_kv_head_dims(d):
     c = Case(d=d, kv_dtype=torch.float8_e4m3fn, hq=8, hkv=2, kv_lens=[3, 200], layout="HND", seed=d)
     c.run_checked()
+
+
+@gpu
+@pytest.mark.parametrize("case", ["window_sinks_lse", "split", "spec_draft", "page1_empty", "e5m2_fp16_hnd"])
+def test_gpu_fp8_swapped_kernel(case):
+    """The swapped-product kernel (fp8 KV, <= 8 rows per kv head) on every feature the main kernel
+    serves: window, sinks, LSE, split-KV, spec-decode drafts, page size 1, empty requests, HND, e5m2."""
+    e4 = torch.float8_e4m3fn
+    c = {"window_sinks_lse": lambda: Case(kv_dtype=e4, hq=32, hkv=8, window=100, sinks=True, lse=True,
+                                          kv_lens=[1, 150, 900], seed=21),
+         "split": lambda: Case(kv_dtype=e4, B=1, hq=64, hkv=8, kv_lens=[9000], lse=True, sinks=True, seed=22),
+         "spec_draft": lambda: Case(kv_dtype=e4, hq=8, hkv=2, q_len=2, spec=True, lse=True, kv_lens=[2, 60, 700],
+                                    seed=23),
+         "page1_empty": lambda: Case(op="batch_decode", kv_dtype=e4, hq=6, hkv=2, q_len=1, ps=1, lse=True,
+                                     kv_lens=[0, 3, 700], seed=24),
+         "e5m2_fp16_hnd": lambda: Case(dtype=torch.float16, kv_dtype=torch.float8_e5m2, hq=8, hkv=8, layout="HND",
+                                       bmm2=0.5, kv_lens=[5, 400], seed=25)}[case]()
+    out, lse, plan = c.run()
+    assert plan.lib.key.swap and plan.lib.rows == 8
+    if case == "split":
+        assert plan.num_splits > 1
+    c.check(out, lse)
 
 
 @gpu

@@ -83,6 +83,7 @@ class XqaBackend(Backend):
 
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs
+    swap_for_fp8 = True  # <= 8 rows with fp8 KV: the swapped-product kernel (specs.XqaKey.swap)
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
     tune: tuple = ()  # kernel tuning options for every key (specs.XqaKey.tune; tuning runs only)
 
@@ -127,7 +128,7 @@ class XqaBackend(Backend):
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, q_len: int):
         """The kernel specialization of a problem; memoized by everything it reads (host time: one per plan)."""
-        memo = (problem, q_len, bool(self.mt2_for_fp8), tuple(self.tune))
+        memo = (problem, q_len, bool(self.mt2_for_fp8), bool(self.swap_for_fp8), tuple(self.tune))
         key = _KEYS.get(memo)
         if key is None:
             if len(_KEYS) > 1024:
@@ -143,7 +144,8 @@ class XqaBackend(Backend):
         fp8 = problem.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         mt = 1 if (rows <= 16 or d == 256 or (fp8 and not self.mt2_for_fp8)) else 2
         return XqaKey("bf16" if problem.q_dtype == torch.bfloat16 else "fp16", _kv_name(problem.kv_dtype),
-                      "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune))
+                      "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune),
+                      swap=fp8 and rows <= 8 and bool(self.swap_for_fp8))
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
         from attncore.backends.xqa import binding

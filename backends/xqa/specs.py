@@ -2,17 +2,18 @@
 
 URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
-    xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>[_t<option><value>...]
+    xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>[_sw][_t<option><value>...]
 
 ``mt1`` packs up to 16 rows (GQA heads x draft tokens of one kv head) into one CTA, ``mt2`` up to
-32 (d64/d128 only: d256 with 32 rows would spill).  Everything else (page size, NHD/HND, window,
+32 (d64/d128 only: d256 with 32 rows would spill).  ``_sw`` (fp8 KV, ``mt1``): the swapped-product
+kernel, 8 rows per CTA, keys as the MMA's M (``csrc/xqa_swap.cuh``).  Everything else (page size, NHD/HND, window,
 sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time parameter.
 
 ``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``backends/xqa/bench/xqa_tune.py``), each a name
 and a number: ``kpw`` keys per warp per tile (16 or 32), ``st`` cp.async ring depth, ``mb`` CTAs per
 SM the register budget is sized for, ``l2`` the cp.async L2 prefetch hint in bytes (0, 64, 128,
 256), ``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong
-results, timing only).  Without ``_t`` the kernel's defaults apply.
+results, timing only), ``cv`` 1: widen fp8 with integer ops, not the sm_89+ cvt.  Without ``_t`` the kernel's defaults apply.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class XqaKey:
     head_dim: int = 128
     mt: int = 1
     tune: Tuple[Tuple[str, int], ...] = ()  # ((option, value), ...), options in TUNE
+    swap: bool = False  # the swapped-product kernel (fp8 KV, 8 rows per CTA)
 
     @property
     def uri(self) -> str:
@@ -52,6 +54,8 @@ class XqaKey:
         if self.out != "same":
             parts.append("out" + self.out)
         parts += [f"d{self.head_dim}", f"mt{self.mt}"]
+        if self.swap:
+            parts.append("sw")
         if self.tune:
             parts.append("t" + "".join(f"{k}{int(v)}" for k, v in self.tune))
         return "_".join(parts)
@@ -64,18 +68,20 @@ class XqaKey:
             raise ValueError("xqa: fp8 output needs an fp8 KV cache")
         if self.head_dim == 256 and self.mt != 1:
             raise ValueError("xqa: head_dim 256 uses mt1 only")
+        if self.swap and (self.kv == "same" or self.mt != 1):
+            raise ValueError("xqa: the swapped-product kernel (_sw) serves fp8 KV with mt1 only")
         for k, v in self.tune:
             if k not in TUNE or int(v) < 0:
                 raise ValueError(f"xqa: unknown tuning option {k}={v} (options: {', '.join(TUNE)})")
         defines = (
             ("XQA_DTYPE", str(DTYPES[self.dtype])), ("XQA_KV", str(KVS[self.kv])), ("XQA_OUT", str(OUTS[self.out])),
             ("XQA_HEAD_DIM", str(self.head_dim)), ("XQA_MT", str(self.mt)),
-        ) + tuple((TUNE[k], str(int(v))) for k, v in self.tune)
+        ) + ((("XQA_SWAP", "1"),) if self.swap else ()) + tuple((TUNE[k], str(int(v))) for k, v in self.tune)
         return jit.Spec("xqa", self.uri, (SOURCE,), defines=defines, include_dirs=INCLUDE_DIRS,
                         description=self.uri.replace("_", " "))
 
 
-_URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])"
+_URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])(_sw)?"
                      r"(?:_t((?:(?:kpw|st|mb|dg|l2)\d+)+))?(?:_sm\d+)?$")
 
 
@@ -83,9 +89,9 @@ def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not an xqa specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    dt, kv, out, d, mt, tune = m.groups()
+    dt, kv, out, d, mt, sw, tune = m.groups()
     opts = tuple((k, int(v)) for k, v in re.findall(r"(kpw|st|mb|dg|l2)(\d+)", tune or ""))
-    return XqaKey(dt, kv or "same", out or "same", int(d), int(mt), opts).spec()
+    return XqaKey(dt, kv or "same", out or "same", int(d), int(mt), opts, bool(sw)).spec()
 
 
 def default_keys() -> List[XqaKey]:
@@ -96,15 +102,17 @@ def default_keys() -> List[XqaKey]:
         for kv in ("same", "e4m3"):
             for mt in (1, 2):
                 keys.append(XqaKey(dt, kv, "same", 128, mt))
+        keys.append(XqaKey(dt, "e4m3", "same", 128, 1, swap=True))
     return keys
 
 
 def representative_keys() -> List[XqaKey]:
     """A small set covering every code path (16-bit and fp8 KV, both tiles, 16 and 32 keys per warp, fp8
-    output, d64 / d128 / d256), for the CPU compile check."""
+    output, d64 / d128 / d256, the swapped kernel), for the CPU compile check."""
     return [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 1),  # 32 keys per warp
             XqaKey("bf16", "e4m3", "same", 128, 2), XqaKey("fp16", "e4m3", "e4m3", 256, 1),
-            XqaKey("fp16", "e5m2", "same", 64, 2)]
+            XqaKey("fp16", "e5m2", "same", 64, 2), XqaKey("bf16", "e4m3", "same", 128, 1, swap=True),
+            XqaKey("fp16", "e5m2", "e4m3", 256, 1, swap=True)]
 
 
 def list_specs(arch: str) -> List[jit.Spec]:

@@ -13,6 +13,7 @@
 //   ldsm_x4 / ldsm_x4_t(r, addr)      ldmatrix x4 (.trans) of four 8x8 b16 matrices
 //                                     (dst / addr: a shared-space address or a pointer into smem)
 //   mma16816<T>(c, a, b0, b1)         mma.sync m16n8k16, fp32 accumulate, T = __half / __nv_bfloat16
+//   movm_t(x)                         movmatrix .trans: this lane's pair of the transposed 8x8 b16 matrix
 //   ex2(x)                            ex2.approx.ftz.f32 (2^x; the softmax runs in base 2)
 //   pack2<T>(a, b) / unpack2<T>(u)    two floats <-> two 16-bit values in one 32-bit register
 //   fp8x2_to<T, KIND>(v)              two fp8 (KIND 1 e4m3, 2 e5m2) -> two T, exact (cuda_fp8 path)
@@ -20,6 +21,7 @@
 //                                     e4m3 comes out scaled by 2^-8 (kFp8Fold undoes it)
 //   swz_chunk<C>(r, c)                XOR swizzle of 16-byte chunk c in row r of C chunks per row
 //   quad_max / quad_sum / warp_max    reductions over the 4 lanes of an mma row (xor 1, 2) / a warp
+//   col_max / col_sum                 ... over the 8 lanes of an mma column pair (xor 4, 8, 16)
 //   grid_dep_wait / grid_dep_launch   programmatic dependent launch (sm_90+; no-ops before)
 #pragma once
 #include <cuda_bf16.h>
@@ -95,6 +97,15 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
   }
 }
 
+// The 8x8 b16 matrix whose row lane / 4 holds columns 2 (lane % 4), +1 in this lane's register (the
+// mma C layout packed to 16 bits), transposed: the lane gets the transpose's row lane / 4, columns
+// 2 (lane % 4), +1 (the B layout of a k16 half).  sm_75+.
+__device__ __forceinline__ uint32_t movm_t(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // ------------------------------------------------------------------------------- arithmetic
 // 2^x, flush-to-zero approximate (MUFU.EX2): the online softmax works in base 2 with the scale
 // folded into the logits, so exp is one instruction.
@@ -114,6 +125,17 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
+}
+// Lanes i, i + 4, ..., i + 28 hold the 8 rows of one accumulator column pair: xor 4, 8 and 16.
+__device__ __forceinline__ float col_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float col_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

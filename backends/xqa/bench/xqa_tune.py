@@ -27,10 +27,17 @@ from xqa_bench import ceilings, make  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 
-# name -> tune options applied to the fp8 specializations (the 16-bit ones keep their defaults)
+# name -> tune options applied to the fp8 specializations (the 16-bit ones keep their defaults); the
+# pseudo-option ("swap", 0) turns the backend's swapped-product kernel off (XqaBackend.swap_for_fp8).
 VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 2026-11-22, -s2-run1.json)
     # measured on the then default (64-key tiles): kpw32st2, st3mb4, st6, kpw32 (now the default).
     "base": (),                                  # the shipped default
+    "noswap": (("swap", 0),),                    # the main kernel at <= 8 rows (16-row MMAs)
+    "st2": (("st", 2),),                         # two 32 KB stages: 3 CTAs per SM
+    "kpw16sw": (("kpw", 16),),                   # 64-key tiles (16 KB stages, 4 of them: 3 CTAs per SM)
+    "kpw16st6": (("kpw", 16), ("st", 6)),         # 64-key tiles, 6 stages, 2 CTAs per SM
+    "dg2": (("dg", 2),),                         # diagnostics: compute only (zeroed tiles, nothing loaded)
+    "noswapdg2": (("swap", 0), ("dg", 2)),
     "l2256": (("l2", 256),),                     # cp.async L2 prefetch 256 B (neighbouring head's row)
     "kpw16": (("kpw", 16),),                     # the previous fp8 default (64-key tiles, 4 stages, 3 CTAs/SM)
     "dg1": (("dg", 1),),                         # diagnostics: default geometry, KV streamed only
@@ -43,7 +50,8 @@ def backend_with(tune=(), splits=None, mt2=True):
     from attncore.backends.xqa.backend import XqaBackend
 
     be = XqaBackend()
-    be.tune = tuple(tune)
+    be.swap_for_fp8 = dict(tune).get("swap", 1) != 0
+    be.tune = tuple((k, v) for k, v in tune if k != "swap")
     be.split_override = splits
     be.mt2_for_fp8 = mt2
     return be
@@ -136,24 +144,27 @@ def main():
     names = [v for v in a.variants.split(",") if v]
     arch = jit.current_arch()
     specs = {}
+
+    def add(*args, tune=(), **kw):  # the key with the variant's kernel options (its "swap" is the backend's knob)
+        k = XqaKey(*args, tuple(x for x in tune if x[0] != "swap"), **kw)
+        specs[k.uri] = k
+
     for nm in names:
-        tune = VARIANTS[nm]
-        specs[XqaKey("bf16", "e4m3", "same", 128, 1, tune).uri] = XqaKey("bf16", "e4m3", "same", 128, 1, tune)
+        for sw in (False, True):
+            add("bf16", "e4m3", "same", 128, 1, tune=VARIANTS[nm], swap=sw)
     for mt in (1, 2):
         for kv in ("same", "e4m3"):
-            k = XqaKey("bf16", kv, "same", 128, mt)
-            specs[k.uri] = k
+            add("bf16", kv, "same", 128, mt)
     for nm in [v for v in a.prebuild_tests.split(",") if v]:  # what -k gpu_fp8 builds
         tune = VARIANTS[nm]
-        for dt in ("bf16", "fp16"):
-            for kv in ("e4m3", "e5m2"):
-                k = XqaKey(dt, kv, "same", 128, 1, tune)
-                specs[k.uri] = k
-        for d in (64, 256):
-            k = XqaKey("bf16", "e4m3", "same", d, 1, tune)
-            specs[k.uri] = k
-        for k in (XqaKey("bf16", "e4m3", "e4m3", 128, 1, tune), XqaKey("bf16", "e4m3", "same", 128, 2, tune)):
-            specs[k.uri] = k
+        for sw in (False, True):
+            for dt in ("bf16", "fp16"):
+                for kv in ("e4m3", "e5m2"):
+                    add(dt, kv, "same", 128, 1, tune=tune, swap=sw)
+            for d in (64, 256):
+                add("bf16", "e4m3", "same", d, 1, tune=tune, swap=sw)
+            add("bf16", "e4m3", "e4m3", 128, 1, tune=tune, swap=sw)
+        add("bf16", "e4m3", "same", 128, 2, tune=tune)
     t0 = time.time()
     res = jit.build("xqa", [k.spec() for k in specs.values()], arch=arch)
     print(f"built {sum(1 for r in res if r.built)} of {len(specs)} specializations in {time.time() - t0:.1f} s",

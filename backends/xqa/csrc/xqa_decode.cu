@@ -6,6 +6,7 @@
 //   XQA_OUT       0 q dtype, 1 fp8 e4m3
 //   XQA_HEAD_DIM  64 / 128 / 256
 //   XQA_MT        m16 tiles per CTA: 1 (R <= 16 rows per CTA) or 2 (32 rows)
+//   XQA_SWAP      1: the swapped-product kernel (xqa_swap.cuh; fp8 KV, 8 rows per CTA, MT 1)
 // Entry points (extern "C", return a cudaError_t as int):
 //   xqa_run(const XqaParams*, cudaStream_t)  grid (m_groups, num_splits * Hkv, B), 128 threads
 //   xqa_info(int* out8)     rows per CTA, keys per tile, threads, smem bytes, stages, D, kv bytes,
@@ -15,6 +16,7 @@
 //                           (attncore/abi.h; binding.py checks them field by field)
 //   xqa_error_string(int)
 #include "xqa_decode.cuh"
+#include "xqa_swap.cuh"
 
 #ifndef XQA_DTYPE
 #define XQA_DTYPE 1
@@ -47,6 +49,9 @@
 #ifndef XQA_L2
 #define XQA_L2 128
 #endif
+#ifndef XQA_SWAP
+#define XQA_SWAP 0
+#endif
 
 namespace {
 using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
@@ -55,12 +60,18 @@ using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
 // on H100 D5 80.9% -> 85.7-86.7% of the read ceiling, benchmarks/xqa.md), else 16 (64-key tiles; 32-row
 // fp8 CTAs would spill, d256 fp8 stages would not fit twice per SM).
 constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128) ? 32 : 16);
-using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, XQA_STAGES, XQA_MINB, XQA_DIAG, XQA_L2>;
+using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, XQA_STAGES, XQA_MINB, XQA_DIAG, XQA_L2,
+                        XQA_SWAP>;
 static_assert(XQA_HEAD_DIM == 64 || XQA_HEAD_DIM == 128 || XQA_HEAD_DIM == 256, "head dim");
 static_assert(XQA_MT == 1 || XQA_MT == 2, "MT");
 static_assert(XQA_OUT == 0 || XQA_KV != 0, "fp8 output needs fp8 KV");
 
-auto kernel = xqa::xqa_decode_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
+template <bool SWAP>  // a template, so that the kernel not picked is not instantiated
+constexpr auto pick_kernel() {
+  if constexpr (SWAP) return xqa::xqa_decode_swap_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
+  else return xqa::xqa_decode_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
+}
+auto kernel = pick_kernel<Cfg::SWAP>();
 
 constexpr int kMaxDevices = 64;
 int g_smem_set[kMaxDevices] = {0};

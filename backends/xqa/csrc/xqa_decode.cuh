@@ -49,6 +49,7 @@
 //   xqa_mask.cuh       the rows' draft positions for the mask
 //   xqa_softmax.cuh    online softmax, P packing, O rescale
 //   xqa_epilogue.cuh   warp merge, normalise (sinks), write; split-KV partials and the last CTA's merge
+//   xqa_swap.cuh       the other kernel: fp8 KV with <= 8 rows, keys as the MMA's M (Cfg::SWAP)
 // Two steps stay written out here, the mask and O += P V: as functions of their own (even as
 // lambdas) the compiler lays their branches out differently (the mask's window / causal tests become
 // selects) or no longer shares the fp8 K and V row addresses, and ptxas then schedules the whole
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   ac::grid_dep_wait();  // no-op unless launched with PDL
 
   const Work<Cfg> wk(p, mg, split, b);
-  const int G = wk.G, QL = wk.QL, row0 = wk.row0, rows_here = wk.rows_here, seq_len = wk.seq_len;
+  const int G = wk.G, QL = wk.QL, row0 = wk.row0, seq_len = wk.seq_len;
   const int kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
 
   float q_unscale = 1.f;  // 2^k when bf16 q was prescaled by 2^-k into fp16
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
   int pg[RPT];  // page ids of this thread's rows of the next tile
 
-  const MaskRows<MT> rows(p, row0, G, QL, seq_len, b, g);
+  const MaskRows<MT> rows(p, row0, G, QL, seq_len, b, g, 8);
   const int draft0 = rows.draft0;
   const uint16_t* mask_base = rows.mask_base;
 
@@ -122,32 +123,13 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     __syncthreads();
   }
 
-  // ---- pipeline prologue
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < my_tiles) {
-      kv.fetch_pages(pg, t_first + i);
-      if (i == 0) kv.issue(pg, i, t_first + i, std::true_type{});
-      else kv.issue(pg, i, t_first + i, std::false_type{});
-    }
-    ac::cp_async_commit();
-  }
-  if (STAGES - 1 < my_tiles) kv.fetch_pages(pg, t_first + STAGES - 1);
+  kv.prologue(pg);
 
   const uint32_t q_s = ac::smem_u32(sm_q);
   const float qk_scale = p.qk_scale_log2 * fold * q_unscale;
 
   for (int it = 0; it < my_tiles; ++it) {
-    ac::cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    {
-      const int ni = it + STAGES - 1;
-      if (ni < my_tiles) {
-        kv.issue(pg, ni % STAGES, t_first + ni, std::false_type{});
-        if (ni + 1 < my_tiles) kv.fetch_pages(pg, t_first + ni + 1);
-      }
-      ac::cp_async_commit();
-    }
+    kv.advance(pg, it);
     const int stage = it % STAGES;
     const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
@@ -250,17 +232,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 
   merge_warps<Cfg, FP8>(sm_ml, sm_stat, sm_red, o, m_run, l_run, tid, warp, g, t);
 
-  const bool split_mode = p.num_splits > 1;
-  const int64_t unit = ((int64_t)(b * p.num_kv_heads + kvh) * p.m_groups + mg);  // (b, kvh, mg)
-  const Out<QT, OUTK> out{p, G, QL, b, kvh, row0, fold};
-  if (!split_mode) {
-    write_final<Cfg>(out, p, sm_stat, sm_red, tid, rows_here);
-    return;
-  }
-  // ---- split-KV: write the normalised partial O and its LSE, then the last CTA merges.
-  write_partial<Cfg>(p, sm_stat, sm_red, unit, split, tid, rows_here);
-  if (!last_to_arrive(p, unit, sm_flag, tid)) return;
-  merge_splits<Cfg>(out, p, sm_stat, sm_red, unit, tid, rows_here);
+  finish<Cfg, QT, OUTK>(p, wk, sm_stat, sm_red, sm_flag, b, kvh, mg, split, tid, fold);
 }
 
 }  // namespace xqa

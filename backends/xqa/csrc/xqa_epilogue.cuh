@@ -11,6 +11,7 @@
 //   write_partial   S > 1: the normalised partial O and its LSE to the workspace (L2, __stcg), then
 //   last_to_arrive  an arrival counter per (b, kvh, mg); the last CTA resets it to 0 and merges:
 //   merge_splits    weights 2^(lse_s - M) per row, the weighted sum of the S partials, normalise.
+//   finish          the above in order, for both kernels (after merge_warps / the swapped merge).
 // Rows that see no key give output 0 and LSE -inf.  A NaN query row has NaN L (its m stays -inf:
 // fmaxf drops NaN) and NaN != 0 carries it to the output and LSE (semantics.md rule 3).
 #pragma once
@@ -18,6 +19,27 @@
 #include "xqa_config.cuh"
 
 namespace xqa {
+
+// From the warps' (m, l) of each row (sm_ml): the row's M, L and each warp's weight (sm_stat).
+template <typename Cfg>
+__device__ __forceinline__ void warp_weights(const float* sm_ml, float* sm_stat, int tid) {
+  constexpr int ROWS = Cfg::ROWS;
+  if (tid < ROWS) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_ml[(w * ROWS + tid) * 2]);
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float mw = sm_ml[(w * ROWS + tid) * 2];
+      const float sc = mw == -INFINITY ? 0.f : ac::ex2(mw - M);
+      sm_stat[tid * (NW + 2) + w] = sc;
+      L += sc * sm_ml[(w * ROWS + tid) * 2 + 1];
+    }
+    sm_stat[tid * (NW + 2) + NW] = M;
+    sm_stat[tid * (NW + 2) + NW + 1] = L;
+  }
+}
 
 template <typename Cfg, bool FP8>
 __device__ __forceinline__ void merge_warps(float* sm_ml, float* sm_stat, float* sm_red,
@@ -36,21 +58,7 @@ __device__ __forceinline__ void merge_warps(float* sm_ml, float* sm_stat, float*
       }
     }
   __syncthreads();
-  if (tid < ROWS) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_ml[(w * ROWS + tid) * 2]);
-    float L = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float mw = sm_ml[(w * ROWS + tid) * 2];
-      const float sc = mw == -INFINITY ? 0.f : ac::ex2(mw - M);
-      sm_stat[tid * (NW + 2) + w] = sc;
-      L += sc * sm_ml[(w * ROWS + tid) * 2 + 1];
-    }
-    sm_stat[tid * (NW + 2) + NW] = M;
-    sm_stat[tid * (NW + 2) + NW + 1] = L;
-  }
+  warp_weights<Cfg>(sm_ml, sm_stat, tid);
   __syncthreads();
   // each warp writes its scaled O
 #pragma unroll
@@ -259,6 +267,24 @@ __device__ __forceinline__ void merge_splits(const OutT& out, const XqaParams& p
     if (L != 0.f) out.normalise(tid, M, L, lse_r);
     out.store_lse(tid, lse_r);
   }
+}
+
+// After the warps' merge: S == 1 writes the rows; S > 1 writes this split's partial, and the last
+// split's CTA merges them all.
+template <typename Cfg, typename QT, int OUTK>
+__device__ __forceinline__ void finish(const XqaParams& p, const Work<Cfg>& wk, float* sm_stat, float* sm_red,
+                                       int* sm_flag, int b, int kvh, int mg, int split, int tid, float fold) {
+  const int G = wk.G, QL = wk.QL, row0 = wk.row0, rows_here = wk.rows_here;
+  const bool split_mode = p.num_splits > 1;
+  const int64_t unit = ((int64_t)(b * p.num_kv_heads + kvh) * p.m_groups + mg);  // (b, kvh, mg)
+  const Out<QT, OUTK> out{p, G, QL, b, kvh, row0, fold};
+  if (!split_mode) {
+    write_final<Cfg>(out, p, sm_stat, sm_red, tid, rows_here);
+    return;
+  }
+  write_partial<Cfg>(p, sm_stat, sm_red, unit, split, tid, rows_here);
+  if (!last_to_arrive(p, unit, sm_flag, tid)) return;
+  merge_splits<Cfg>(out, p, sm_stat, sm_red, unit, tid, rows_here);
 }
 
 }  // namespace xqa

@@ -8,6 +8,7 @@
 //   KvCopy    K/V tiles -> the STAGES-deep cp.async ring: each thread copies chunk ld_c of RPT
 //             consecutive key rows; the page-table gather happens in the copy, with the page ids of
 //             the next tile fetched a tile ahead into registers (pg, the caller's array).
+//             prologue / advance: the ring's schedule, for both kernels.
 #pragma once
 #include "attncore/ptx.cuh"
 #include "xqa_config.cuh"
@@ -100,6 +101,33 @@ struct KvCopy {
         kbase(reinterpret_cast<const uint8_t*>(p.k) + ((int64_t)kvh * p.k_stride_head) * Cfg::KVB + ld_c * 16),
         vbase(reinterpret_cast<const uint8_t*>(p.v) + ((int64_t)kvh * p.v_stride_head) * Cfg::KVB + ld_c * 16),
         k_tok_bytes(p.k_stride_tok * Cfg::KVB), v_tok_bytes(p.v_stride_tok * Cfg::KVB) {}
+
+  // The ring's first STAGES - 1 tiles (of the CTA's my_tiles from t_first), and the page ids of the next.
+  __device__ __forceinline__ void prologue(int (&pg)[RPT]) const {
+#pragma unroll
+    for (int i = 0; i < Cfg::STAGES - 1; ++i) {
+      if (i < w.my_tiles) {
+        fetch_pages(pg, w.t_first + i);
+        if (i == 0) issue(pg, i, w.t_first + i, std::true_type{});
+        else issue(pg, i, w.t_first + i, std::false_type{});
+      }
+      ac::cp_async_commit();
+    }
+    if (Cfg::STAGES - 1 < w.my_tiles) fetch_pages(pg, w.t_first + Cfg::STAGES - 1);
+  }
+
+  // Main-loop step it: wait for tile it (stage it % STAGES; the CTA syncs, so the stage read last
+  // step is free), then issue tile it + STAGES - 1 into it and fetch the page ids of the one after.
+  __device__ __forceinline__ void advance(int (&pg)[RPT], int it) const {
+    ac::cp_async_wait<Cfg::STAGES - 2>();
+    __syncthreads();
+    const int ni = it + Cfg::STAGES - 1;
+    if (ni < w.my_tiles) {
+      issue(pg, ni % Cfg::STAGES, w.t_first + ni, std::false_type{});
+      if (ni + 1 < w.my_tiles) fetch_pages(pg, w.t_first + ni + 1);
+    }
+    ac::cp_async_commit();
+  }
 
   // Page ids of this thread's rows of `tile` into pg (one load when they share a page).
   __device__ __forceinline__ void fetch_pages(int (&pg)[RPT], int tile) const {

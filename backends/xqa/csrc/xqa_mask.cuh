@@ -10,18 +10,20 @@
 
 namespace xqa {
 
-// This thread's rows (g and g + 8 of each m16 tile) and the request's draft region.
+// This thread's rows (of each m16 tile: r_first and r_first + r_step; the mma C layout's g and g + 8,
+// the swapped layout's 2t and 2t + 1) and the request's draft region.
 template <int MT>
 struct MaskRows {
   int qi[MT][2];                // draft row of each of this thread's rows
   int draft0;                   // first draft token (causal / spec mask region)
   const uint16_t* mask_base;    // the request's spec-decode mask rows, or null
-  __device__ __forceinline__ MaskRows(const XqaParams& p, int row0, int G, int QL, int seq_len, int b, int g) {
+  __device__ __forceinline__ MaskRows(const XqaParams& p, int row0, int G, int QL, int seq_len, int b, int r_first,
+                                      int r_step) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int rr = row0 + mt * 16 + g + 8 * h;
+        const int rr = row0 + mt * 16 + r_first + r_step * h;
         qi[mt][h] = rr < p.rows ? rr / G : QL - 1;  // padding rows: any valid draft row
       }
     draft0 = seq_len - QL;

@@ -11,7 +11,7 @@
 #   XQA_TUNE=1               run backends/xqa/bench/xqa_tune.py first (args in XQA_TUNE_ARGS)
 #   XQA_BENCH=0              skip backends/xqa/bench/xqa_bench.py (timeout XQA_BENCH_TIMEOUT, default 200 s)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."  # the repo root
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/xqa_out}
 mkdir -p "$OUT"

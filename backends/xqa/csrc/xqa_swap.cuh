@@ -1,0 +1,263 @@
+// attncore xqa: the swapped-product kernel, for fp8 KV and at most 8 rows per kv head (Cfg::SWAP).
+//
+// At GQA group 4 (one draft token) the main kernel's m16n8k16 MMAs carry 16 rows of which 4 are
+// queries.  Here the keys are the MMA's M and the CTA's 8 rows its N:
+//   S^T = K Q^T     A = K (16 keys x 16 dims, widened from fp8 in registers as in xqa_mma.cuh, the
+//                   k index permuted the same way), B = Q^T (held in registers for the whole CTA)
+//   O^T += V^T P^T  A = V^T (16 dims x 16 keys: the .trans fragment of xqa_mma.cuh, its even dims
+//                   as M rows 0-7 and its odd dims as M rows 8-15), B = P^T
+// which is half the MMAs per tile, and the softmax works on 8 rows, not 16.
+//
+// Layouts (lane = 4 g + t):
+//   s[kb][e]   key kw0 + 16 kb + g + 8 (e / 2), row 2 t + e % 2      (the C layout of S^T)
+//   o[c][e]    dim 16 c + 2 g + e / 2, row 2 t + e % 2                (the C layout of O^T)
+//   m_run[h], l_run[h]  row 2 t + h; l_run is this lane's partial sum over its keys (summed over
+//              the 8 lanes of the row in merge_warps_t)
+// A row's max reduces over the 8 lanes of equal t (ac::col_max).  P^T goes from S^T's C layout to
+// the B layout with one movmatrix per 8 x 8 block (ac::movm_t).
+//
+// The pipeline, the mask's rules, the prescaled Q and the epilogue are the main kernel's
+// (xqa_decode.cuh, xqa_load.cuh, xqa_mask.cuh, xqa_epilogue.cuh).
+#pragma once
+#include "attncore/ptx.cuh"
+#include "xqa_config.cuh"
+#include "xqa_epilogue.cuh"
+#include "xqa_load.cuh"
+#include "xqa_mask.cuh"
+#include "xqa_params.h"
+
+namespace xqa {
+
+// Q^T as B fragments, for every 16-dim k step: qb[ks] = (k 2t, 2t+1 | k 2t+8, 2t+9) of row g.
+template <typename Cfg>
+__device__ __forceinline__ void load_qt(uint32_t (&qb)[Cfg::D / 16][2], uint32_t q_s, int lane) {
+  constexpr int D = Cfg::D;
+  const int lm = lane >> 3, r = lane & 7;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks += 2) {
+    uint32_t x[4];
+    ac::ldsm_x4(x, q_s + r * Cfg::QRB + (ac::swz_chunk<D / 8>(r, 2 * ks + lm) << 4));
+    qb[ks][0] = x[0];
+    qb[ks][1] = x[1];
+    qb[ks + 1][0] = x[2];
+    qb[ks + 1][1] = x[3];
+  }
+}
+
+// Each warp's (m, l) per row and its O^T, weighted, into sm_ml / sm_stat / sm_red: what merge_warps
+// leaves for the epilogue.
+template <typename Cfg>
+__device__ __forceinline__ void merge_warps_t(float* sm_ml, float* sm_stat, float* sm_red,
+                                              const float (&o)[Cfg::D / 16][4], const float (&m_run)[2],
+                                              const float (&l_run)[2], int tid, int warp, int g, int t) {
+  constexpr int ROWS = Cfg::ROWS;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = ac::col_sum(l_run[h]);
+    if (g == 0) {
+      const int r = 2 * t + h;
+      sm_ml[(warp * ROWS + r) * 2 + 0] = m_run[h];
+      sm_ml[(warp * ROWS + r) * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  warp_weights<Cfg>(sm_ml, sm_stat, tid);
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * t + h;
+    const float sc = sm_stat[r * (NW + 2) + warp];
+    float* dst = sm_red + (warp * ROWS + r) * Cfg::RED_PITCH;
+#pragma unroll
+    for (int c = 0; c < Cfg::D / 16; ++c)
+      *reinterpret_cast<float2*>(dst + 16 * c + 2 * g) = make_float2(o[c][h] * sc, o[c][2 + h] * sc);
+  }
+  __syncthreads();
+}
+
+template <typename QT, int KVK, int OUTK, typename Cfg>
+__global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(const __grid_constant__ XqaParams p) {
+  constexpr int D = Cfg::D, RB = Cfg::RB, C = Cfg::C, RPT = Cfg::RPT;
+  constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
+  constexpr int DT = D / 16;  // k steps of S^T, m16 tiles of O^T
+  static_assert(KVK != 0 && Cfg::SWAP, "the swapped kernel serves fp8 KV");
+  const float fold = (KVK == 1) ? ac::kFp8Fold : 1.f;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sm_q = smem;
+  float* sm_ml = reinterpret_cast<float*>(smem + Cfg::Q_BYTES);                 // [NW][ROWS][2]
+  float* sm_stat = sm_ml + NW * Cfg::ROWS * 2;                                   // [ROWS][NW+2]
+  int* sm_flag = reinterpret_cast<int*>(sm_stat + Cfg::ROWS * (NW + 2));
+  uint8_t* sm_big = smem + Cfg::BIG_OFF;                                         // pipeline / merge
+  float* sm_red = reinterpret_cast<float*>(sm_big);                             // [NW][ROWS][RED_PITCH]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int mg = blockIdx.x;
+  const int split = blockIdx.y % p.num_splits;
+  const int kvh = blockIdx.y / p.num_splits;
+  const int b = blockIdx.z;
+
+  ac::grid_dep_wait();  // no-op unless launched with PDL
+
+  const Work<Cfg> wk(p, mg, split, b);
+  const int seq_len = wk.seq_len, kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
+
+  float q_unscale = 1.f;
+  load_q<Cfg, QT, true>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
+
+  const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
+  int pg[RPT];
+  const MaskRows<1> rows(p, wk.row0, wk.G, wk.QL, seq_len, b, 2 * t, 1);
+  const int draft0 = rows.draft0;
+
+  float o[DT][4];
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < DT; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[c][e] = 0.f;
+
+  if constexpr (DIAG == 2) {
+    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
+  }
+  kv.prologue(pg);
+  __syncthreads();  // Q is in smem
+  uint32_t qb[DT][2];
+  load_qt<Cfg>(qb, ac::smem_u32(sm_q), lane);
+  const float qk_scale = p.qk_scale_log2 * fold * q_unscale;
+
+  for (int it = 0; it < my_tiles; ++it) {
+    kv.advance(pg, it);
+    const int stage = it % STAGES;
+    const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
+    const uint32_t vs = ks + TILE * RB;
+    const int tile_start = kv_begin + (t_first + it) * TILE;
+
+    if constexpr (DIAG == 1) continue;
+
+    const int lm = lane >> 3;
+    const int kw0 = warp * KPW;
+    // ---- S^T = K Q^T
+    float s[KB][4];
+#pragma unroll
+    for (int kb_ = 0; kb_ < KB; ++kb_)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[kb_][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+      uint32_t x[KB][4];  // [keys 0-7 | 8-15] x [chunk 2 kk | 2 kk + 1]
+#pragma unroll
+      for (int kb_ = 0; kb_ < KB; ++kb_) {
+        const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
+        ac::ldsm_x4(x[kb_], ks + r * RB + (ac::swz_chunk<C>(r, 2 * kk + (lm >> 1)) << 4));
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int kb_ = 0; kb_ < KB; ++kb_) {
+          const uint32_t a[4] = {ac::cvt_fp8x2_lo<KVK>(x[kb_][2 * hh]), ac::cvt_fp8x2_lo<KVK>(x[kb_][2 * hh + 1]),
+                                 ac::cvt_fp8x2_hi<KVK>(x[kb_][2 * hh]), ac::cvt_fp8x2_hi<KVK>(x[kb_][2 * hh + 1])};
+          ac::mma16816<__half>(s[kb_], a, qb[2 * kk + hh][0], qb[2 * kk + hh][1]);
+        }
+    }
+
+    // ---- scale, mask (boundary tiles only; the rules of xqa_decode.cuh)
+#pragma unroll
+    for (int kb_ = 0; kb_ < KB; ++kb_)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[kb_][e] *= qk_scale;
+    const bool need_mask = (tile_start + TILE > draft0) ||
+                           (p.window_left >= 0 && tile_start < seq_len - 1 - p.window_left);
+    if (need_mask) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = rows.qi[0][h];
+        const int pos_q = draft0 + qi;
+        const uint16_t* mrow = rows.mask_base ? rows.mask_base + (int64_t)qi * p.mask_words16 : nullptr;
+#pragma unroll
+        for (int kb_ = 0; kb_ < KB; ++kb_)
+#pragma unroll
+          for (int hk = 0; hk < 2; ++hk) {
+            const int tok = tile_start + kw0 + 16 * kb_ + g + 8 * hk;
+            bool vis = tok < seq_len;
+            if (p.window_left >= 0) vis = vis && tok >= pos_q - p.window_left;
+            if (tok >= draft0) {
+              if (mrow) {
+                const int jd = tok - draft0;
+                vis = vis && ((mrow[jd >> 4] >> (jd & 15)) & 1);
+              } else if (p.causal) {
+                vis = vis && tok <= pos_q;
+              }
+            }
+            if (!vis) s[kb_][2 * hk + h] = -INFINITY;
+          }
+      }
+    }
+
+    // ---- online softmax over the keys of rows 2t, 2t + 1 (xqa_softmax.cuh's rules)
+    float alpha[2];
+    bool grew = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[0][h], s[0][2 + h]);
+#pragma unroll
+      for (int kb_ = 1; kb_ < KB; ++kb_) mx = fmaxf(mx, fmaxf(s[kb_][h], s[kb_][2 + h]));
+      mx = ac::col_max(mx);
+      const float m_new = fmaxf(m_run[h], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = ac::ex2(m_run[h] - m_use);
+      grew |= m_new > m_run[h];
+      m_run[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int kb_ = 0; kb_ < KB; ++kb_)
+#pragma unroll
+        for (int hk = 0; hk < 2; ++hk) {
+          const float pv = ac::ex2(s[kb_][2 * hk + h] - m_use);
+          s[kb_][2 * hk + h] = pv;
+          sum += pv;
+        }
+      l_run[h] = l_run[h] * alpha[h] + sum;
+    }
+    uint32_t pb[KB][2];  // P^T as the B operand: keys 2t, 2t+1 (| +8) of row g
+#pragma unroll
+    for (int kb_ = 0; kb_ < KB; ++kb_) {
+      pb[kb_][0] = ac::movm_t(ac::pack2<__half>(s[kb_][0], s[kb_][1]));
+      pb[kb_][1] = ac::movm_t(ac::pack2<__half>(s[kb_][2], s[kb_][3]));
+    }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int c = 0; c < DT; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[c][e] *= alpha[e & 1];
+    }
+
+    // ---- O^T += V^T P^T
+#pragma unroll
+    for (int cc = 0; cc < D / 32; ++cc) {
+#pragma unroll
+      for (int kb_ = 0; kb_ < KB; ++kb_) {
+        uint32_t x[4];  // [keys 0-7 | 8-15] x [chunk 2 cc | 2 cc + 1], .trans: keys 2t, 2t+1 x dims 2g, 2g+1
+        const int r = kw0 + kb_ * 16 + (lm & 1) * 8 + (lane & 7);
+        ac::ldsm_x4_t(x, vs + r * RB + (ac::swz_chunk<C>(r, 2 * cc + (lm >> 1)) << 4));
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t y0 = __byte_perm(x[2 * hh], 0, 0x3120);  // even dims' pair | odd dims' pair
+          const uint32_t y1 = __byte_perm(x[2 * hh + 1], 0, 0x3120);
+          const uint32_t a[4] = {ac::cvt_fp8x2_lo<KVK>(y0), ac::cvt_fp8x2_hi<KVK>(y0),
+                                 ac::cvt_fp8x2_lo<KVK>(y1), ac::cvt_fp8x2_hi<KVK>(y1)};
+          ac::mma16816<__half>(o[2 * cc + hh], a, pb[kb_][0], pb[kb_][1]);
+        }
+      }
+    }
+  }
+  ac::cp_async_wait<0>();
+  ac::grid_dep_launch();
+  __syncthreads();  // pipeline smem is reused below
+
+  merge_warps_t<Cfg>(sm_ml, sm_stat, sm_red, o, m_run, l_run, tid, warp, g, t);
+  finish<Cfg, QT, OUTK>(p, wk, sm_stat, sm_red, sm_flag, b, kvh, mg, split, tid, fold);
+}
+
+}  // namespace xqa
