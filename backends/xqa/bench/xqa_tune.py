@@ -137,6 +137,8 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--prebuild-tests", default="", help="variants whose fp8 test specializations to prebuild")
     ap.add_argument("--no-defaults", action="store_true", help="skip the 16-bit default workloads")
+    ap.add_argument("--tune16", default="", help="variants also run on the 16-bit D1 / D2-B1")
+    ap.add_argument("--split-sweep", default="base", help="variants timed at the split counts around the model's")
     a = ap.parse_args()
     from attncore.build import jit
     from attncore.backends.xqa.specs import XqaKey
@@ -155,6 +157,8 @@ def main():
     for mt in (1, 2):
         for kv in ("same", "e4m3"):
             add("bf16", kv, "same", 128, mt)
+    for nm in [v for v in a.tune16.split(",") if v]:
+        add("bf16", "same", "same", 128, 1, tune=VARIANTS[nm])
     for nm in [v for v in a.prebuild_tests.split(",") if v]:  # what -k gpu_fp8 builds
         tune = VARIANTS[nm]
         for sw in (False, True):
@@ -190,6 +194,9 @@ def main():
         go("D1", "batch_decode", B=64, kv_len=4096, hq=32, hkv=8)
         go("D2-B16", "batch_decode", B=16, kv_len=16384, hq=32, hkv=8)
         go("D2-B1", "batch_decode", B=1, kv_len=32768, hq=32, hkv=8)
+        for t16 in [v for v in a.tune16.split(",") if v]:  # 16-bit runs of a variant (its kernel options only)
+            go(f"D1/{t16}", "batch_decode", tune=VARIANTS[t16], B=64, kv_len=4096, hq=32, hkv=8)
+            go(f"D2-B1/{t16}", "batch_decode", tune=VARIANTS[t16], B=1, kv_len=32768, hq=32, hkv=8)
         for ql in (1, 2, 4):
             go(f"X1-q{ql}-bf16", "xqa_decode", q_len=ql, **x1)
     for nm in names:
@@ -200,12 +207,12 @@ def main():
         if diag:
             continue
         go(f"X1-q2-e4m3/{nm}", "xqa_decode", tune=tune, q_len=2, kv_dtype=E4M3, **x1)
-        if nm != "base":
+        if nm not in a.split_sweep.split(","):
             continue
         go(f"X1-q4-e4m3-2x16/{nm}", "xqa_decode", tune=tune, mt2=False, q_len=4, kv_dtype=E4M3, **x1)
         s0 = r.get("splits")
         if s0:  # split counts around the cost model's choice
-            for s_ in sorted({max(1, s0 - 1), s0 + 1} - {s0}):
+            for s_ in sorted({1, max(1, s0 - 1), s0 + 1} - {s0}):
                 go(f"D5/{nm}/s{s_}", "batch_decode", tune=tune, splits=s_, check=False, **d5)
     go("X1-q4-e4m3/mt2-base", "xqa_decode", q_len=4, kv_dtype=E4M3, **x1)
     go("D5-fp16q/base", "batch_decode", dtype=torch.float16, **d5)

@@ -96,11 +96,16 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   const int G = wk.G, QL = wk.QL, row0 = wk.row0, seq_len = wk.seq_len;
   const int kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
 
-  float q_unscale = 1.f;  // 2^k when bf16 q was prescaled by 2^-k into fp16
-  load_q<Cfg, QT, FP8>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
-
   const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
   int pg[RPT];  // page ids of this thread's rows of the next tile
+  if constexpr (DIAG == 2) {  // diagnostic: compute on zeroed tiles (nothing is loaded)
+    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+  }
+  kv.prologue(pg);  // the ring's first tiles in flight while Q is read
+
+  float q_unscale = 1.f;  // 2^k when bf16 q was prescaled by 2^-k into fp16
+  load_q<Cfg, QT, FP8>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
 
   const MaskRows<MT> rows(p, row0, G, QL, seq_len, b, g, 8);
   const int draft0 = rows.draft0;
@@ -118,12 +123,6 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     for (int h = 0; h < 2; ++h) { m_run[mt][h] = -INFINITY; l_run[mt][h] = 0.f; }
   }
 
-  if constexpr (DIAG == 2) {  // diagnostic: compute on zeroed tiles (nothing is loaded)
-    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-  }
-
-  kv.prologue(pg);
 
   const uint32_t q_s = ac::smem_u32(sm_q);
   const float qk_scale = p.qk_scale_log2 * fold * q_unscale;

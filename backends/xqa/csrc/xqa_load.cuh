@@ -1,6 +1,7 @@
 // attncore xqa: what the kernel copies into shared memory.
 //
-//   load_q    the CTA's Q rows -> smem once, as the 16-bit MMA type CT, 16-byte chunks swizzled; for
+//   load_q    the CTA's Q rows -> registers -> smem, read once, as the 16-bit MMA type CT, 16-byte
+//             chunks swizzled; for
 //             fp8 KV the pairs of each 16-dim group are permuted the way the fp8 K fragments are
 //             (xqa_decode.cuh), and bf16 q is converted to fp16 with a power-of-two prescale 2^-k
 //             chosen from max |q| of the CTA's rows (k > 0 only above 2^14: no overflow), 2^k returned
@@ -21,26 +22,35 @@ __device__ __forceinline__ void load_q(uint8_t* sm_q, float* sm_ml, const XqaPar
   constexpr int D = Cfg::D, ROWS = Cfg::ROWS;
   const int G = w.G, QL = w.QL, row0 = w.row0, rows_here = w.rows_here;
   constexpr int GROUPS16 = D / 16;
+  constexpr int ITEMS = (ROWS * GROUPS16 + NT - 1) / NT;  // 16-dim groups per thread
   constexpr bool CONVERT = FP8 && std::is_same<QT, __nv_bfloat16>::value;
-  float q_prescale = 1.f;
+  // every group read once, into registers (the prescale needs max |q| before anything is stored)
+  uint32_t u[ITEMS][8];
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int i = tid + it * NT;
+    const int r = i / GROUPS16, gi = i % GROUPS16;
+    uint4 lo4 = make_uint4(0, 0, 0, 0), hi4 = make_uint4(0, 0, 0, 0);
+    if (i < ROWS * GROUPS16 && r < rows_here) {
+      const int rr = row0 + r;
+      const QT* src = reinterpret_cast<const QT*>(p.q) + (int64_t)(b * QL + rr / G) * p.q_stride_tok +
+                      (int64_t)(kvh * G + rr % G) * p.q_stride_head + gi * 16;
+      lo4 = *reinterpret_cast<const uint4*>(src);
+      hi4 = *reinterpret_cast<const uint4*>(src + 8);
+    }
+    const uint32_t v[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u[it][j] = v[j];
+  }
   if constexpr (CONVERT) {
     float mx = 0.f;
-    for (int i = tid; i < ROWS * GROUPS16; i += NT) {
-      const int r = i / GROUPS16, gi = i % GROUPS16;
-      if (r < rows_here) {
-        const int rr = row0 + r;
-        const QT* src = reinterpret_cast<const QT*>(p.q) + (int64_t)(b * QL + rr / G) * p.q_stride_tok +
-                        (int64_t)(kvh * G + rr % G) * p.q_stride_head + gi * 16;
-        const uint4 a = *reinterpret_cast<const uint4*>(src);
-        const uint4 c = *reinterpret_cast<const uint4*>(src + 8);
-        const uint32_t u[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 f = ac::unpack2<QT>(u[j]);
-          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
+    for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = ac::unpack2<QT>(u[it][j]);
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
       }
-    }
     mx = ac::warp_max(mx);
     if (lane == 0) sm_ml[warp] = mx;
     __syncthreads();
@@ -49,35 +59,27 @@ __device__ __forceinline__ void load_q(uint8_t* sm_q, float* sm_ml, const XqaPar
     int k = 0;
     if (mx > 16384.f) k = (int)ceilf(log2f(mx / 16384.f));
     if (!(k < 128)) k = 0;  // inf / nan in q: leave unscaled (propagates like the reference)
-    q_prescale = exp2f((float)-k);
+    const float q_prescale = exp2f((float)-k);
     q_unscale = exp2f((float)k);
-  }
-  for (int i = tid; i < ROWS * GROUPS16; i += NT) {
-    const int r = i / GROUPS16, gi = i % GROUPS16;
-    uint4 lo4 = make_uint4(0, 0, 0, 0), hi4 = make_uint4(0, 0, 0, 0);
-    if (r < rows_here) {
-      const int rr = row0 + r;
-      const int qi = rr / G, hh = rr % G;
-      const QT* src = reinterpret_cast<const QT*>(p.q) + (int64_t)(b * QL + qi) * p.q_stride_tok +
-                      (int64_t)(kvh * G + hh) * p.q_stride_head + gi * 16;
-      lo4 = *reinterpret_cast<const uint4*>(src);
-      hi4 = *reinterpret_cast<const uint4*>(src + 8);
-      if constexpr (CONVERT) {
-        uint32_t u[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 f = ac::unpack2<QT>(u[j]);
-          u[j] = ac::pack2<__half>(f.x * q_prescale, f.y * q_prescale);
-        }
-        lo4 = make_uint4(u[0], u[1], u[2], u[3]);
-        hi4 = make_uint4(u[4], u[5], u[6], u[7]);
+    for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = ac::unpack2<QT>(u[it][j]);
+        u[it][j] = ac::pack2<__half>(f.x * q_prescale, f.y * q_prescale);
       }
-    }
+  }
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int i = tid + it * NT;
+    if (i >= ROWS * GROUPS16) break;
+    const int r = i / GROUPS16, gi = i % GROUPS16;
+    uint4 lo4 = make_uint4(u[it][0], u[it][1], u[it][2], u[it][3]);
+    uint4 hi4 = make_uint4(u[it][4], u[it][5], u[it][6], u[it][7]);
     if constexpr (FP8) {
       // pair j (dims 2j, 2j+1) -> position j/2 (j even) or 4 + j/2 (j odd)
-      const uint32_t s[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
-      lo4 = make_uint4(s[0], s[2], s[4], s[6]);
-      hi4 = make_uint4(s[1], s[3], s[5], s[7]);
+      lo4 = make_uint4(u[it][0], u[it][2], u[it][4], u[it][6]);
+      hi4 = make_uint4(u[it][1], u[it][3], u[it][5], u[it][7]);
     }
     uint8_t* rowp = sm_q + r * Cfg::QRB;
     *reinterpret_cast<uint4*>(rowp + (ac::swz_chunk<D / 8>(r, 2 * gi) << 4)) = lo4;

@@ -103,11 +103,15 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
   const Work<Cfg> wk(p, mg, split, b);
   const int seq_len = wk.seq_len, kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
 
-  float q_unscale = 1.f;
-  load_q<Cfg, QT, true>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
-
   const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
   int pg[RPT];
+  if constexpr (DIAG == 2) {
+    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
+  }
+  kv.prologue(pg);  // the ring's first tiles in flight while Q is read
+
+  float q_unscale = 1.f;
+  load_q<Cfg, QT, true>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
   const MaskRows<1> rows(p, wk.row0, wk.G, wk.QL, seq_len, b, 2 * t, 1);
   const int draft0 = rows.draft0;
 
@@ -118,10 +122,6 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[c][e] = 0.f;
 
-  if constexpr (DIAG == 2) {
-    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
-  }
-  kv.prologue(pg);
   __syncthreads();  // Q is in smem
   uint32_t qb[DT][2];
   load_qt<Cfg>(qb, ac::smem_u32(sm_q), lane);
