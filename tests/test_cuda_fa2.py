@@ -489,6 +489,8 @@ def run_case(c: Case, seed: int = 0):
     backend = CudaFa2Backend()
     backend.force_config = c.force_config
     backend.sm90_pipe = c.sm90_pipe
+    # FA2_TEST_TUNE="FA2_H_SEPKV=1 FA2_H_STAGES=2": the GPU tests on a tuning variant (specs.Fa2Key.tune)
+    backend.tune = tuple(tuple(kv.split("=", 1)) for kv in os.environ.get("FA2_TEST_TUNE", "").split())
     if c.sm90_ws is not None:
         backend.sm90_ws = c.sm90_ws
     assert backend.reasons(problem) == [], backend.reasons(problem)

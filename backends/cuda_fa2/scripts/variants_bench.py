@@ -1,0 +1,71 @@
+"""prefill90 tile / pipeline variants timed beside each other on `attncore bench` workloads, in interleaved
+rounds on shared inputs (same process, same run), with Triton (and optionally FlashInfer) as the yardstick.
+
+    python3 backends/cuda_fa2/scripts/variants_bench.py --workload P1-causal --workload P2-d64 \\
+        --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer]
+
+A variant is ``name:loop|pipe|:DEFINE=VALUE,...`` (the loop forced, or the plan's rule when empty; the defines
+are ``CudaFa2Backend.tune``).  Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+
+def parse_variant(s: str):
+    name, _, rest = s.partition(":")
+    loop, _, defs = rest.partition(":")
+    if loop not in ("", "loop", "pipe"):
+        raise SystemExit(f"variant {s!r}: the loop is 'loop', 'pipe' or empty")
+    tune = tuple(tuple(d.split("=", 1)) for d in defs.split(",") if d)
+    return name, {"": None, "loop": False, "pipe": True}[loop], tune
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", action="append", required=True)
+    ap.add_argument("--variant", action="append", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flashinfer", action="store_true")
+    a = ap.parse_args()
+    from attncore.cli import bench
+    from attncore.core import plan_cache, registry
+
+    be = registry.entries()["cuda_fa2"].backend
+    variants = [parse_variant(v) for v in a.variant]
+    t = bench._timer("cuda")
+    dtype = torch.bfloat16
+    fi = bench._import_flashinfer("cuda") if a.flashinfer else None
+    for w in bench.select_workloads(a.workload):
+        copies = bench.copies_for(w, "cuda")
+        runs = {}
+        for name, pipe, tune in variants:
+            be.sm90_pipe, be.tune = pipe, tune
+            plan_cache.ONE_CALL_PLANS.clear()  # one-call workloads cache their plans by signature
+            try:
+                runs[name], _ = bench._setup(w, "cuda_fa2", "cuda", dtype, copies, "shuffled")
+            except Exception as e:  # report and go on
+                print(f"{w.id} {name}: setup failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        be.sm90_pipe, be.tune = None, ()
+        runs["triton"], _ = bench._setup(w, "triton", "cuda", dtype, copies, "shuffled")
+        if fi is not None:
+            runs["flashinfer"], _ = bench._setup(w, "auto", "cuda", dtype, copies, "shuffled", api=fi)
+        times = {k: [] for k in runs}
+        for _ in range(a.rounds):
+            for k, r in runs.items():
+                times[k].append(bench.time_runs(t, r))
+        flops = bench._flops(w)
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            tf = f" {flops / med / 1e9:.0f} TFLOP/s" if flops else ""
+            print(f"{w.id:<12} {k:<14} {med:.4f} ms{tf}  rounds {' '.join(f'{x:.4f}' for x in ts)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
