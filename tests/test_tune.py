@@ -287,6 +287,9 @@ def test_grid_and_buckets():
     short = {(c.mask, c.bucket().length, c.bucket().shape) for c in full if c.op == "single_prefill" and c.kv == 128
              and c.qo > 1}
     assert short == {("causal", "kv1-256", "append"), ("causal", "kv1-256", "prefill"), ("none", "kv1-256", "prefill")}
+    d256 = tune.grid("cuda", ops=["batch_prefill_paged", "single_prefill"], head_dims=[256])
+    assert d256 and {(c.op, c.head_dim) for c in d256} == {("batch_prefill_paged", 256), ("single_prefill", 256)}
+    assert len(d256) == sum(c.op in ("batch_prefill_paged", "single_prefill") and c.head_dim == 256 for c in full)
     with pytest.raises(ValueError, match="unknown op"):
         tune.grid("cpu", ops=["pod"])
 

@@ -316,7 +316,7 @@ def cmd_tune(a) -> int:
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.list:  # the grid of any device, also one not here
-        cases = tune.grid(device, a.quick, a.op)
+        cases = tune.grid(device, a.quick, a.op, a.head_dim)
         for c in cases:
             print(c.describe())
         print(f"{len(cases)} grid points")
@@ -335,8 +335,8 @@ def cmd_tune(a) -> int:
     except ValueError as err:
         raise UsageError(f"--table {err}") from None
     done = done if a.resume else None
-    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, device=device, done=done, on_entry=keep,
-                          progress=lambda s: print(s, file=sys.stderr, flush=True))
+    table = tune.run_tune(a.backend or None, quick=a.quick, ops=a.op, head_dims=a.head_dim, device=device, done=done,
+                          on_entry=keep, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(tune.format_table(table))
     if "table" not in saved:
         print("nothing left to measure: every grid point of this run is in the cached table (--resume)")
@@ -477,6 +477,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t.add_argument("--backend", action="append", help="backend (repeatable); default: every available one "
                                                       "(on a GPU all but the reference)")
     t.add_argument("--op", action="append", choices=list(TUNE_OPS), help="only these ops (repeatable)")
+    t.add_argument("--head-dim", action="append", type=int, choices=[64, 128, 256],
+                   help="only these head dims (repeatable)")
     t.add_argument("--device", choices=["cpu", "cuda"])
     t.add_argument("--fresh", action="store_true", help="replace the cached table instead of merging into it")
     t.add_argument("--resume", action="store_true", help="skip what the cached table already holds (a backend "

@@ -100,8 +100,10 @@ def _cases(op, masks, dims, groups, dtypes, kv_fp8, pages, shapes, hq) -> List[C
     return out
 
 
-def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) -> List[Case]:
-    """The grid points timed on ``device`` (``quick``: one point per op, tiny on the CPU)."""
+def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None,
+         head_dims: Optional[Sequence[int]] = None) -> List[Case]:
+    """The grid points timed on ``device`` (``quick``: one point per op, tiny on the CPU), of ``ops`` and
+    ``head_dims`` only when given."""
     bf16, fp16 = torch.bfloat16, torch.float16
     if device != "cuda":  # the CPU: tiny shapes (Triton runs through its interpreter)
         dims, groups, dts = ((64,), (2,), (fp16,)) if quick else ((64, 128), (1, 4), (fp16, torch.float32))
@@ -145,6 +147,8 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None) 
         if unknown:
             raise ValueError(f"unknown op {', '.join(sorted(unknown))}; tune knows {', '.join(TUNE_OPS)}")
         cases = [c for c in cases if c.op in ops]
+    if head_dims:
+        cases = [c for c in cases if c.head_dim in head_dims]
     return cases
 
 
@@ -169,7 +173,8 @@ def default_backends(device: str) -> List[str]:
 
 
 def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, ops: Optional[Sequence[str]] = None,
-             device: Optional[str] = None, progress: Callable[[str], None] = print,
+             head_dims: Optional[Sequence[int]] = None, device: Optional[str] = None,
+             progress: Callable[[str], None] = print,
              done: Optional[Dict] = None, on_entry: Optional[Callable[[Dict], None]] = None) -> Dict:
     """Time ``backends`` (default: ``default_backends``) on the grid; return this run's table.
 
@@ -179,7 +184,7 @@ def run_tune(backends: Optional[Sequence[str]] = None, *, quick: bool = False, o
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     names = [registry.canonical_name(n) for n in backends] if backends else default_backends(device)
-    cases = grid(device, quick, ops)
+    cases = grid(device, quick, ops, head_dims)
     t = bench._timer(device, **GPU_TIMER) if device == "cuda" else bench._timer(device)
     unavailable = {}
     for n in names:
