@@ -3,6 +3,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "attncore/ptx.cuh"
+
 #include "xqa_params.h"
 
 namespace xqa {
@@ -57,20 +59,27 @@ struct Config {
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");
 };
 
-// One CTA's share of the work: its packed rows (m-group mg: rows row0 .. row0 + rows_here - 1), the
-// kv range of its request b (keys from kv_begin, the window start of draft row 0 rounded down to a
-// tile, to seq_len) cut into TILE-key tiles and split across CTAs (this one: my_tiles tiles from
-// t_first), and the request's page table (pages of 2^lg keys).  Read after griddepcontrol.wait:
-// seq_lens may be written by the kernel before.
+// One CTA's share of the work: its place in the grid (m-group mg, split, kv head kvh, request b), its
+// packed rows (rows row0 .. row0 + rows_here - 1), the kv range of its request (keys from kv_begin, the
+// window start of draft row 0 rounded down to a tile, to seq_len) cut into TILE-key tiles and split
+// across CTAs (this one: my_tiles tiles from t_first), and the request's page table (pages of 2^lg
+// keys).  Read after griddepcontrol.wait (the constructor waits; a no-op unless launched with PDL): seq_lens
+// may be written by the kernel before.
 template <typename Cfg>
 struct Work {
+  int mg, split, kvh, b;
   int G, QL, row0, rows_here, seq_len;
   int lo;  // first key of draft row 0's window (0 without a window)
   int kv_begin, n_tiles, tps, t_first, my_tiles;
   const int* pt;
   int lg, ps_mask;
   bool one_page;  // a thread's RPT rows of a tile lie in one page
-  __device__ __forceinline__ Work(const XqaParams& p, int mg, int split, int b) {
+  __device__ __forceinline__ explicit Work(const XqaParams& p) {
+    ac::grid_dep_wait();
+    mg = blockIdx.x;
+    split = blockIdx.y % p.num_splits;
+    kvh = blockIdx.y / p.num_splits;
+    b = blockIdx.z;
     G = p.group, QL = p.q_len;
     row0 = mg * Cfg::ROWS;
     rows_here = min(Cfg::ROWS, p.rows - row0);
@@ -87,6 +96,22 @@ struct Work {
     ps_mask = (1 << lg) - 1;
     one_page = (1 << lg) >= Cfg::RPT;
   }
+};
+
+// The CTA's shared memory, as Config carves it: Q, the warps' (m, l) per row, the rows' weights and
+// (M, L), the split-KV arrival flag, and the K/V ring, which the warps' merge reuses.
+template <typename Cfg>
+struct Smem {
+  uint8_t* const q;
+  float* const ml;    // [NW][ROWS][2]
+  float* const stat;  // [ROWS][NW + 2]
+  int* const flag;
+  uint8_t* const big;  // the ring, then the merge buffer
+  float* const red;    // [NW][ROWS][RED_PITCH]
+  __device__ __forceinline__ explicit Smem(uint8_t* base)
+      : q(base), ml(reinterpret_cast<float*>(base + Cfg::Q_BYTES)), stat(ml + NW * Cfg::ROWS * 2),
+        flag(reinterpret_cast<int*>(stat + Cfg::ROWS * (NW + 2))), big(base + Cfg::BIG_OFF),
+        red(reinterpret_cast<float*>(big)) {}
 };
 
 }  // namespace xqa

@@ -50,10 +50,11 @@
 //   xqa_softmax.cuh    online softmax, P packing, O rescale
 //   xqa_epilogue.cuh   warp merge, normalise (sinks), write; split-KV partials and the last CTA's merge
 //   xqa_swap.cuh       the other kernel: fp8 KV with <= 8 rows, keys as the MMA's M (Cfg::SWAP)
-// Two steps stay written out here, the mask and O += P V: as functions of their own (even as
-// lambdas) the compiler lays their branches out differently (the mask's window / causal tests become
-// selects) or no longer shares the fp8 K and V row addresses, and ptxas then schedules the whole
-// kernel differently.
+// Two steps stay written out here.  O += P V: as a function of its own (even as a lambda) the compiler
+// no longer shares the fp8 K and V row addresses, and ptxas then schedules the whole kernel
+// differently.  The mask (MaskRows::tile_needs_mask and visible, which the swapped kernel calls):
+// called here, the window / causal tests become selects and 32-row spec-decode runs took ~1% longer
+// (X1 q4, H200, session 26).
 #pragma once
 #include "attncore/ptx.cuh"
 #include "xqa_config.cuh"
@@ -68,7 +69,7 @@ namespace xqa {
 
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const __grid_constant__ XqaParams p) {
-  constexpr int D = Cfg::D, MT = Cfg::MT, ROWS = Cfg::ROWS, RB = Cfg::RB, C = Cfg::C, RPT = Cfg::RPT;
+  constexpr int D = Cfg::D, MT = Cfg::MT, RB = Cfg::RB, C = Cfg::C;
   constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
   constexpr bool FP8 = KVK != 0;
   constexpr int NTILES_D = D / 8;  // n8 tiles of the output
@@ -76,38 +77,23 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   const float fold = (KVK == 1) ? ac::kFp8Fold : 1.f;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sm_q = smem;
-  float* sm_ml = reinterpret_cast<float*>(smem + Cfg::Q_BYTES);                 // [NW][ROWS][2]
-  float* sm_stat = sm_ml + NW * ROWS * 2;                                        // [ROWS][NW+2]
-  int* sm_flag = reinterpret_cast<int*>(sm_stat + ROWS * (NW + 2));
-  uint8_t* sm_big = smem + Cfg::BIG_OFF;                                         // pipeline / merge
-  float* sm_red = reinterpret_cast<float*>(sm_big);                             // [NW][ROWS][RED_PITCH]
+  const Smem<Cfg> sm(smem);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int mg = blockIdx.x;
-  const int split = blockIdx.y % p.num_splits;
-  const int kvh = blockIdx.y / p.num_splits;
-  const int b = blockIdx.z;
 
-  ac::grid_dep_wait();  // no-op unless launched with PDL
-
-  const Work<Cfg> wk(p, mg, split, b);
+  const Work<Cfg> wk(p);  // after the previous kernel's writes (PDL)
   const int G = wk.G, QL = wk.QL, row0 = wk.row0, seq_len = wk.seq_len;
   const int kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
 
-  const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
-  int pg[RPT];  // page ids of this thread's rows of the next tile
-  if constexpr (DIAG == 2) {  // diagnostic: compute on zeroed tiles (nothing is loaded)
-    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-  }
-  kv.prologue(pg);  // the ring's first tiles in flight while Q is read
+  const KvCopy<Cfg> kv(p, wk, sm.big, tid);
+  int pg[Cfg::RPT];  // page ids of this thread's rows of the next tile
+  kv.prologue(pg, tid);  // the ring's first tiles in flight while Q is read
 
   float q_unscale = 1.f;  // 2^k when bf16 q was prescaled by 2^-k into fp16
-  load_q<Cfg, QT, FP8>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
+  load_q<Cfg, QT, FP8>(sm.q, sm.ml, p, wk, tid, lane, warp, q_unscale);
 
-  const MaskRows<MT> rows(p, row0, G, QL, seq_len, b, g, 8);
+  const MaskRows<MT> rows(p, row0, G, QL, seq_len, wk.b, g, 8);
   const int draft0 = rows.draft0;
   const uint16_t* mask_base = rows.mask_base;
 
@@ -124,13 +110,13 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   }
 
 
-  const uint32_t q_s = ac::smem_u32(sm_q);
+  const uint32_t q_s = ac::smem_u32(sm.q);
   const float qk_scale = p.qk_scale_log2 * fold * q_unscale;
 
   for (int it = 0; it < my_tiles; ++it) {
     kv.advance(pg, it);
     const int stage = it % STAGES;
-    const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
+    const uint32_t ks = ac::smem_u32(sm.big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
     const int tile_start = kv_begin + (t_first + it) * TILE;
 
@@ -141,7 +127,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
     float s[MT][2 * KB][4];
     compute_s<Cfg, CT, KVK>(s, ks, q_s, lm, kw0, lane);
 
-    // scale, mask (boundary tiles only: the draft tokens, the kv end, the window's edge; xqa_mask.cuh)
+    // scale, mask (boundary tiles only: the draft tokens, the kv end, the window's edge): MaskRows'
+    // tile_needs_mask and visible, written out (see above)
     const bool need_mask = (tile_start + TILE > draft0) ||
                            (p.window_left >= 0 && tile_start < seq_len - 1 - p.window_left);
 #pragma unroll
@@ -229,9 +216,9 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
   ac::grid_dep_launch();
   __syncthreads();  // pipeline smem is reused below
 
-  merge_warps<Cfg, FP8>(sm_ml, sm_stat, sm_red, o, m_run, l_run, tid, warp, g, t);
+  merge_warps<Cfg, FP8>(sm.ml, sm.stat, sm.red, o, m_run, l_run, tid, warp, g, t);
 
-  finish<Cfg, QT, OUTK>(p, wk, sm_stat, sm_red, sm_flag, b, kvh, mg, split, tid, fold);
+  finish<Cfg, QT, OUTK>(p, wk, sm.stat, sm.red, sm.flag, tid, fold);
 }
 
 }  // namespace xqa

@@ -273,8 +273,9 @@ __device__ __forceinline__ void merge_splits(const OutT& out, const XqaParams& p
 // split's CTA merges them all.
 template <typename Cfg, typename QT, int OUTK>
 __device__ __forceinline__ void finish(const XqaParams& p, const Work<Cfg>& wk, float* sm_stat, float* sm_red,
-                                       int* sm_flag, int b, int kvh, int mg, int split, int tid, float fold) {
+                                       int* sm_flag, int tid, float fold) {
   const int G = wk.G, QL = wk.QL, row0 = wk.row0, rows_here = wk.rows_here;
+  const int b = wk.b, kvh = wk.kvh, mg = wk.mg, split = wk.split;
   const bool split_mode = p.num_splits > 1;
   const int64_t unit = ((int64_t)(b * p.num_kv_heads + kvh) * p.m_groups + mg);  // (b, kvh, mg)
   const Out<QT, OUTK> out{p, G, QL, b, kvh, row0, fold};

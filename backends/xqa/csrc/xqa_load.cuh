@@ -17,10 +17,10 @@
 namespace xqa {
 
 template <typename Cfg, typename QT, bool FP8>
-__device__ __forceinline__ void load_q(uint8_t* sm_q, float* sm_ml, const XqaParams& p, const Work<Cfg>& w, int b,
-                                       int kvh, int tid, int lane, int warp, float& q_unscale) {
+__device__ __forceinline__ void load_q(uint8_t* sm_q, float* sm_ml, const XqaParams& p, const Work<Cfg>& w, int tid,
+                                       int lane, int warp, float& q_unscale) {
   constexpr int D = Cfg::D, ROWS = Cfg::ROWS;
-  const int G = w.G, QL = w.QL, row0 = w.row0, rows_here = w.rows_here;
+  const int G = w.G, QL = w.QL, row0 = w.row0, rows_here = w.rows_here, b = w.b, kvh = w.kvh;
   constexpr int GROUPS16 = D / 16;
   constexpr int ITEMS = (ROWS * GROUPS16 + NT - 1) / NT;  // 16-dim groups per thread
   constexpr bool CONVERT = FP8 && std::is_same<QT, __nv_bfloat16>::value;
@@ -98,14 +98,19 @@ struct KvCopy {
   const uint8_t* vbase;
   const int64_t k_tok_bytes, v_tok_bytes;
 
-  __device__ __forceinline__ KvCopy(const XqaParams& p_, const Work<Cfg>& w_, uint8_t* const& sm_big_, int kvh, int tid)
+  __device__ __forceinline__ KvCopy(const XqaParams& p_, const Work<Cfg>& w_, uint8_t* const& sm_big_, int tid)
       : p(p_), w(w_), sm_big(sm_big_), ld_c(tid % C), ld_r0((tid / C) * RPT),
-        kbase(reinterpret_cast<const uint8_t*>(p.k) + ((int64_t)kvh * p.k_stride_head) * Cfg::KVB + ld_c * 16),
-        vbase(reinterpret_cast<const uint8_t*>(p.v) + ((int64_t)kvh * p.v_stride_head) * Cfg::KVB + ld_c * 16),
+        kbase(reinterpret_cast<const uint8_t*>(p.k) + ((int64_t)w_.kvh * p.k_stride_head) * Cfg::KVB + ld_c * 16),
+        vbase(reinterpret_cast<const uint8_t*>(p.v) + ((int64_t)w_.kvh * p.v_stride_head) * Cfg::KVB + ld_c * 16),
         k_tok_bytes(p.k_stride_tok * Cfg::KVB), v_tok_bytes(p.v_stride_tok * Cfg::KVB) {}
 
   // The ring's first STAGES - 1 tiles (of the CTA's my_tiles from t_first), and the page ids of the next.
-  __device__ __forceinline__ void prologue(int (&pg)[RPT]) const {
+  // DIAG 2 (compute only) zero-fills the ring instead.
+  __device__ __forceinline__ void prologue(int (&pg)[RPT], int tid) const {
+    if constexpr (Cfg::DIAG == 2) {
+      for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
+      __syncthreads();
+    }
 #pragma unroll
     for (int i = 0; i < Cfg::STAGES - 1; ++i) {
       if (i < w.my_tiles) {

@@ -44,30 +44,30 @@ __device__ __forceinline__ void load_qt(uint32_t (&qb)[Cfg::D / 16][2], uint32_t
   }
 }
 
-// Each warp's (m, l) per row and its O^T, weighted, into sm_ml / sm_stat / sm_red: what merge_warps
+// Each warp's (m, l) per row and its O^T, weighted, into sm.ml / sm.stat / sm.red: what merge_warps
 // leaves for the epilogue.
 template <typename Cfg>
-__device__ __forceinline__ void merge_warps_t(float* sm_ml, float* sm_stat, float* sm_red,
-                                              const float (&o)[Cfg::D / 16][4], const float (&m_run)[2],
-                                              const float (&l_run)[2], int tid, int warp, int g, int t) {
+__device__ __forceinline__ void merge_warps_t(const Smem<Cfg>& sm, const float (&o)[Cfg::D / 16][4],
+                                              const float (&m_run)[2], const float (&l_run)[2], int tid, int warp,
+                                              int g, int t) {
   constexpr int ROWS = Cfg::ROWS;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = ac::col_sum(l_run[h]);
     if (g == 0) {
       const int r = 2 * t + h;
-      sm_ml[(warp * ROWS + r) * 2 + 0] = m_run[h];
-      sm_ml[(warp * ROWS + r) * 2 + 1] = l;
+      sm.ml[(warp * ROWS + r) * 2 + 0] = m_run[h];
+      sm.ml[(warp * ROWS + r) * 2 + 1] = l;
     }
   }
   __syncthreads();
-  warp_weights<Cfg>(sm_ml, sm_stat, tid);
+  warp_weights<Cfg>(sm.ml, sm.stat, tid);
   __syncthreads();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = 2 * t + h;
-    const float sc = sm_stat[r * (NW + 2) + warp];
-    float* dst = sm_red + (warp * ROWS + r) * Cfg::RED_PITCH;
+    const float sc = sm.stat[r * (NW + 2) + warp];
+    float* dst = sm.red + (warp * ROWS + r) * Cfg::RED_PITCH;
 #pragma unroll
     for (int c = 0; c < Cfg::D / 16; ++c)
       *reinterpret_cast<float2*>(dst + 16 * c + 2 * g) = make_float2(o[c][h] * sc, o[c][2 + h] * sc);
@@ -77,43 +77,28 @@ __device__ __forceinline__ void merge_warps_t(float* sm_ml, float* sm_stat, floa
 
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(const __grid_constant__ XqaParams p) {
-  constexpr int D = Cfg::D, RB = Cfg::RB, C = Cfg::C, RPT = Cfg::RPT;
+  constexpr int D = Cfg::D, RB = Cfg::RB, C = Cfg::C;
   constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
   constexpr int DT = D / 16;  // k steps of S^T, m16 tiles of O^T
   static_assert(KVK != 0 && Cfg::SWAP, "the swapped kernel serves fp8 KV");
   const float fold = (KVK == 1) ? ac::kFp8Fold : 1.f;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sm_q = smem;
-  float* sm_ml = reinterpret_cast<float*>(smem + Cfg::Q_BYTES);                 // [NW][ROWS][2]
-  float* sm_stat = sm_ml + NW * Cfg::ROWS * 2;                                   // [ROWS][NW+2]
-  int* sm_flag = reinterpret_cast<int*>(sm_stat + Cfg::ROWS * (NW + 2));
-  uint8_t* sm_big = smem + Cfg::BIG_OFF;                                         // pipeline / merge
-  float* sm_red = reinterpret_cast<float*>(sm_big);                             // [NW][ROWS][RED_PITCH]
+  const Smem<Cfg> sm(smem);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int mg = blockIdx.x;
-  const int split = blockIdx.y % p.num_splits;
-  const int kvh = blockIdx.y / p.num_splits;
-  const int b = blockIdx.z;
 
-  ac::grid_dep_wait();  // no-op unless launched with PDL
-
-  const Work<Cfg> wk(p, mg, split, b);
+  const Work<Cfg> wk(p);  // after the previous kernel's writes (PDL)
   const int seq_len = wk.seq_len, kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
 
-  const KvCopy<Cfg> kv(p, wk, sm_big, kvh, tid);
-  int pg[RPT];
-  if constexpr (DIAG == 2) {
-    for (int i = tid; i < Cfg::PIPE_BYTES / 16; i += NT) reinterpret_cast<uint4*>(sm_big)[i] = make_uint4(0, 0, 0, 0);
-  }
-  kv.prologue(pg);  // the ring's first tiles in flight while Q is read
+  const KvCopy<Cfg> kv(p, wk, sm.big, tid);
+  int pg[Cfg::RPT];  // page ids of this thread's rows of the next tile
+  kv.prologue(pg, tid);  // the ring's first tiles in flight while Q is read
 
   float q_unscale = 1.f;
-  load_q<Cfg, QT, true>(sm_q, sm_ml, p, wk, b, kvh, tid, lane, warp, q_unscale);
-  const MaskRows<1> rows(p, wk.row0, wk.G, wk.QL, seq_len, b, 2 * t, 1);
-  const int draft0 = rows.draft0;
+  load_q<Cfg, QT, true>(sm.q, sm.ml, p, wk, tid, lane, warp, q_unscale);
+  const MaskRows<1> rows(p, wk.row0, wk.G, wk.QL, seq_len, wk.b, 2 * t, 1);
 
   float o[DT][4];
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -124,13 +109,13 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
 
   __syncthreads();  // Q is in smem
   uint32_t qb[DT][2];
-  load_qt<Cfg>(qb, ac::smem_u32(sm_q), lane);
+  load_qt<Cfg>(qb, ac::smem_u32(sm.q), lane);
   const float qk_scale = p.qk_scale_log2 * fold * q_unscale;
 
   for (int it = 0; it < my_tiles; ++it) {
     kv.advance(pg, it);
     const int stage = it % STAGES;
-    const uint32_t ks = ac::smem_u32(sm_big + stage * Cfg::STAGE_BYTES);
+    const uint32_t ks = ac::smem_u32(sm.big + stage * Cfg::STAGE_BYTES);
     const uint32_t vs = ks + TILE * RB;
     const int tile_start = kv_begin + (t_first + it) * TILE;
 
@@ -162,36 +147,21 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
         }
     }
 
-    // ---- scale, mask (boundary tiles only; the rules of xqa_decode.cuh)
+    // ---- scale, mask (boundary tiles only; xqa_mask.cuh)
 #pragma unroll
     for (int kb_ = 0; kb_ < KB; ++kb_)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[kb_][e] *= qk_scale;
-    const bool need_mask = (tile_start + TILE > draft0) ||
-                           (p.window_left >= 0 && tile_start < seq_len - 1 - p.window_left);
-    if (need_mask) {
+    if (rows.tile_needs_mask(p, tile_start, TILE)) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qi = rows.qi[0][h];
-        const int pos_q = draft0 + qi;
-        const uint16_t* mrow = rows.mask_base ? rows.mask_base + (int64_t)qi * p.mask_words16 : nullptr;
+        const uint16_t* mrow = rows.row_mask(p, qi);
 #pragma unroll
         for (int kb_ = 0; kb_ < KB; ++kb_)
 #pragma unroll
-          for (int hk = 0; hk < 2; ++hk) {
-            const int tok = tile_start + kw0 + 16 * kb_ + g + 8 * hk;
-            bool vis = tok < seq_len;
-            if (p.window_left >= 0) vis = vis && tok >= pos_q - p.window_left;
-            if (tok >= draft0) {
-              if (mrow) {
-                const int jd = tok - draft0;
-                vis = vis && ((mrow[jd >> 4] >> (jd & 15)) & 1);
-              } else if (p.causal) {
-                vis = vis && tok <= pos_q;
-              }
-            }
-            if (!vis) s[kb_][2 * hk + h] = -INFINITY;
-          }
+          for (int hk = 0; hk < 2; ++hk)
+            if (!rows.visible(p, tile_start + kw0 + 16 * kb_ + g + 8 * hk, qi, mrow)) s[kb_][2 * hk + h] = -INFINITY;
       }
     }
 
@@ -256,8 +226,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
   ac::grid_dep_launch();
   __syncthreads();  // pipeline smem is reused below
 
-  merge_warps_t<Cfg>(sm_ml, sm_stat, sm_red, o, m_run, l_run, tid, warp, g, t);
-  finish<Cfg, QT, OUTK>(p, wk, sm_stat, sm_red, sm_flag, b, kvh, mg, split, tid, fold);
+  merge_warps_t<Cfg>(sm, o, m_run, l_run, tid, warp, g, t);
+  finish<Cfg, QT, OUTK>(p, wk, sm.stat, sm.red, sm.flag, tid, fold);
 }
 
 }  // namespace xqa
