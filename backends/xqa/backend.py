@@ -77,7 +77,8 @@ def _pdl_ok(dev: torch.device) -> bool:
 
 class XqaBackend(Backend):
     name = "xqa"
-    description = "XQA-style GQA decode (group rows packed into mma.sync M, paged cp.async, split-KV), sm80/sm90"
+    description = ("XQA-style GQA decode (group rows packed into mma.sync M; fp8 KV at <= 8 rows: keys as M; "
+                   "paged cp.async, split-KV), sm80/sm90")
     capabilities = CAPABILITIES
     sends_index_tables = True  # one copy with its zeroed counters (plan.make_plan, attncore.core.uploads)
 
