@@ -6,14 +6,15 @@ URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arc
 
 ``mt1`` packs up to 16 rows (GQA heads x draft tokens of one kv head) into one CTA, ``mt2`` up to
 32 (d64/d128 only: d256 with 32 rows would spill).  ``_sw`` (fp8 KV, ``mt1``): the swapped-product
-kernel, 8 rows per CTA, keys as the MMA's M (``csrc/xqa_swap.cuh``).  Everything else (page size, NHD/HND, window,
-sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time parameter.
+kernel, 8 rows per CTA, keys as the MMA's M (``csrc/xqa_swap.cuh``).  Everything else (page size,
+NHD/HND, window, sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time
+parameter.
 
 ``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``backends/xqa/bench/xqa_tune.py``), each a name
 and a number: ``kpw`` keys per warp per tile (16 or 32), ``st`` cp.async ring depth, ``mb`` CTAs per
 SM the register budget is sized for, ``l2`` the cp.async L2 prefetch hint in bytes (0, 64, 128,
 256), ``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong
-results, timing only), ``cv`` 1: widen fp8 with integer ops, not the sm_89+ cvt.  Without ``_t`` the kernel's defaults apply.
+results, timing only).  Without ``_t`` the kernel's defaults apply.
 """
 
 from __future__ import annotations
