@@ -121,6 +121,16 @@ def test_a_hand_made_table_decides(cache):
     assert selector.select(P).name == "reference"
 
 
+def test_entries_measured_on_another_gpu_say_so(cache):
+    """An entry that names its own device (re-measured elsewhere and merged, as the shipped table's d256 prefill
+    points) shows it in explain's evidence and in the table's description."""
+    cpu_table([entry(times={"sdpa": 1.0, "reference": 2.0}, device="NVIDIA H200",
+                     shape={"batch": 1, "qo": 16, "kv": 128})])
+    text = str(attncore.explain(P))
+    assert "(B1 qo16 kv128) on NVIDIA H200: 1 ms" in text
+    assert "1 entries, 1 of them on NVIDIA H200)" in text
+
+
 def test_measured_times_within_the_tie_go_by_rule(cache):
     """Times within ranking.MEASURED_TIE of the fastest are a tie, which the rule table orders (on the CPU the
     reference ranks 0, sdpa -1); beyond it the faster one wins; explain says which."""

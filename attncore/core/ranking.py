@@ -371,10 +371,11 @@ class Measured:
     @staticmethod
     def bucket(e: Dict) -> str:
         """An entry's bucket and the shape it was measured at, e.g. ``kv257-1024 B2-4 prefill (B4 qo1024
-        kv1024)``."""
+        kv1024)``, and the device when the entry names its own (measured on another GPU than the table's)."""
         s = e.get("shape") if isinstance(e.get("shape"), dict) else {}
         at = f" (B{s['batch']} qo{s['qo']} kv{s['kv']})" if {"batch", "qo", "kv"} <= set(s) else ""
-        return entry_bucket(e).describe() + at
+        on = f" on {e['device']}" if e.get("device") else ""
+        return entry_bucket(e).describe() + at + on
 
 
 def measured(problem: AttentionProblem) -> Tuple[Optional[Measured], str]:

@@ -32,6 +32,7 @@ import platform
 import re
 import threading
 from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -294,8 +295,11 @@ class Table:
         m = self.meta
         cc = m.get("compute_capability")
         where = m.get("device") or ("sm%d%d" % tuple(cc) if cc else "?")
+        # entries measured on another GPU name it (tune's --head-dim / --op re-measures merged into a table)
+        others = Counter(e["device"] for e in self.entries if isinstance(e, dict) and e.get("device"))
+        own = "".join(f", {n} of them on {d}" for d, n in sorted(others.items()))
         return (f"{self.kind} table {self.path} ({where}, {m.get('date', '?')}, attncore {m.get('attncore', '?')}"
-                f"{', quick grid' if m.get('quick') else ''}; {len(self.entries)} entries)")
+                f"{', quick grid' if m.get('quick') else ''}; {len(self.entries)} entries{own})")
 
 
 _tables: Dict[Tuple[str, str], Optional[Table]] = {}
