@@ -1,11 +1,10 @@
 // attncore xqa: what the kernel copies into shared memory.
 //
 //   load_q    the CTA's Q rows -> registers -> smem, read once, as the 16-bit MMA type CT, 16-byte
-//             chunks swizzled; for
-//             fp8 KV the pairs of each 16-dim group are permuted the way the fp8 K fragments are
-//             (xqa_decode.cuh), and bf16 q is converted to fp16 with a power-of-two prescale 2^-k
-//             chosen from max |q| of the CTA's rows (k > 0 only above 2^14: no overflow), 2^k returned
-//             in q_unscale for the logit scale.
+//             chunks swizzled; for fp8 KV the pairs of each 16-dim group are permuted the way the fp8 K
+//             fragments are (xqa_decode.cuh), and bf16 q is converted to fp16 with a power-of-two
+//             prescale 2^-k chosen from max |q| of the CTA's rows (k > 0 only above 2^14: no overflow),
+//             2^k returned in q_unscale for the logit scale.
 //   KvCopy    K/V tiles -> the STAGES-deep cp.async ring: each thread copies chunk ld_c of RPT
 //             consecutive key rows; the page-table gather happens in the copy, with the page ids of
 //             the next tile fetched a tile ahead into registers (pg, the caller's array).
