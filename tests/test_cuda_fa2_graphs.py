@@ -156,7 +156,7 @@ def test_replan_keeps_params_bytes_and_grid_cpu(op, feature):
     assert plan_a.schedule.part_rows or plan_b.schedule.part_rows  # the merge path is exercised
     pa = binding.Fa2Params.from_buffer_copy(launched_a[0])
     assert pa.num_work == plan_a.graph.cap_items >= max(plan_a.num_items, plan_b.num_items)
-    assert pa.work_count == plan_a.counts.data_ptr()
+    assert pa.work_count == plan_a.counts.data_ptr() and pa.sched == plan_a.sched.data_ptr()
     # tables and partials live in the caller's workspaces
     for t, buf in ((plan_a.work, iws), (plan_a.counts, iws), (plan_a.part_o, ws)):
         assert buf.data_ptr() <= t.data_ptr() < buf.data_ptr() + buf.numel()
@@ -253,7 +253,7 @@ def test_eager_plan_takes_its_scratch_from_the_workspaces_cpu():
     for plan in plans:
         assert plan.work.data_ptr() == plan.counts.data_ptr() + 256
         assert iws.data_ptr() <= plan.counts.data_ptr() and plan.meta.staged.sent
-        end = max(t.data_ptr() + 4 * t.numel() for t in (plan.work, plan.merge_table, plan.alibi_slopes)
+        end = max(t.data_ptr() + 4 * t.numel() for t in (plan.work, plan.merge_table, plan.alibi_slopes, plan.sched)
                   if t is not None)  # the tables' end: the index tables follow within one alignment step
         assert 0 <= plan.meta.qo_indptr.data_ptr() - end < 256
         assert plan.base.num_work == plan.num_items and not plan.base.work_count

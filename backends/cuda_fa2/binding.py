@@ -32,7 +32,7 @@ class Fa2Params(ctypes.Structure):
         ("q", _p), ("k", _p), ("v", _p), ("o", _p), ("lse", _p), ("o_part", _p), ("lse_part", _p),
         ("qo_indptr", _p), ("kv_indptr", _p), ("kv_indices", _p), ("kv_lens", _p),
         ("mask", _p), ("mask_indptr", _p), ("sinks", _p), ("alibi_slopes", _p), ("work", _p),
-        ("work_count", _p),
+        ("work_count", _p), ("sched", _p),
         ("q_stride_n", _i64), ("q_stride_h", _i64),
         ("k_stride_p", _i64), ("k_stride_n", _i64), ("k_stride_h", _i64),
         ("v_stride_p", _i64), ("v_stride_n", _i64), ("v_stride_h", _i64),
@@ -201,6 +201,7 @@ def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     p.alibi_slopes = _ptr(plan.alibi_slopes)
     p.work = plan.work.data_ptr()
     p.work_count = plan.counts[0:1].data_ptr() if graph else None
+    p.sched = plan.sched.data_ptr()
     p.num_qo_heads, p.num_kv_heads, p.group = pr.num_qo_heads, pr.num_kv_heads, pr.group_size
     p.page_size = plan.page_size if plan.paged else 0
     ps = p.page_size

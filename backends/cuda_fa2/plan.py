@@ -69,6 +69,7 @@ class Fa2Plan:
     work: torch.Tensor  # int32 [work capacity, 5] (device)
     merge_table: Optional[torch.Tensor]  # int32 [merge capacity, 4] (device)
     counts: torch.Tensor  # int32 [2] (device): live items, live merge rows (read in graph mode)
+    sched: torch.Tensor  # int32 [2] (device): the persistent grid's counters (Fa2Params.sched), zero between launches
     part_o: Optional[torch.Tensor]  # float32 [part rows, Hq, D]
     part_lse: Optional[torch.Tensor]  # float32 [part rows, Hq]
     alibi_slopes: Optional[torch.Tensor]
@@ -154,6 +155,7 @@ def _layouts(cap_part: int, heads: int, head_dim: int, cap_items: int, cap_merge
         ilay.add("merge", (cap_merge, MERGE_COLS), torch.int32)
     if alibi:
         ilay.add("alibi", (heads,), torch.float32)
+    ilay.add("sched", (2,), torch.int32)
     return flay, ilay
 
 
@@ -210,6 +212,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     # the tables on the host (numpy views of one image: one conversion per table), then one copy
     tabs, image, h, span = uploads.carve_tables(ilay, ibuf, staged, dev, meta.memo)
     h["counts"][:] = (n_items, n_merge)
+    h["sched"][:] = 0
     s.write_work(h["work"])
     if n_merge:
         h["merge"][:n_merge] = merge
@@ -223,7 +226,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         nnz_q=nnz_q, config=config, schedule=s, num_items=n_items,
         work_grid=cap_items if graph is not None else n_items,
         merge_rows=n_merge, merge_grid=cap_merge if graph is not None else n_merge,
-        work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"],
+        work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"], sched=tabs["sched"],
         part_o=parts.get("part_o"), part_lse=parts.get("part_lse"), alibi_slopes=tabs.get("alibi"),
         mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
         graph=graph, sm90_reasons=why)

@@ -115,10 +115,16 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #ifndef FA2_H_SEPKV
 #define FA2_H_SEPKV (FA2_H_WS && FA2_H_STAGES == 2)  // K and V on their own barriers (Cfg90::SEPKV)
 #endif
+#ifndef FA2_H_PERSIST
+// WS prefill90: one CTA per resident slot runs the work units in turn (Cfg90::PERSIST).  On for the plain loop
+// (paged K/V), off for the pipelined one (H200 2026-11-29, same run: P3 page 16 0.726 ms against 0.762, P4 1.169
+// against 1.186; P1 causal 0.284 against 0.278, non-causal 0.521 against 0.507, P2 d64 0.192 against 0.187)
+#define FA2_H_PERSIST (FA2_H_WS && !FA2_H_PIPE)
+#endif
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
               "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");
 using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG,
-                               FA2_H_SEPKV != 0>;
+                               FA2_H_SEPKV != 0, FA2_H_PERSIST != 0 && FA2_H_WS != 0 && FA2_CONFIG == 3>;
 #if FA2_CONFIG == 4
 static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");
 // the decode part: paged K/V, the plain loop (its producer cannot feed the pipelined one: cuda_fa2.md, session 19)
@@ -128,6 +134,7 @@ auto kernel = fa2::sm90::fa2_sm90_pod_kernel<Cfg90, Cfg90D, T, FA2_MASK>;
 auto kernel = fa2::sm90::fa2_sm90_kernel<Cfg90, T, FA2_MASK>;
 #endif
 constexpr int kCtaQ = Cfg90::CTA_Q, kKvt = Cfg90::KVT, kThreads = Cfg90::NTHREADS, kSmem = Cfg90::smem_bytes;
+constexpr bool kPersist = Cfg90::PERSIST;
 #else
 // <D, NWQ, NWKV, NMQ, NNK, STAGES>
 using PrefillCfg = fa2::Config<D, FA2_P_NWQ, 1, FA2_P_NMQ, FA2_P_NNK, FA2_P_STAGES, FA2_P_MINB>;
@@ -139,6 +146,7 @@ using SM = fa2::Smem<Cfg, FA2_KV == 0 ? 2 : 1>;
 
 auto kernel = fa2::fa2_attention_kernel<Cfg, T, FA2_KV, FA2_MASK, FA2_SOFTCAP != 0, FA2_ALIBI != 0, FA2_ROPE != 0>;
 constexpr int kCtaQ = Cfg::CTA_Q, kKvt = Cfg::KVT, kThreads = Cfg::NTHREADS, kSmem = (int)SM::bytes;
+constexpr bool kPersist = false;
 #endif
 
 // Makes `dev` current for one entry point and gives the caller its device back on return: a
@@ -156,12 +164,22 @@ struct DeviceScope {
   }
 };
 
+int g_resident[64];  // kPersist: CTAs resident on the whole device at once (the persistent grid), per device
+
 int setup(int dev) {
   static bool done[64] = {false};
   if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
   if (!done[dev]) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return (int)e;
+    if (kPersist) {
+      int per_sm = 0, sms = 0;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem);
+      if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (e != cudaSuccess) return (int)e;
+      if (per_sm * sms <= 0) return (int)cudaErrorInvalidConfiguration;
+      g_resident[dev] = per_sm * sms;
+    }
     done[dev] = true;
   }
   return 0;
@@ -233,7 +251,11 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   int e = setup(p->device);
   if (e) return e;
   if (p->num_work <= 0) return 0;
-  dim3 grid(p->num_work, p->num_kv_heads);
+  // kPersist: one CTA per resident slot, each running units (item, kv head) in turn (CUDA-graph mode: num_work is
+  // the capacity, the kernel reads the live count)
+  const int64_t units = (int64_t)p->num_work * p->num_kv_heads;
+  dim3 grid = kPersist ? dim3((unsigned)(units < g_resident[p->device] ? units : g_resident[p->device]), 1)
+                       : dim3(p->num_work, p->num_kv_heads);
   kernel<<<grid, kThreads, kSmem, stream>>>(*p);
   return (int)cudaGetLastError();
 }

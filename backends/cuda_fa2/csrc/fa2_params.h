@@ -44,6 +44,8 @@
   F(const int32_t*, work)        /* [num_work, 5]: request, first packed row, kv_begin, kv_end, slot (-1: final) */ \
   F(const int32_t*, work_count)  /* CUDA-graph mode: the number of items (int workspace); CTAs past it exit. */ \
                                  /* null: every CTA of the grid (num_work) is an item */                  \
+  F(int32_t*, sched)             /* the persistent grid's two counters (int workspace, zero between launches): */ \
+                                 /* units handed out after the first round, CTAs that found none left */  \
   F(int64_t, q_stride_n)                                                                                  \
   F(int64_t, q_stride_h)                                                                                  \
   F(int64_t, k_stride_p)                                                                                  \

@@ -30,7 +30,8 @@
 namespace fa2 {
 namespace sm90 {
 
-template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56, bool SEPKV_ = false>
+template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56, bool SEPKV_ = false,
+          bool PERSIST_ = false>
 struct Cfg90 {
   static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
@@ -56,6 +57,14 @@ struct Cfg90 {
   static constexpr bool SEPKV = SEPKV_;
   static_assert(!SEPKV || (WS && EARLY_ARRIVE), "SEPKV: the warp-specialized ring, early arrivals");
   static_assert(!(WS && PIPE) || STAGES >= 3 || SEPKV, "the pipelined loop holds two stages");
+  // PERSIST (WS): one CTA per resident slot runs work units u = (kv head u / items, item u % items), the launch
+  // order of the one-unit grid (the CTAs running at once read the K/V tiles of one head: L2 reuse).  CTA c starts
+  // with unit c and then takes the next unit not yet taken (an atomic counter, as the hardware hands out the CTAs
+  // of a grid: a static share per CTA left 12% of P1 causal in one CTA's tail).  The K/V ring and its barriers
+  // run on across units, so the producer copies the next unit's tiles (and, once the consumers have run the last
+  // S of a unit, its Q) while the consumers finish the current one.
+  static constexpr bool PERSIST = PERSIST_;
+  static_assert(!PERSIST || WS, "PERSIST: the warp-specialized ring");
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -66,12 +75,26 @@ struct Cfg90 {
   static constexpr int q_bytes = CTA_Q * D * 2;
   static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
   static constexpr int stage_bytes = 2 * tile_bytes;
-  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty)
+  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty);
+  // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and its two slots
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
-  static constexpr int ws_bytes = WS ? 16 * STAGES * (SEPKV ? 2 : 1) : 0;
+  static constexpr int ws_bytes = WS ? 16 * STAGES * (SEPKV ? 2 : 1) + (PERSIST ? 48 : 0) : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
+
+// the launch's work items (CUDA-graph mode: the live count, read on the device)
+__device__ __forceinline__ unsigned live_items(const Fa2Params& p) {
+  return (unsigned)(p.work_count != nullptr ? __ldg(p.work_count) : p.num_work);
+}
+// PERSIST, one thread per CTA once it has no unit left: the last CTA of the launch zeroes the counters for the next
+// (every CTA has taken its last unit by then)
+__device__ __forceinline__ void sched_done(const Fa2Params& p) {
+  if (atomicAdd(p.sched + 1, 1) == (int)gridDim.x - 1) {
+    atomicExch(p.sched, 0);
+    atomicExch(p.sched + 1, 0);
+  }
+}
 
 // One CTA of work item `item` of `p` (blockIdx.y: the kv head): the whole kernel body, so that the POD kernel
 // below can run the items of two params structs (two loop variants) in one grid.
@@ -103,15 +126,18 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #ifdef FA2_TRACE
   const int tslot = trace_slot();
 #endif
-  const int kvh = blockIdx.y;
   const int G = p.group;
 
-  const WorkItem<CTA_Q, KVT, MASK> w(p, item, G, -1);  // no sliding window here
-  const int req = w.req, row0 = w.row0, slot = w.slot, qo_start = w.qo_start, qo_len = w.qo_len;
-  const int kv_len = w.kv_len, delta = w.delta, rows_here = w.rows_here, tok_lo = w.tok_lo, tok_hi = w.tok_hi;
-  const int kv_lo = w.kv_lo, kv_hi = w.kv_hi, n_tiles = w.n_tiles;
-  static_assert(!KVSPLIT || (Cfg::WS && !Cfg::PIPE && !Cfg::SEPKV && Cfg::NWG == 2),
-                "KVSPLIT: the warp-specialized plain loop (one barrier per stage), 2 WGs");
+  // The work unit: item `item` of kv head blockIdx.y.  PERSIST: unit `item` first, then each unit set_unit moves
+  // the CTA on to (Cfg90::PERSIST).
+  const unsigned items = Cfg::PERSIST ? live_items(p) : 0u, units = items * p.num_kv_heads;
+  int kvh = Cfg::PERSIST ? (int)(item / items) : (int)blockIdx.y;
+  WorkItem<CTA_Q, KVT, MASK> w(p, Cfg::PERSIST ? item % items : item, G, -1);  // no sliding window here
+  const int &req = w.req, &row0 = w.row0, &slot = w.slot, &qo_start = w.qo_start;
+  const int &delta = w.delta, &rows_here = w.rows_here, &tok_lo = w.tok_lo;
+  const int &kv_lo = w.kv_lo, &kv_hi = w.kv_hi, &n_tiles = w.n_tiles;
+  static_assert(!KVSPLIT || (Cfg::WS && !Cfg::PIPE && !Cfg::SEPKV && Cfg::NWG == 2 && !Cfg::PERSIST),
+                "KVSPLIT: the warp-specialized plain loop (one barrier per stage), 2 WGs, one item");
   const bool split = KVSPLIT && rows_here <= 64;
   const int wrow = split ? 0 : wg * 64;  // this consumer warpgroup's first local row
   const bool idle = split && wq * 16 >= rows_here;  // KVSPLIT: this warp holds no live row
@@ -119,12 +145,22 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
-  const int kv_base = p.kv_indptr[req];
+  int kv_base = p.kv_indptr[req];
 
   // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
   int row_tok[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+  // PERSIST: unit u (false: u >= units, none left)
+  auto set_unit = [&](unsigned u) {
+    if (u >= units) return false;
+    kvh = (int)(u / items);
+    w = WorkItem<CTA_Q, KVT, MASK>(p, u % items, G, -1);
+    kv_base = p.kv_indptr[req];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+    return true;
+  };
 
   float o[NO], s[NS];
 #pragma unroll
@@ -248,6 +284,12 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       if (wg == 0 || turn < n_tiles) named_arrive(2 - wg, 256);
     }
   };
+  // PERSIST: every S of the unit has run (the consumers, each once per unit with keys): the producer may copy the
+  // next unit's Q tile
+  const uint32_t bar_qempty = sQa + Cfg::bar_off + 16 * STAGES * (Cfg::SEPKV ? 2 : 1);
+  auto release_q = [&]() {
+    if constexpr (Cfg::PERSIST) mbar_arrive(bar_qempty);
+  };
   // S of `stage` alone, waited (the plain loop's first half, the pipelined loop's first tile)
   auto s_step = [&](int stage) {
     reg_fence<NS>(s);
@@ -272,23 +314,25 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   };
   // pipelined: S of tile `nx` and O += P V of tile `cur` on the tensor cores while the softmax of
   // `nx` runs (P of `cur` already packed; `early`: O rescaled for `cur` here, between the two issues,
-  // not after the P V wait; H100 2026-11-25: P1 causal -2%, P2 d64 -3%); returns with both waited
-  auto pipe_step = [&](int cur, int nx, bool early) {
+  // not after the P V wait; H100 2026-11-25: P1 causal -2%, P2 d64 -3%); returns with both waited.  `base`: the
+  // CTA's count of tiles before this unit's (PERSIST), which places the unit's tiles in the ring
+  auto pipe_step = [&](int cur, int nx, bool early, int base = 0) {
     reg_fence<NS>(s);
     reg_fence<NO>(o);
     turn_begin();
     FA2_TR(nx, 7);
     wg_fence();
-    issue_s(nx % STAGES);
+    issue_s((base + nx) % STAGES);
     wg_commit();
     if (early) rescale();  // O *= alpha of `cur` while S executes (the issue below waits for it anyway)
     wg_fence();
-    issue_pv(cur % STAGES);
+    issue_pv((base + cur) % STAGES);
     wg_commit();
     turn_end(nx);
     FA2_TR(nx, 6);
     wg_wait<1>();
     reg_fence<NS>(s);
+    if (nx == n_tiles - 1) release_q();  // the unit's last S has run
     FA2_TR(nx, 2);
     softmax(nx);
     FA2_TR(nx, 3);
@@ -391,9 +435,13 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
     constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
     static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
-    // bar_full / bar_empty: the stage's (SEPKV: its K tile's); bar_full_v / bar_empty_v: SEPKV, its V tile's
+    // bar_full / bar_empty: the stage's (SEPKV: its K tile's); bar_full_v / bar_empty_v: SEPKV, its V tile's;
+    // bar_qempty: PERSIST, the Q tile read by every S of its unit (the next unit's Q may then be copied).
+    // PERSIST: producer thread 0 takes the next unit and hands it to the producer warps (named barrier 4) and to
+    // the consumers through a two-slot ring (unit_full / unit_empty: the consumers free a slot once read).
     const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
     const uint32_t bar_full_v = bar_empty + 8 * STAGES, bar_empty_v = bar_full_v + 8 * STAGES;
+    const uint32_t unit_full = bar_qempty + 8, unit_empty = unit_full + 16, unit_slot = unit_empty + 16;
     if (tid == 0) {
       const int consumers = 128 * (split ? 1 : Cfg::NWG);  // split: one warpgroup per tile
 #pragma unroll
@@ -405,132 +453,194 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           mbar_init(bar_empty_v + 8 * st, consumers);
         }
       }
+      if constexpr (Cfg::PERSIST) {
+        mbar_init(bar_qempty, consumers);
+#pragma unroll
+        for (int sl = 0; sl < 2; ++sl) {
+          mbar_init(unit_full + 8 * sl, 1);
+          mbar_init(unit_empty + 8 * sl, consumers);
+        }
+      }
     }
     __syncthreads();
+    // The ring runs on across a CTA's units (PERSIST): tile t of a unit is the CTA's tile it0 + t, whose stage
+    // and barrier phase follow from that count; nq counts the units with tiles so far (each loads Q once).
+    int it0 = 0, nq = 0, j = 0;  // j: PERSIST's next-unit handovers so far
+    unsigned next = 0;
+    auto slot_u = [&](int s) {
+      unsigned v;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(unit_slot + 4 * s) : "memory");
+      return v;
+    };
     if (wg < 0) {
       // ---------------- producer
       setmaxnreg_dec<Cfg::PREG>();
-      if (n_tiles == 0) return;
       const int pr0 = tid / PCOLS, pcc = tid % PCOLS;
-      copy_q(PT);  // joins the first K/V group
-      KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
-                                                        reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc, kv_lo,
-                                                        kv_hi);
-      for (int tile = 0; tile < n_tiles; ++tile) {
-        const int stage = tile % STAGES;
-        FA2_TR(tile, 0);
-        if (tile >= STAGES) mbar_wait(bar_empty + 8 * stage, ((tile / STAGES) - 1) & 1);
-        FA2_TR(tile, 1);
-        uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-        // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
-        // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
-        // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
-        kv.prefetch(tile);
-        kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
-        ac::cp_async_commit();
-        if constexpr (Cfg::EARLY_ARRIVE) {
-          // the stage's (SEPKV: K's) arrival fires as soon as this thread's copies of the tile (and of Q) have
-          // landed, and the producer goes on at once.  (Arriving after waiting for them, one tile late, starved the
-          // pipelined loop: 650-1200 clocks per tile on H100.)
-          mbar_arrive_on_copies(bar_full + 8 * stage);
-        } else if (tile > 0) {  // the three-stage plain loop keeps the waited arrival (the early one spills there)
-          ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
-          fence_async_smem();
-          mbar_arrive(bar_full + 8 * ((tile - 1) % STAGES));
+      do {
+        if (n_tiles > 0) {  // (a unit without keys: no copies, its rows are written empty)
+          if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
+          copy_q(PT);  // joins the first K/V group
+          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
+                                                            reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
+                                                            kv_lo, kv_hi);
+          for (int tile = 0; tile < n_tiles; ++tile) {
+            const int t = it0 + tile, stage = t % STAGES;
+            FA2_TR(tile, 0);
+            if (t >= STAGES) mbar_wait(bar_empty + 8 * stage, ((t / STAGES) - 1) & 1);
+            FA2_TR(tile, 1);
+            uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
+            // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
+            // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
+            // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
+            kv.prefetch(tile);
+            kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
+            ac::cp_async_commit();
+            if constexpr (Cfg::EARLY_ARRIVE) {
+              // the stage's (SEPKV: K's) arrival fires as soon as this thread's copies of the tile (and of Q) have
+              // landed, and the producer goes on at once.  (Arriving after waiting for them, one tile late, starved
+              // the pipelined loop: 650-1200 clocks per tile on H100.)
+              mbar_arrive_on_copies(bar_full + 8 * stage);
+            } else if (tile > 0) {  // the three-stage plain loop keeps the waited arrival (the early one spills there)
+              ac::cp_async_wait<1>();  // tile - 1 (and Q) landed
+              fence_async_smem();
+              mbar_arrive(bar_full + 8 * ((t - 1) % STAGES));
+            }
+            if constexpr (Cfg::SEPKV) {  // V once its slot is free, arriving on its own barrier
+              FA2_TR(tile, 3);
+              if (t >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((t / STAGES) - 1) & 1);
+              FA2_TR(tile, 4);
+              kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+              ac::cp_async_commit();
+              mbar_arrive_on_copies(bar_full_v + 8 * stage);
+            }
+            FA2_TR(tile, 2);
+          }
+          if constexpr (!Cfg::EARLY_ARRIVE) {
+            ac::cp_async_wait<0>();
+            fence_async_smem();
+            mbar_arrive(bar_full + 8 * ((it0 + n_tiles - 1) % STAGES));
+          }
+          it0 += n_tiles;
+          ++nq;
         }
-        if constexpr (Cfg::SEPKV) {  // V once its slot is free, arriving on its own barrier
-          FA2_TR(tile, 3);
-          if (tile >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((tile / STAGES) - 1) & 1);
-          FA2_TR(tile, 4);
-          kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
-          ac::cp_async_commit();
-          mbar_arrive_on_copies(bar_full_v + 8 * stage);
+        if constexpr (!Cfg::PERSIST) break;
+        const int sl = j & 1;
+        if (tid == 0) {
+          if (j >= 2) mbar_wait(unit_empty + 8 * sl, ((j >> 1) - 1) & 1);
+          const unsigned nu = gridDim.x + (unsigned)atomicAdd(p.sched, 1);
+          if (nu >= units) sched_done(p);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(unit_slot + 4 * sl), "r"(nu) : "memory");
+          mbar_arrive(unit_full + 8 * sl);
         }
-        FA2_TR(tile, 2);
-      }
+        named_sync(4, 128);
+        next = slot_u(sl);
+        ++j;
+      } while (set_unit(next));
       ac::cp_async_wait<0>();  // no thread leaves with copies in flight
-      if constexpr (!Cfg::EARLY_ARRIVE) {
-        fence_async_smem();
-        mbar_arrive(bar_full + 8 * ((n_tiles - 1) % STAGES));
-      }
     } else {
       // ---------------- consumers
       setmaxnreg_inc<Cfg::CREG>();
       // until tile `tile`'s copies into its stage have landed (`bar`: bar_full, or SEPKV's bar_full_v for its V)
-      auto wait_full = [&](uint32_t bar, int tile) { mbar_wait(bar + 8 * (tile % STAGES), (tile / STAGES) & 1); };
-      if constexpr (Cfg::PP) {
-        if (wg == 1 && n_tiles > 0) named_arrive(1, 256);  // warpgroup 0 takes the first turn
-      }
-      if (n_tiles > 0) {
-        if constexpr (Cfg::PIPE) {
-          FA2_TR(0, 0);
-          wait_full(bar_full, 0);
-          fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
-          FA2_TR(0, 1);
-          s_step(0);
-          if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty);  // K of tile 0 consumed
-          FA2_TR(0, 2);
-          softmax(0);
-          FA2_TR(0, 3);
-          pack();  // O is rescaled for each tile in pipe_step, before its P V
-          FA2_TR(0, 4);
-          for (int tile = 0; tile < n_tiles - 1; ++tile) {
-            const int nx = tile + 1;
-            FA2_TR(nx, 0);
-            wait_full(bar_full, nx);
-            if constexpr (Cfg::SEPKV) wait_full(bar_full_v, tile);
-            fence_async_smem();
-            FA2_TR(nx, 1);
-            pipe_step(tile, nx, true);
-            if constexpr (Cfg::SEPKV) {
-              mbar_arrive(bar_empty + 8 * (nx % STAGES));       // K of `nx` consumed
-              mbar_arrive(bar_empty_v + 8 * (tile % STAGES));   // V of `tile` consumed
-            } else {
-              mbar_arrive(bar_empty + 8 * (tile % STAGES));  // K and V of `tile` consumed
-            }
-            pack();
-            FA2_TR(nx, 4);
-          }
-          rescale();
-          if constexpr (Cfg::SEPKV) {
-            wait_full(bar_full_v, n_tiles - 1);
-            fence_async_smem();
-          }
-          pv_step((n_tiles - 1) % STAGES);
-        } else {
-          // split: a warpgroup waits on every other tile's `full` only.  Its parity wait on tile t is sound because
-          // the producer's arrivals (each thread's, after its copies of the tile landed, in tile order) complete the
-          // phases in tile order, so tile t - 3's phase of the same stage is complete by then.  A producer whose
-          // tiles may land out of order (TMA: session 21, cuda_fa2.md) must keep that order, or the wait passes on
-          // tile t - 3's phase while tile t - 3 is still landing.
-          for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
-            const int stage = tile % STAGES;
-            FA2_TR(tile, 0);
-            wait_full(bar_full, tile);
-            if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
-            FA2_TR(tile, 1);
-            s_step(stage);
-            if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stage);  // K consumed
-            FA2_TR(tile, 2);
-            softmax(tile);
-            FA2_TR(tile, 3);
-            rescale_pack();
-            FA2_TR(tile, 4);
-            if constexpr (Cfg::SEPKV) {
-              wait_full(bar_full_v, tile);
-              fence_async_smem();
-            }
-            pv_step(stage);
-            FA2_TR(tile, 5);
-            mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
+      auto wait_full = [&](uint32_t bar, int tile) {
+        mbar_wait(bar + 8 * ((it0 + tile) % STAGES), ((it0 + tile) / STAGES) & 1);
+      };
+      auto stg = [&](int tile) { return (it0 + tile) % STAGES; };
+      do {
+        if constexpr (Cfg::PERSIST) {
+          if (nq > 0) {  // the state of the previous unit
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o[i] = 0.f;
+            m[0] = m[1] = kNegInf;
+            l[0] = l[1] = 0.f;
           }
         }
-      }
-      if constexpr (KVSPLIT) {
-        if (split) merge_halves();
-        if (split && wg == 1) return;
-      }
-      epilogue();
+        if constexpr (Cfg::PP) {
+          if (wg == 1 && n_tiles > 0) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+        }
+        if (n_tiles > 0) {
+          if constexpr (Cfg::PIPE) {
+            FA2_TR(0, 0);
+            wait_full(bar_full, 0);
+            fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
+            FA2_TR(0, 1);
+            s_step(stg(0));
+            if (n_tiles == 1) release_q();
+            if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stg(0));  // K of tile 0 consumed
+            FA2_TR(0, 2);
+            softmax(0);
+            FA2_TR(0, 3);
+            pack();  // O is rescaled for each tile in pipe_step, before its P V
+            FA2_TR(0, 4);
+            for (int tile = 0; tile < n_tiles - 1; ++tile) {
+              const int nx = tile + 1;
+              FA2_TR(nx, 0);
+              wait_full(bar_full, nx);
+              if constexpr (Cfg::SEPKV) wait_full(bar_full_v, tile);
+              fence_async_smem();
+              FA2_TR(nx, 1);
+              pipe_step(tile, nx, true, it0);
+              if constexpr (Cfg::SEPKV) {
+                mbar_arrive(bar_empty + 8 * stg(nx));     // K of `nx` consumed
+                mbar_arrive(bar_empty_v + 8 * stg(tile));  // V of `tile` consumed
+              } else {
+                mbar_arrive(bar_empty + 8 * stg(tile));  // K and V of `tile` consumed
+              }
+              pack();
+              FA2_TR(nx, 4);
+            }
+            rescale();
+            if constexpr (Cfg::SEPKV) {
+              wait_full(bar_full_v, n_tiles - 1);
+              fence_async_smem();
+            }
+            pv_step(stg(n_tiles - 1));
+            if constexpr (Cfg::PERSIST) {  // the last tile's stage, for the producer's next unit
+              mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stg(n_tiles - 1));
+            }
+          } else {
+            // split: a warpgroup waits on every other tile's `full` only.  Its parity wait on tile t is sound because
+            // the producer's arrivals (each thread's, after its copies of the tile landed, in tile order) complete
+            // the phases in tile order, so tile t - 3's phase of the same stage is complete by then.  A producer
+            // whose tiles may land out of order (TMA: session 21, cuda_fa2.md) must keep that order, or the wait
+            // passes on tile t - 3's phase while tile t - 3 is still landing.
+            for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
+              const int stage = stg(tile);
+              FA2_TR(tile, 0);
+              wait_full(bar_full, tile);
+              if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
+              FA2_TR(tile, 1);
+              s_step(stage);
+              if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stage);  // K consumed
+              if (tile == n_tiles - 1) release_q();
+              FA2_TR(tile, 2);
+              softmax(tile);
+              FA2_TR(tile, 3);
+              rescale_pack();
+              FA2_TR(tile, 4);
+              if constexpr (Cfg::SEPKV) {
+                wait_full(bar_full_v, tile);
+                fence_async_smem();
+              }
+              pv_step(stage);
+              FA2_TR(tile, 5);
+              mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
+            }
+          }
+        }
+        if constexpr (KVSPLIT) {
+          if (split) merge_halves();
+          if (split && wg == 1) return;
+        }
+        epilogue();
+        it0 += n_tiles;
+        nq += n_tiles > 0;
+        if constexpr (!Cfg::PERSIST) break;
+        const int sl = j & 1;
+        mbar_wait(unit_full + 8 * sl, (j >> 1) & 1);
+        next = slot_u(sl);
+        mbar_arrive(unit_empty + 8 * sl);
+        ++j;
+      } while (set_unit(next));
     }
   } else {
     copy_q(NT);
@@ -608,7 +718,15 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 template <typename Cfg, typename T, int MASK>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (past_work_count(p)) return;  // CUDA-graph mode: a capacity grid (before any barrier or copy)
+  // CUDA-graph mode: a capacity grid; CTAs without work leave before any barrier or copy
+  if constexpr (Cfg::PERSIST) {
+    if (blockIdx.x >= live_items(p) * p.num_kv_heads) {  // (a capacity grid: CTAs past the live units)
+      if (threadIdx.x == 0) sched_done(p);
+      return;
+    }
+  } else if (past_work_count(p)) {
+    return;
+  }
   sm90_cta<Cfg, T, MASK>(p, blockIdx.x);
 #else
   __trap();  // built for another target than sm_90a

@@ -4,7 +4,7 @@
 # and Triton on the workloads (variants_bench.py, interleaved rounds), a short table last.  Logs under $OUT.
 #   WORKLOADS="P1-causal P1-full"  VARIANTS="default: sepkv3:pipe:FA2_H_SEPKV=1"
 #   TEST_TUNES="FA2_H_SEPKV=1@pipe;..."  (each: the defines, then after @ an optional pytest -k filter on the loop:
-#   "pipe" or "loop"; the warp-specialized cases of test_prefill90 either way)
+#   "pipe" or "loop"; the warp-specialized cases of test_prefill90 either way; TEST_TIMEOUT seconds each, 240)
 # Usage on the device machine:  WORKLOADS=... VARIANTS=... TEST_TUNES=... bash backends/cuda_fa2/scripts/gpu_variants.sh
 source scripts/gpu_common.sh
 gpu_header name,driver_version,clocks.max.sm
@@ -15,7 +15,7 @@ for tt in "${TT[@]}"; do
   i=$((i + 1))
   k="test_prefill90 and ws and not nows and bf16"
   [[ "$tt" == *@* ]] && k="$k and ${tt#*@}"
-  FA2_TEST_TUNE="${tt%@*}" timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_fa2.py \
+  FA2_TEST_TUNE="${tt%@*}" timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_fa2.py \
     -k "$k" -rfE --tb=short > "$OUT/tests_$i.txt" 2>&1 &
 done
 wait
