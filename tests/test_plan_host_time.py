@@ -186,10 +186,10 @@ def test_cuda_fa2_layouts_by_sizes():
 
     f, i = _layouts(0, 8, 128, 4, 0, False)
     assert _layouts(0, 8, 128, 4, 0, False) == (f, i) and _layouts(0, 8, 128, 4, 0, False)[1] is i
-    assert f.regions == [] and [r[0] for r in i.regions] == ["counts", "work"] and i.regions[1][1] == (4, 5)
+    assert f.regions == [] and [r[0] for r in i.regions] == ["counts", "work", "sched"] and i.regions[1][1] == (4, 5)
     f2, i2 = _layouts(6, 8, 128, 9, 3, True)
     assert [r[0] for r in f2.regions] == ["part_o", "part_lse"] and f2.regions[0][1] == (6, 8, 128)
-    assert [r[0] for r in i2.regions] == ["counts", "work", "merge", "alibi"] and i2.regions[2][1] == (3, 4)
+    assert [r[0] for r in i2.regions] == ["counts", "work", "merge", "alibi", "sched"] and i2.regions[2][1] == (3, 4)
 
 
 def test_cuda_fa2_replans_on_the_cpu_fakes():
