@@ -320,7 +320,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     reg_fence<NS>(s);
     reg_fence<NO>(o);
     turn_begin();
-    FA2_TR(nx, 7);
+    FA2_TR(base + nx, 7);
     wg_fence();
     issue_s((base + nx) % STAGES);
     wg_commit();
@@ -329,16 +329,16 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     issue_pv((base + cur) % STAGES);
     wg_commit();
     turn_end(nx);
-    FA2_TR(nx, 6);
+    FA2_TR(base + nx, 6);
     wg_wait<1>();
     reg_fence<NS>(s);
     if (nx == n_tiles - 1) release_q();  // the unit's last S has run
-    FA2_TR(nx, 2);
+    FA2_TR(base + nx, 2);
     softmax(nx);
-    FA2_TR(nx, 3);
+    FA2_TR(base + nx, 3);
     wg_wait<0>();
     reg_fence<NO>(o);
-    FA2_TR(nx, 5);
+    FA2_TR(base + nx, 5);
   };
 
   // ---- epilogue from registers
@@ -485,9 +485,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
                                                             kv_lo, kv_hi);
           for (int tile = 0; tile < n_tiles; ++tile) {
             const int t = it0 + tile, stage = t % STAGES;
-            FA2_TR(tile, 0);
+            FA2_TR(t, 0);
             if (t >= STAGES) mbar_wait(bar_empty + 8 * stage, ((t / STAGES) - 1) & 1);
-            FA2_TR(tile, 1);
+            FA2_TR(t, 1);
             uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
             // page ids of this tile just before its copies: read-only-cache hits after the first tile.  Held a
             // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
@@ -506,14 +506,14 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               mbar_arrive(bar_full + 8 * ((t - 1) % STAGES));
             }
             if constexpr (Cfg::SEPKV) {  // V once its slot is free, arriving on its own barrier
-              FA2_TR(tile, 3);
+              FA2_TR(t, 3);
               if (t >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((t / STAGES) - 1) & 1);
-              FA2_TR(tile, 4);
+              FA2_TR(t, 4);
               kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
               ac::cp_async_commit();
               mbar_arrive_on_copies(bar_full_v + 8 * stage);
             }
-            FA2_TR(tile, 2);
+            FA2_TR(t, 2);
           }
           if constexpr (!Cfg::EARLY_ARRIVE) {
             ac::cp_async_wait<0>();
@@ -559,25 +559,25 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         }
         if (n_tiles > 0) {
           if constexpr (Cfg::PIPE) {
-            FA2_TR(0, 0);
+            FA2_TR(it0, 0);
             wait_full(bar_full, 0);
             fence_async_smem();  // the producer's cp.async writes, seen by wgmma (the async proxy)
-            FA2_TR(0, 1);
+            FA2_TR(it0, 1);
             s_step(stg(0));
             if (n_tiles == 1) release_q();
             if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stg(0));  // K of tile 0 consumed
-            FA2_TR(0, 2);
+            FA2_TR(it0, 2);
             softmax(0);
-            FA2_TR(0, 3);
+            FA2_TR(it0, 3);
             pack();  // O is rescaled for each tile in pipe_step, before its P V
-            FA2_TR(0, 4);
+            FA2_TR(it0, 4);
             for (int tile = 0; tile < n_tiles - 1; ++tile) {
               const int nx = tile + 1;
-              FA2_TR(nx, 0);
+              FA2_TR(it0 + nx, 0);
               wait_full(bar_full, nx);
               if constexpr (Cfg::SEPKV) wait_full(bar_full_v, tile);
               fence_async_smem();
-              FA2_TR(nx, 1);
+              FA2_TR(it0 + nx, 1);
               pipe_step(tile, nx, true, it0);
               if constexpr (Cfg::SEPKV) {
                 mbar_arrive(bar_empty + 8 * stg(nx));     // K of `nx` consumed
@@ -586,7 +586,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
                 mbar_arrive(bar_empty + 8 * stg(tile));  // K and V of `tile` consumed
               }
               pack();
-              FA2_TR(nx, 4);
+              FA2_TR(it0 + nx, 4);
             }
             rescale();
             if constexpr (Cfg::SEPKV) {
@@ -605,24 +605,24 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             // passes on tile t - 3's phase while tile t - 3 is still landing.
             for (int tile = split ? wg : 0; tile < n_tiles; tile += split ? 2 : 1) {
               const int stage = stg(tile);
-              FA2_TR(tile, 0);
+              FA2_TR(it0 + tile, 0);
               wait_full(bar_full, tile);
               if constexpr (Cfg::EARLY_ARRIVE) fence_async_smem();  // the copies, seen by wgmma (the async proxy)
-              FA2_TR(tile, 1);
+              FA2_TR(it0 + tile, 1);
               s_step(stage);
               if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stage);  // K consumed
               if (tile == n_tiles - 1) release_q();
-              FA2_TR(tile, 2);
+              FA2_TR(it0 + tile, 2);
               softmax(tile);
-              FA2_TR(tile, 3);
+              FA2_TR(it0 + tile, 3);
               rescale_pack();
-              FA2_TR(tile, 4);
+              FA2_TR(it0 + tile, 4);
               if constexpr (Cfg::SEPKV) {
                 wait_full(bar_full_v, tile);
                 fence_async_smem();
               }
               pv_step(stage);
-              FA2_TR(tile, 5);
+              FA2_TR(it0 + tile, 5);
               mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
             }
           }

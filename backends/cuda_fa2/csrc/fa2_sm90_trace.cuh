@@ -8,6 +8,8 @@
 // backends/cuda_fa2/scripts/sm90_trace.py builds, runs and summarises it.  One SM's clock64 is
 // consistent across its warps, so within a CTA the phases of the three roles compare directly.
 //
+// Tiles are counted per CTA: a persistent CTA (Cfg90::PERSIST) stamps its units' tiles one after the other, the
+// first tile of each unit in the pipelined loop without phases 7 / 6 (its S runs alone).
 // Phases: producer 0 before its `empty` wait, 1 after it, 2 once the tile's copies are issued (SEPKV: 1 after K's
 // `empty` wait, 3 K's copies issued, 4 V's `empty` waited, 2 V's copies issued);
 // consumers 0 before the `full` wait, 1 after it, then the plain loop 2 S done, 3 softmax done,
@@ -18,7 +20,7 @@
 #ifdef FA2_TRACE
 namespace fa2 {
 namespace sm90 {
-constexpr int kTraceSlots = 4, kTraceRoles = 3, kTraceTiles = 64, kTracePhases = 8;
+constexpr int kTraceSlots = 4, kTraceRoles = 3, kTraceTiles = 256, kTracePhases = 8;
 __device__ unsigned long long g_trace[kTraceSlots][kTraceRoles][kTraceTiles][kTracePhases];
 
 __device__ __forceinline__ int trace_slot() {

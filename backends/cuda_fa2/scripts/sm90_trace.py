@@ -6,8 +6,12 @@ per traced CTA and role, the median clocks of each phase over the steady-state t
 last two left out), and writes the raw stamps with ``--json``.  The stamps cost a few percent of the time.
 
     python3 backends/cuda_fa2/scripts/sm90_trace.py --workload P1-full --workload P3-p16 [--pipe 0|1] [--json F]
+        [--tune FA2_H_PERSIST=1 ...]
 
-``--pipe``: force the plain (0) or the pipelined (1) loop; default: the backend's rule.
+``--pipe``: force the plain (0) or the pipelined (1) loop; default: the backend's rule.  ``--tune``: defines of a
+tuning variant (``CudaFa2Backend.tune``).  A persistent CTA's tiles are counted across its units; where the pipelined
+loop starts a unit, ``unit starts`` lines give the gap from the last pack of one unit to the first `full` wait's end of
+the next, and the two periods around it, beside the steady-state period.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import os
 import statistics
 
-SLOTS, ROLES, TILES, PHASES = 4, 3, 64, 8  # csrc/fa2_sm90_trace.cuh
+SLOTS, ROLES, TILES, PHASES = 4, 3, 256, 8  # csrc/fa2_sm90_trace.cuh
 PLAIN = {"wait full": (0, 1), "S": (1, 2), "softmax": (2, 3), "rescale+pack": (3, 4), "P V": (4, 5)}
 PIPE = {"wait full": (0, 1), "turn": (1, 7), "issue": (7, 6), "S wait": (6, 2), "softmax": (2, 3),
         "P V wait": (3, 5), "pack": (5, 4)}
@@ -48,6 +52,14 @@ def summary(stamps, label: str) -> list:
                      for k, (a, b) in phases.items()}
             out.append(f"{label} CTA {slot} {name:10s} ({n} tiles): period {period:5.0f} | "
                        + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
+            if role > 0:  # a unit's first tile in the pipelined loop: S alone, no turn stamped (phase 7)
+                starts = [t for t in range(1, n - 1) if at(slot, role, t, 1) and not at(slot, role, t, 7)
+                          and at(slot, role, t - 1, 7)]
+                if starts:
+                    gaps = [at(slot, role, t, 1) - at(slot, role, t - 1, 4) for t in starts]
+                    spans = [at(slot, role, t + 1, 0) - at(slot, role, t - 1, 0) for t in starts]
+                    out.append(f"{label} CTA {slot} {name:10s} unit starts at tiles {starts[:8]}: last pack -> next "
+                               f"full {statistics.median(gaps):.0f}, two periods around {statistics.median(spans):.0f}")
     return out
 
 
@@ -56,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", action="append", default=None, help="attncore bench workload id (repeatable)")
     ap.add_argument("--pipe", choices=("0", "1"), default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tune", action="append", default=[], help="DEFINE=VALUE of a tuning variant (repeatable)")
     a = ap.parse_args(argv)
     os.environ["ATTNCORE_NVCC_FLAGS"] = (os.environ.get("ATTNCORE_NVCC_FLAGS", "") + " -DFA2_TRACE=1").strip()
 
@@ -68,6 +81,7 @@ def main(argv=None) -> int:
 
     if a.pipe is not None:
         CudaFa2Backend.sm90_pipe = a.pipe == "1"
+    CudaFa2Backend.tune = tuple(tuple(d.split("=", 1)) for d in a.tune)
     raw = {}
     for w in select_workloads(a.workload or ["P1-full"]):
         runs, _ = _setup(w, "cuda_fa2", "cuda", torch.bfloat16, 1)
