@@ -257,10 +257,12 @@ def test_eager_plan_takes_its_scratch_from_the_workspaces_cpu():
                   if t is not None)  # the tables' end: the index tables follow within one alignment step
         assert 0 <= plan.meta.qo_indptr.data_ptr() - end < 256
         assert plan.base.num_work == plan.num_items and not plan.base.work_count
+        assert plan.base.sched == plan.sched.data_ptr()  # the persistent grid's counters: their own table
         assert plan.needs_merge and plan.merge_base.num_rows == plan.merge_rows and not plan.merge_base.merge_count
         assert ws.data_ptr() <= plan.part_o.data_ptr() < ws.data_ptr() + ws.numel()
         assert plan.part_o.shape[0] == plan.schedule.part_rows
     assert plans[-1].work[:plans[-1].num_items].tolist() == [list(w) for w in plans[-1].schedule.items]
+    assert plans[-1].sched.tolist() == [0, 0]  # zero after plan() (the latest plan owns the int workspace)
 
 
 def test_schedule_is_the_core_schedule_cpu():

@@ -211,8 +211,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     staged = meta.staged if graph is None and ibuf is not None else None
     # the tables on the host (numpy views of one image: one conversion per table), then one copy
     tabs, image, h, span = uploads.carve_tables(ilay, ibuf, staged, dev, meta.memo)
-    h["counts"][:] = (n_items, n_merge)
-    h["sched"][:] = 0
+    h["counts"][:] = (n_items, n_merge)  # (and "sched" stays zero: the image is sent zeroed, then filled)
     s.write_work(h["work"])
     if n_merge:
         h["merge"][:n_merge] = merge
