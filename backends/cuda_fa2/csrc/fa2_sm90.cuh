@@ -151,15 +151,19 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   int row_tok[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
-  // PERSIST: unit u (false: u >= units, none left)
+  // PERSIST: unit u (false: u >= units, none left; without PERSIST there is no other unit)
   auto set_unit = [&](unsigned u) {
-    if (u >= units) return false;
-    kvh = (int)(u / items);
-    w = WorkItem<CTA_Q, KVT, MASK>(p, u % items, G, -1);
-    kv_base = p.kv_indptr[req];
+    if constexpr (Cfg::PERSIST) {
+      if (u >= units) return false;
+      kvh = (int)(u / items);
+      w = WorkItem<CTA_Q, KVT, MASK>(p, u % items, G, -1);
+      kv_base = p.kv_indptr[req];
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
-    return true;
+      for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+      return true;
+    } else {
+      return false;
+    }
   };
 
   float o[NO], s[NS];
