@@ -13,7 +13,8 @@
 //                                                               part (FA2_MASK, FA2_H_PIPE) and a decode
 //                                                               part (plain loop, causal) in one grid
 // Entry points (extern "C", return a cudaError_t as int):
-//   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv) (not pod90)
+//   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv) (not pod90; the persistent
+//                                                  prefill90: one CTA per resident slot, Cfg90::PERSIST)
 //   fa2_run_pod(p0, p1, order, n, cudaStream_t)    pod90 only: grid (n, Hkv), order[n] (fa2_sm90_pod_kernel)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (num_rows, Hq)
 //   (CUDA-graph mode: both grids are capacities, the live counts are read on the device)
