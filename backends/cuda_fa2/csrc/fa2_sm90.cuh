@@ -145,21 +145,22 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const T* qg = reinterpret_cast<const T*>(p.q);
   const uint8_t* kg = reinterpret_cast<const uint8_t*>(p.k);
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
-  int kv_base = p.kv_indptr[req];
-
-  // ---- per-thread rows: h2 = 0 / 1 -> local rows wg*64 + wq*16 + lane/4 (+ 8)
-  int row_tok[2];
+  // ---- the unit's request base and, per thread, the tokens of rows h2 = 0 / 1 (local rows wg*64 + wq*16 + lane/4
+  // (+ 8))
+  int kv_base, row_tok[2];
+  auto unit_rows = [&]() {
+    kv_base = p.kv_indptr[req];
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+    for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+  };
+  unit_rows();
   // PERSIST: unit u (false: u >= units, none left; without PERSIST there is no other unit)
   auto set_unit = [&](unsigned u) {
     if constexpr (Cfg::PERSIST) {
       if (u >= units) return false;
       kvh = (int)(u / items);
       w = WorkItem<CTA_Q, KVT, MASK>(p, u % items, G, -1);
-      kv_base = p.kv_indptr[req];
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
+      unit_rows();
       return true;
     } else {
       return false;
@@ -545,10 +546,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       // ---------------- consumers
       setmaxnreg_inc<Cfg::CREG>();
       // until tile `tile`'s copies into its stage have landed (`bar`: bar_full, or SEPKV's bar_full_v for its V)
-      auto wait_full = [&](uint32_t bar, int tile) {
-        mbar_wait(bar + 8 * ((it0 + tile) % STAGES), ((it0 + tile) / STAGES) & 1);
-      };
       auto stg = [&](int tile) { return (it0 + tile) % STAGES; };
+      auto wait_full = [&](uint32_t bar, int tile) { mbar_wait(bar + 8 * stg(tile), ((it0 + tile) / STAGES) & 1); };
       do {
         if constexpr (Cfg::PERSIST) {
           if (nq > 0) {  // the state of the previous unit
