@@ -150,11 +150,13 @@ def test_compile_check_sm90a_prefill_and_selftest():
           specs.Fa2Key("prefill90", "fp16", "same", 256, "none", pipe=True, ws=True).spec(), specs.selftest_spec()]
     res = jit.compile_check(sp, archs=("90",), jobs=2, ptxas_verbose=True)
     assert all("compute_90a,code=sm_90a" in " ".join(jit._flags(s, "90")) for s in sp)
-    # no wgmma serialization (ptxas C7514 / C7515) and no local memory, but for the persistent plain loop at d128
-    # (the third): its producer keeps one value for the Q copy of each unit there (4 bytes, stored once)
+    # no wgmma serialization (ptxas C7514 / C7515) and no local memory, but for the persistent grids: the plain loop at
+    # d128 (the third; its producer keeps one value for the Q copy of each unit there, 4 bytes, stored once) and the
+    # pipelined loop at d64 (the fourth; the unit state in both roles, test_cuda_sources.KNOWN_SPILLS)
+    allowed = {2: 4, 3: 64}
     for i, r in enumerate(res[:6]):
         spill = max(int(n) for n in re.findall(r"(\d+) bytes spill stores", r.log))
-        assert spill <= (4 if i == 2 else 0) and "C751" not in r.log and "C7508" not in r.log, r.log
+        assert spill <= allowed.get(i, 0) and "C751" not in r.log and "C7508" not in r.log, r.log
 
 
 def test_prefill90_serves_d256_pod90_does_not_cpu():
@@ -601,6 +603,7 @@ def test_prefill90(dtype, pipe, ws):
     lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3
     run_case(Case(lens, hq=32, hkv=8, page_size=16, **kw))
     run_case(Case(lens, hq=32, hkv=8, paged=False, mask="none", **kw))
+    run_case(Case(lens, hq=32, hkv=8, paged=False, d=64, **kw))  # d64 contiguous: persistent pipelined with ws
     assert plan.lib.key.ws == ws
     # d256: 80-key tiles in two stages, K and V freed apart with a producer (SEPKV), 48 keys in three for the
     # pipelined loop without one; the producer copies two chunk columns per thread

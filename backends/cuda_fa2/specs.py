@@ -21,8 +21,9 @@ tile on the tensor cores while the softmax runs); with ``_ws`` its two consumer 
 ``_ws`` (prefill90 and pod90): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers (d256: 2 stages, each K and
 V tile on its own barriers), and the two consumer warpgroups (224 registers) only compute
-(``CudaFa2Backend.sm90_ws``).  Without ``_pipe`` the grid is persistent: one CTA per SM runs (item, kv head) units
-one after the other, taking the next from a counter in the int workspace, the ring running on across units.
+(``CudaFa2Backend.sm90_ws``).  Without ``_pipe``, and with it at d64, the grid is persistent: one CTA per SM runs
+(item, kv head) units one after the other, taking the next from a counter in the int workspace, the ring running on
+across units.
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time

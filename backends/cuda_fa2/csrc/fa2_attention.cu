@@ -118,9 +118,10 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #endif
 #ifndef FA2_H_PERSIST
 // WS prefill90: one CTA per resident slot runs the work units in turn (Cfg90::PERSIST).  On for the plain loop
-// (paged K/V), off for the pipelined one (H200 2026-11-29, same run: P3 page 16 0.726 ms against 0.762, P4 1.169
-// against 1.186; P1 causal 0.284 against 0.278, non-causal 0.521 against 0.507, P2 d64 0.192 against 0.187)
-#define FA2_H_PERSIST (FA2_H_WS && !FA2_H_PIPE)
+// (paged K/V) and for the pipelined one at d64, off for the pipelined one at d128 / d256 (H200 2026-11-29, same
+// run: P3 page 16 0.726 ms against 0.762, P4 1.169 against 1.186; P1 causal 0.284 against 0.278, non-causal 0.521
+// against 0.507; P2 d64 0.181 against 0.186 with Cfg90::QLATE, 0.191 without)
+#define FA2_H_PERSIST (FA2_H_WS && (!FA2_H_PIPE || D == 64))
 #endif
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
               "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");

@@ -65,6 +65,11 @@ struct Cfg90 {
   // S of a unit, its Q) while the consumers finish the current one.
   static constexpr bool PERSIST = PERSIST_;
   static_assert(!PERSIST || WS, "PERSIST: the warp-specialized ring");
+  // QLATE (the persistent pipelined loop): the producer copies a unit's Q after the K and V of its first tile, not
+  // before, so that those are in flight while it waits for the previous unit's last S to free the Q tile.  H200
+  // 2026-11-29, same run: P2 d64 0.181 ms against 0.191 with Q first (one unit per CTA: 0.186); in the plain loop
+  // (P3 0.729 against 0.715, P4 1.177 against 1.149) and the one-unit grids (P1 0.292 against 0.278) it lost.
+  static constexpr bool QLATE = PERSIST && PIPE;
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -483,12 +488,15 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       const int pr0 = tid / PCOLS, pcc = tid % PCOLS;
       do {
         if (n_tiles > 0) {  // (a unit without keys: no copies, its rows are written empty)
-          if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
-          copy_q(PT);  // joins the first K/V group
+          if constexpr (!Cfg::QLATE) {
+            if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
+            copy_q(PT);  // joins the first K/V group
+          }
           KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
                                                             reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
                                                             kv_lo, kv_hi);
-          for (int tile = 0; tile < n_tiles; ++tile) {
+          // tile `tile` of the unit into its stage; QLATE and `first`: then the unit's Q, which joins the tile's group
+          auto copy_tile = [&](int tile, bool first) {
             const int t = it0 + tile, stage = t % STAGES;
             FA2_TR(t, 0);
             if (t >= STAGES) mbar_wait(bar_empty + 8 * stage, ((t / STAGES) - 1) & 1);
@@ -499,6 +507,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
             kv.prefetch(tile);
             kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
+            if (Cfg::QLATE && first) {  // the unit's Q, once the previous unit's last S has run
+              if (nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
+              copy_q(PT);
+            }
             ac::cp_async_commit();
             if constexpr (Cfg::EARLY_ARRIVE) {
               // the stage's (SEPKV: K's) arrival fires as soon as this thread's copies of the tile (and of Q) have
@@ -519,7 +531,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               mbar_arrive_on_copies(bar_full_v + 8 * stage);
             }
             FA2_TR(t, 2);
-          }
+          };
+          for (int tile = 0; tile < n_tiles; ++tile) copy_tile(tile, tile == 0);
           if constexpr (!Cfg::EARLY_ARRIVE) {
             ac::cp_async_wait<0>();
             fence_async_smem();
