@@ -17,6 +17,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_pod_coresident import WORKLOADS, Inputs  # noqa: E402
+from gpu_pod_smsplit import on  # noqa: E402
 
 VARIANTS = {"base": (), "st2": (("st", 2),), "st4": (("st", 4),), "kpw16": (("kpw", 16),),
             "kpw16st6": (("kpw", 16), ("st", 6))}
@@ -47,13 +48,7 @@ def main() -> int:
         sd, nd = ((torch.cuda.current_stream(), green.sm_count(dev)) if s == 0 else green.split(dev, s)[1])
         cells = []
         for r in runs.values():
-            def f(r=r):
-                cur = torch.cuda.current_stream()
-                sd.wait_stream(cur)
-                with torch.cuda.stream(sd):
-                    r()
-                cur.wait_stream(sd)
-            ms = triton.testing.do_bench(f, warmup=20, rep=200)
+            ms = triton.testing.do_bench(lambda r=r: on(sd, r), warmup=20, rep=200)
             cells.append(f"{ms:.4f} ({nbytes / (ms * 1e-3) / 1e9 / nd:4.1f})")
         print(f"{s:>10d} -> {nd:>3d} SMs        " + " ".join(f"{c:>16s}" for c in cells), flush=True)
     return 0

@@ -495,8 +495,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
                                                             reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
                                                             kv_lo, kv_hi);
-          // tile `tile` of the unit into its stage; QLATE and `first`: then the unit's Q, which joins the tile's group
-          auto copy_tile = [&](int tile, bool first) {
+          for (int tile = 0; tile < n_tiles; ++tile) {
             const int t = it0 + tile, stage = t % STAGES;
             FA2_TR(t, 0);
             if (t >= STAGES) mbar_wait(bar_empty + 8 * stage, ((t / STAGES) - 1) & 1);
@@ -507,7 +506,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
             kv.prefetch(tile);
             kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
-            if (Cfg::QLATE && first) {  // the unit's Q, once the previous unit's last S has run
+            if (Cfg::QLATE && tile == 0) {  // the unit's Q (joins this tile's group), once the last unit's last S ran
               if (nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
               copy_q(PT);
             }
@@ -531,8 +530,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               mbar_arrive_on_copies(bar_full_v + 8 * stage);
             }
             FA2_TR(t, 2);
-          };
-          for (int tile = 0; tile < n_tiles; ++tile) copy_tile(tile, tile == 0);
+          }
           if constexpr (!Cfg::EARLY_ARRIVE) {
             ac::cp_async_wait<0>();
             fence_async_smem();
