@@ -162,6 +162,43 @@ def fake_streams(monkeypatch):
     return calls
 
 
+def test_split_runs_the_decode_on_the_plan_for_its_sms(monkeypatch):
+    """Under an SM split the decode part runs the plan its backend makes for its share of the SMs
+    (Backend.plan_for_sms), asked once per plan; serial runs never ask.  The CPU, with the split faked."""
+    import copy
+
+    from attncore.core import registry
+
+    calls = []
+    ref = type(registry.entries()["reference"].backend)
+    monkeypatch.setattr(ref, "plan_for_sms", lambda self, plan, sms: calls.append(sms) or copy.copy(plan))
+    monkeypatch.setattr(_pod.Streams, "unavailable",
+                        lambda self: "overlap='serial'" if self.overlap == "serial" else None)
+
+    def decide(self, *parts):
+        self.pair = None if self.overlap == "serial" else ((None, 40), (None, 92))
+        return self.unavailable()
+
+    def compose(self, prefill, decode, why_serial=None):
+        prefill(), decode()
+        self.mode, self.reason = ("serial", why_serial) if why_serial else ("sm_split", None)
+
+    monkeypatch.setattr(_pod.Streams, "decide", decide)
+    monkeypatch.setattr(_pod.Streams, "compose", compose)
+    dtype = torch.float32
+    indptr, indices, last, cache, qp, kp, vp, qd = _pod_inputs(dtype)
+    res = {}
+    for ov in ("sm_split", "serial"):
+        w = attncore.PODWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD",
+                                                backend="reference", fuse=False, overlap=ov)
+        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=dtype)
+        res[ov] = [w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True) for _ in range(2)]
+        assert w.mode == ov
+        assert calls == [92]  # the split's first run asked, its second reused the plan; serial never asks
+    for ra, rb in zip(res["sm_split"], res["serial"]):
+        assert all(torch.equal(a, b) for a, b in zip(_flat(ra), _flat(rb)))
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_batch_pod_split_gives_each_part_its_half(fake_streams, backend, cpu_backend):
     """In streams mode each part plans into its half of the float workspace (no shared scratch); the
@@ -287,7 +324,13 @@ def test_streams_equal_serial_bitwise_gpu(lse, mode):
             assert list(w._streams._side.values()) == sides  # created once, reused
         if ov == "sm_split":
             n_p, n_d = w.sm_split
-            assert n_p % 8 == 0 and 0 < n_p < n_p + n_d <= torch.cuda.get_device_properties(0).multi_processor_count
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            assert n_p % 8 == 0 and 0 < n_p < n_p + n_d <= sms
+            from attncore.backends.xqa.backend import SHARE_STAGES2
+
+            planned = w._decode._planned
+            if planned.backend_name == "xqa" and n_d <= SHARE_STAGES2 * sms:  # XqaBackend.plan_for_sms
+                assert [p.lib.stages for p in planned._on_sms.values()] == [2]
     torch.cuda.synchronize()
     for a, b in zip(_flat(res[mode]), _flat(res["serial"])):
         assert torch.equal(a, b)

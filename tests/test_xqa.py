@@ -122,6 +122,27 @@ def test_key_for_swaps_fp8_up_to_8_rows():
     assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap
 
 
+def test_plan_for_sms_declines_outside_what_was_measured():
+    """A decode on a share of the SMs (POD's SM split) gets two-stage CTAs only where that was measured (16-bit KV,
+    d128, <= 16 rows per CTA, at most SHARE_STAGES2 of the SMs); elsewhere the plan as made serves (None)."""
+    from types import SimpleNamespace
+
+    from attncore.backends.xqa.backend import SHARE_STAGES2
+    from attncore.backends.xqa.specs import XqaKey
+
+    b = _backend()
+
+    def plan(key, stages=3):
+        return SimpleNamespace(lib=SimpleNamespace(key=key, num_sms=132, stages=stages))
+
+    share = int(SHARE_STAGES2 * 132)
+    assert b.plan_for_sms(plan(XqaKey("bf16", "same", "same", 128, 1)), share + 1) is None  # most of the SMs
+    for key in (XqaKey("bf16", "e4m3", "same", 128, 1), XqaKey("bf16", "same", "same", 64, 1),
+                XqaKey("bf16", "same", "same", 128, 2), XqaKey("fp16", "same", "same", 128, 1, (("kpw", 16),))):
+        assert b.plan_for_sms(plan(key), 64) is None, key
+    assert b.plan_for_sms(plan(XqaKey("bf16", "same", "same", 128, 1), stages=2), 64) is None  # two stages already
+
+
 def test_priority():
     b = _backend()
     assert _rank(b, _problem(cc=(9, 0))) == 70

@@ -177,6 +177,7 @@ class Planned:
         self.q_dtype = problem.q_dtype  # the caller's q dtype (an fp8 one: attncore.core.fp8_query.plan)
         self._primary = (self.backend, self.backend.plan(problem, meta))
         self._variants: Dict[AttentionProblem, Tuple[Backend, object]] = {problem: self._primary}
+        self._on_sms: Dict[Tuple[int, int], object] = {}  # (id of a variant's plan, SMs) -> Backend.plan_for_sms
 
     @property
     def backend_name(self) -> str:
@@ -230,11 +231,19 @@ class Planned:
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
         return b.relaunch(plan, args)
 
-    def run(self, args: RunArgs) -> None:
+    def run(self, args: RunArgs, sms: Optional[int] = None) -> None:
+        """``sms``: the run gets only that many of the device's SMs (POD's SM split): the backend's plan for
+        them where it has one (``Backend.plan_for_sms``, made once; not in CUDA-graph mode, where run() never
+        plans)."""
         if self.q_upcast is not None:
             args = _fp8_upcast(self.q_upcast, args, self.q_fold)
         fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        if sms is not None and not self.graph:
+            k = (id(plan), sms)
+            if k not in self._on_sms:
+                self._on_sms[k] = b.plan_for_sms(plan, sms)
+            plan = self._on_sms[k] or plan
         b.run(plan, args)
         if self.o_heads is not None:
             _scale_out(args.out, self.o_heads)

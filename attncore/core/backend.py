@@ -503,6 +503,12 @@ class Backend:
         ``run()``."""
         return None
 
+    def plan_for_sms(self, plan: Any, sms: int) -> Optional[Any]:
+        """Optional: a plan of ``plan``'s problem for a run on ``sms`` of the device's SMs (POD's SM split gives
+        the decode part a share of them), computing bit for bit what ``plan`` computes, its tables in an int
+        workspace of its own (``plan``'s stay valid).  None (the default): ``plan`` serves there as well."""
+        return None
+
     def jit_specs(self, arch: str) -> list:
         """CUDA kernel specializations (``attncore.build.jit.Spec``) that ``attncore build`` prebuilds by
         default for ``arch`` ("90", "80"...).  Backends that build kernels with ``attncore.build.jit``

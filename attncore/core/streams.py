@@ -201,6 +201,13 @@ class Streams:
         self.choice, self.pair = c, green.split(self.device, c.prefill_sms)
         return None
 
+    def decode_sms(self, why_serial: Optional[str]) -> Optional[int]:
+        """The decode part's SMs under the split ``decide()`` chose (None: the parts will not run on an SM split,
+        ``why_serial`` being decide()'s answer): the part is run with a plan for them (``Planned.run``'s sms)."""
+        if why_serial is not None or self.pair is None or self.overlap == "streams" or self.unavailable():
+            return None
+        return self.pair[1][1]
+
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
         let the decode starve behind the prefill; a high one would preempt the caller's other work)."""

@@ -14,6 +14,7 @@ carved from the caller's workspaces), ``binding.py`` (the ctypes params, argumen
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional
 
 import torch
@@ -66,6 +67,7 @@ def _kv_name(dt: torch.dtype) -> str:
 
 
 _KEYS: dict = {}  # key_for's memo
+SHARE_STAGES2 = 0.8  # plan_for_sms: at most this share of the SMs, two stages (measured at 92 of 132 and below)
 _PDL: dict = {}  # device -> whether it takes programmatic dependent launch (sm90+), asked once (host time)
 
 
@@ -155,6 +157,22 @@ class XqaBackend(Backend):
         lib = binding.get_library(self.key_for(problem, meta.q_len_per_req), dev)
         return make_plan(problem, meta, lib, dev, split_override=self.split_override,
                          pdl_ok=_pdl_ok(dev))
+
+    def plan_for_sms(self, plan: XqaPlan, sms: int) -> Optional[XqaPlan]:
+        """On a share of the SMs (POD's SM split), 16-bit KV at d128 with <= 16 rows per CTA: two 32 KB stages
+        instead of three, so three CTAs fit an SM instead of two and each SM reads faster; the same split count,
+        so the same result bit for bit.  PD1's decode (64 x 4k, 32/8 heads, H200 2026-11-29, BENCHMARKS.md 2x) on
+        92 / 76 / 68 SMs: 0.276 / 0.293 / 0.309 ms against 0.301 / 0.360 / 0.355 with three stages; on all 132 SMs
+        three stages stay faster (0.252 against 0.258)."""
+        from attncore.backends.xqa import binding
+
+        k = plan.lib.key
+        if (sms > SHARE_STAGES2 * plan.lib.num_sms or k.kv != "same" or k.head_dim != 128 or k.mt != 1 or k.tune
+                or plan.lib.stages <= 2):
+            return None
+        lib = binding.get_library(dataclasses.replace(k, tune=(("st", 2),)), plan.device)
+        return make_plan(plan.problem, dataclasses.replace(plan.meta, int_workspace=None), lib, plan.device,
+                         split_override=plan.num_splits, pdl_ok=plan.pdl_ok)
 
     def run(self, plan: XqaPlan, args) -> None:
         from attncore.backends.xqa import binding

@@ -97,13 +97,14 @@ def parse(uri: str) -> jit.Spec:
 
 def default_keys() -> List[XqaKey]:
     """What ``attncore build xqa`` prebuilds: the common serving set (bf16/fp16, d128, both tiles,
-    16-bit and e4m3 KV)."""
+    16-bit and e4m3 KV; the two-stage 16-bit kernel of a decode on a share of the SMs, XqaBackend.plan_for_sms)."""
     keys = []
     for dt in ("bf16", "fp16"):
         for kv in ("same", "e4m3"):
             for mt in (1, 2):
                 keys.append(XqaKey(dt, kv, "same", 128, mt))
         keys.append(XqaKey(dt, "e4m3", "same", 128, 1, swap=True))
+        keys.append(XqaKey(dt, "same", "same", 128, 1, (("st", 2),)))
     return keys
 
 

@@ -27,6 +27,9 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
+#ifndef FA2_H_SLOTS
+#define FA2_H_SLOTS 1
+#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -81,9 +84,13 @@ struct Cfg90 {
   static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
   static constexpr int stage_bytes = 2 * tile_bytes;
   // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty);
-  // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and its two slots
+  // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and, 16-byte aligned, its
+  // two slots of UNIT_INTS ints (sm90_cta's publish / take)
   static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
-  static constexpr int ws_bytes = WS ? 16 * STAGES * (SEPKV ? 2 : 1) + (PERSIST ? 48 : 0) : 0;
+  static constexpr int UNIT_INTS = 16;
+  static constexpr int slot_off = (bar_off + 16 * STAGES * (SEPKV ? 2 : 1) + 40 + 15) / 16 * 16;
+  static constexpr int ws_bytes =
+      WS ? (PERSIST ? slot_off - bar_off + 2 * 4 * UNIT_INTS : 16 * STAGES * (SEPKV ? 2 : 1)) : 0;
   static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
@@ -133,7 +140,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #endif
   const int G = p.group;
 
-  // The work unit: item `item` of kv head blockIdx.y.  PERSIST: unit `item` first, then each unit set_unit moves
+  // The work unit: item `item` of kv head blockIdx.y.  PERSIST: unit `item` first, then each unit take() moves
   // the CTA on to (Cfg90::PERSIST).
   const unsigned items = Cfg::PERSIST ? live_items(p) : 0u, units = items * p.num_kv_heads;
   int kvh = Cfg::PERSIST ? (int)(item / items) : (int)blockIdx.y;
@@ -152,19 +159,43 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
   // ---- the unit's request base and, per thread, the tokens of rows h2 = 0 / 1 (local rows wg*64 + wq*16 + lane/4
   // (+ 8))
-  int kv_base, row_tok[2];
+  int kv_base = p.kv_indptr[req], row_tok[2];
   auto unit_rows = [&]() {
-    kv_base = p.kv_indptr[req];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
   };
   unit_rows();
-  // PERSIST: unit u (false: u >= units, none left; without PERSIST there is no other unit)
-  auto set_unit = [&](unsigned u) {
+  // PERSIST: the next unit, handed over in a shared-memory slot: its work item, kv head, request base and id, which
+  // producer thread 0 reads from global memory once (publish) and every thread then takes from the slot (take:
+  // false once no unit is left), so that the consumers' unit boundary waits on no global load
+  using Item = WorkItem<CTA_Q, KVT, MASK>;
+  static_assert(sizeof(Item) + 3 * 4 <= 4 * Cfg::UNIT_INTS, "a unit's slot");
+  auto publish = [&](int sl, unsigned u) {
+    if constexpr (Cfg::PERSIST) {  // (the one-unit build has no unit arithmetic: items is 0 there)
+      int* d = reinterpret_cast<int*>(smem + Cfg::slot_off) + Cfg::UNIT_INTS * sl;
+      if (u < units) {
+        const Item wi(p, u % items, G, -1);
+        memcpy(d, &wi, sizeof(Item));
+        d[Cfg::UNIT_INTS - 3] = (int)(u / items);
+        d[Cfg::UNIT_INTS - 2] = p.kv_indptr[wi.req];
+      }
+      d[Cfg::UNIT_INTS - 1] = (int)u;
+    }
+  };
+  auto take = [&](int sl) {
     if constexpr (Cfg::PERSIST) {
+      const int* d = reinterpret_cast<const int*>(smem + Cfg::slot_off) + Cfg::UNIT_INTS * sl;
+      const unsigned u = (unsigned)d[Cfg::UNIT_INTS - 1];
       if (u >= units) return false;
+#if FA2_H_SLOTS  // (WIP A/B switch: 0 reads the work item from global memory in every thread, as before)
+      memcpy(&w, d, sizeof(Item));
+      kvh = d[Cfg::UNIT_INTS - 3];
+      kv_base = d[Cfg::UNIT_INTS - 2];
+#else
       kvh = (int)(u / items);
-      w = WorkItem<CTA_Q, KVT, MASK>(p, u % items, G, -1);
+      w = Item(p, u % items, G, -1);
+      kv_base = p.kv_indptr[req];
+#endif
       unit_rows();
       return true;
     } else {
@@ -451,7 +482,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     // the consumers through a two-slot ring (unit_full / unit_empty: the consumers free a slot once read).
     const uint32_t bar_full = sQa + Cfg::bar_off, bar_empty = bar_full + 8 * STAGES;
     const uint32_t bar_full_v = bar_empty + 8 * STAGES, bar_empty_v = bar_full_v + 8 * STAGES;
-    const uint32_t unit_full = bar_qempty + 8, unit_empty = unit_full + 16, unit_slot = unit_empty + 16;
+    const uint32_t unit_full = bar_qempty + 8, unit_empty = unit_full + 16;
     if (tid == 0) {
       const int consumers = 128 * (split ? 1 : Cfg::NWG);  // split: one warpgroup per tile
 #pragma unroll
@@ -476,12 +507,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     // The ring runs on across a CTA's units (PERSIST): tile t of a unit is the CTA's tile it0 + t, whose stage
     // and barrier phase follow from that count; nq counts the units with tiles so far (each loads Q once).
     int it0 = 0, nq = 0, j = 0;  // j: PERSIST's next-unit handovers so far
-    unsigned next = 0;
-    auto slot_u = [&](int s) {
-      unsigned v;
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(unit_slot + 4 * s) : "memory");
-      return v;
-    };
+    bool more = false;           // PERSIST: another unit taken
     if (wg < 0) {
       // ---------------- producer
       setmaxnreg_dec<Cfg::PREG>();
@@ -545,13 +571,13 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (j >= 2) mbar_wait(unit_empty + 8 * sl, ((j >> 1) - 1) & 1);
           const unsigned nu = gridDim.x + (unsigned)atomicAdd(p.sched, 1);
           if (nu >= units) sched_done(p);
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(unit_slot + 4 * sl), "r"(nu) : "memory");
-          mbar_arrive(unit_full + 8 * sl);
+          publish(sl, nu);
+          mbar_arrive(unit_full + 8 * sl);  // (release: the slot's stores before it)
         }
         named_sync(4, 128);
-        next = slot_u(sl);
+        more = take(sl);
         ++j;
-      } while (set_unit(next));
+      } while (more);
       ac::cp_async_wait<0>();  // no thread leaves with copies in flight
     } else {
       // ---------------- consumers
@@ -651,10 +677,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         if constexpr (!Cfg::PERSIST) break;
         const int sl = j & 1;
         mbar_wait(unit_full + 8 * sl, (j >> 1) & 1);
-        next = slot_u(sl);
-        mbar_arrive(unit_empty + 8 * sl);
+        more = take(sl);
+        mbar_arrive(unit_empty + 8 * sl);  // the slot read
         ++j;
-      } while (set_unit(next));
+      } while (more);
     }
   } else {
     copy_q(NT);
