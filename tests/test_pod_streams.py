@@ -304,10 +304,14 @@ def _flat(res):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["streams", "sm_split"])
 @pytest.mark.parametrize("lse", [False, True])
-def test_streams_equal_serial_bitwise_gpu(lse, mode):
+def test_streams_equal_serial_bitwise_gpu(lse, mode, monkeypatch):
     """PD-like shapes in bf16 (32/8 heads, d128, page 16, kv-0 and kv-1 decode rows): the concurrent mode
     runs (side stream, or two green-context streams on disjoint SMs) and gives the serial mode's bits, with
-    and without LSEs."""
+    and without LSEs, where the decode keeps the whole GPU's split count (xqa's SHARE_SPLITS off; with it, the
+    test below)."""
+    from attncore.backends.xqa import backend as xqa_backend
+
+    monkeypatch.setattr(xqa_backend, "SHARE_SPLITS", False)
     indptr, indices, last, cache, qp, kp, vp, qd = _pd()
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     res, sides = {}, None
@@ -337,9 +341,42 @@ def test_streams_equal_serial_bitwise_gpu(lse, mode):
 
 
 @pytest.mark.gpu
+def test_split_decode_planned_for_its_sms_gpu(monkeypatch):
+    """On an SM split the decode part runs a plan for its SMs (XqaBackend.plan_for_sms): with the prefill forced
+    onto 48 SMs, a 32 x 2k decode splits its keys where one split would leave a tail wave, and its outputs and
+    LSEs (kv-0 and kv-1 rows too) are right by the tolerance rule."""
+    from attncore.backends.xqa import plan as xplan
+    from attncore.core import streams
+
+    monkeypatch.setattr(streams, "choose_split", lambda f, b, n, g=8: streams.SplitChoice(48, 0.0, 0.0, True, "x"))
+    indptr, indices, last, cache, qp, kp, vp, qd = _pd()
+    w = attncore.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+                                            fuse=False, overlap="sm_split")
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    _, (od, lsed) = w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_d=True)
+    assert w.mode == "sm_split", w.overlap_reason
+    planned = w._decode._planned
+    if planned.backend_name != "xqa":
+        pytest.skip(f"the decode ran on {planned.backend_name}, not xqa")
+    whole = planned._primary[1]
+    shared = [p for p in planned._on_sms.values() if p is not None]
+    slots = w.sm_split[1] * shared[0].lib.ctas_per_sm if shared else 0
+    assert shared and shared[0].num_splits == xplan.choose_splits(256, 32, slots)
+    assert shared[0].num_splits != whole.num_splits, (whole.num_splits, w.sm_split)
+    torch.cuda.synchronize()
+    lens = [2048] * 30 + [0, 1]
+    for i, n in enumerate(lens):
+        k, v = _request_kv(cache, indptr, indices, n, i)
+        _check(od[i:i + 1], lsed[i:i + 1], qd[i:i + 1], k, v, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["streams", "sm_split"])
 @pytest.mark.parametrize("lse", [False, True])
-def test_batch_pod_streams_equal_serial_bitwise_gpu(lse, mode):
+def test_batch_pod_streams_equal_serial_bitwise_gpu(lse, mode, monkeypatch):
+    from attncore.backends.xqa import backend as xqa_backend
+
+    monkeypatch.setattr(xqa_backend, "SHARE_SPLITS", False)  # the whole GPU's split count: the same bits
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(4)
     ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)

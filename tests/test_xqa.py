@@ -122,25 +122,37 @@ def test_key_for_swaps_fp8_up_to_8_rows():
     assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap
 
 
-def test_plan_for_sms_declines_outside_what_was_measured():
-    """A decode on a share of the SMs (POD's SM split) gets two-stage CTAs only where that was measured (16-bit KV,
-    d128, <= 16 rows per CTA, at most SHARE_STAGES2 of the SMs); elsewhere the plan as made serves (None)."""
+def test_share_key_declines_outside_what_was_measured():
+    """A decode on a share of the SMs (POD's SM split, XqaBackend.plan_for_sms) gets two-stage CTAs only where that
+    was measured (16-bit KV, d128, <= 16 rows per CTA, at most SHARE_STAGES2 of the SMs); elsewhere None."""
     from types import SimpleNamespace
 
-    from attncore.backends.xqa.backend import SHARE_STAGES2
+    from attncore.backends.xqa.backend import SHARE_STAGES2, share_key
     from attncore.backends.xqa.specs import XqaKey
 
-    b = _backend()
-
-    def plan(key, stages=3):
-        return SimpleNamespace(lib=SimpleNamespace(key=key, num_sms=132, stages=stages))
+    def lib(key, stages=3):
+        return SimpleNamespace(key=key, num_sms=132, stages=stages)
 
     share = int(SHARE_STAGES2 * 132)
-    assert b.plan_for_sms(plan(XqaKey("bf16", "same", "same", 128, 1)), share + 1) is None  # most of the SMs
+    base = XqaKey("bf16", "same", "same", 128, 1)
+    assert share_key(lib(base), share) == XqaKey("bf16", "same", "same", 128, 1, (("st", 2),))
+    assert share_key(lib(base), share + 1) is None  # most of the SMs
     for key in (XqaKey("bf16", "e4m3", "same", 128, 1), XqaKey("bf16", "same", "same", 64, 1),
                 XqaKey("bf16", "same", "same", 128, 2), XqaKey("fp16", "same", "same", 128, 1, (("kpw", 16),))):
-        assert b.plan_for_sms(plan(key), 64) is None, key
-    assert b.plan_for_sms(plan(XqaKey("bf16", "same", "same", 128, 1), stages=2), 64) is None  # two stages already
+        assert share_key(lib(key), 64) is None, key
+    assert share_key(lib(base, stages=2), 64) is None  # two stages already
+
+
+def test_split_count_for_a_share_of_the_sms():
+    """PD1's decode (64 requests x 8 kv heads = 512 CTAs of 4096 keys, 64-key tiles): one split fills two waves of
+    the whole GPU's 264 slots and of 92 SMs' 276; on 84 SMs (252 slots) one split would leave a third wave of 8
+    CTAs, each reading a whole request, so the count for that share splits."""
+    from attncore.backends.xqa import plan as xplan
+
+    assert xplan.choose_splits(512, 64, 132 * 2) == 1
+    assert xplan.choose_splits(512, 64, 92 * 3) == 1
+    s = xplan.choose_splits(512, 64, 84 * 3)
+    assert s > 1 and -(-512 * s // 252) * (-(-64 // s) + 2) < 3 * (64 + 2)
 
 
 def test_priority():

@@ -505,8 +505,9 @@ class Backend:
 
     def plan_for_sms(self, plan: Any, sms: int) -> Optional[Any]:
         """Optional: a plan of ``plan``'s problem for a run on ``sms`` of the device's SMs (POD's SM split gives
-        the decode part a share of them), computing bit for bit what ``plan`` computes, its tables in an int
-        workspace of its own (``plan``'s stay valid).  None (the default): ``plan`` serves there as well."""
+        the decode part a share of them), right by the tolerance rule (bit for bit only where the summation order
+        is ``plan``'s), its tables in an int workspace of its own (``plan``'s stay valid).  None (the default):
+        ``plan`` serves there as well (docs/writing-a-backend.md)."""
         return None
 
     def jit_specs(self, arch: str) -> list:

@@ -22,6 +22,7 @@ import torch
 from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.problem import AttentionProblem, dtype_name
+from attncore.core.workspace import WorkspaceTooSmall
 
 from attncore.backends.xqa.plan import XqaPlan, make_plan
 
@@ -68,6 +69,7 @@ def _kv_name(dt: torch.dtype) -> str:
 
 _KEYS: dict = {}  # key_for's memo
 SHARE_STAGES2 = 0.8  # plan_for_sms: at most this share of the SMs, two stages (measured at 92 of 132 and below)
+SHARE_SPLITS = True  # plan_for_sms: the split count chosen for the share's SMs (False: the whole GPU's count)
 _PDL: dict = {}  # device -> whether it takes programmatic dependent launch (sm90+), asked once (host time)
 
 
@@ -76,6 +78,17 @@ def _pdl_ok(dev: torch.device) -> bool:
     if ok is None:
         ok = _PDL[dev] = tuple(torch.cuda.get_device_capability(dev)) >= (9, 0)
     return ok
+
+
+def share_key(lib, sms: int):
+    """The two-stage key of ``lib``'s (XqaBackend.plan_for_sms) for a launch on ``sms`` of its device's SMs, or
+    None where that was not measured (16-bit KV, d128, <= 16 rows per CTA, at most SHARE_STAGES2 of the SMs)."""
+    k = lib.key
+    if (sms > SHARE_STAGES2 * lib.num_sms or k.kv != "same" or k.head_dim != 128 or k.mt != 1 or k.tune
+            or lib.stages <= 2):
+        return None
+    return dataclasses.replace(k, tune=(("st", 2),))
+
 
 class XqaBackend(Backend):
     name = "xqa"
@@ -159,20 +172,32 @@ class XqaBackend(Backend):
                          pdl_ok=_pdl_ok(dev))
 
     def plan_for_sms(self, plan: XqaPlan, sms: int) -> Optional[XqaPlan]:
-        """On a share of the SMs (POD's SM split), 16-bit KV at d128 with <= 16 rows per CTA: two 32 KB stages
-        instead of three, so three CTAs fit an SM instead of two and each SM reads faster; the same split count,
-        so the same result bit for bit.  PD1's decode (64 x 4k, 32/8 heads, H200 2026-11-29, BENCHMARKS.md 2x) on
-        92 / 76 / 68 SMs: 0.276 / 0.293 / 0.309 ms against 0.301 / 0.360 / 0.355 with three stages; on all 132 SMs
-        three stages stay faster (0.252 against 0.258)."""
+        """A plan for ``sms`` of the SMs (POD's SM split); None where ``plan`` serves as well.
+        - The split count chosen for the CTAs resident on those SMs (``SHARE_SPLITS``): PD1's decode (64 x 4k,
+          32/8 heads, one split: 512 CTAs) fits 2 waves on 92 SMs but needs a third of 8 CTAs on 84, each reading a
+          whole request (0.33 ms against 0.26, H200 2026-11-29, BENCHMARKS.md 2y).  Where the count differs, the
+          summation order does: the result equals the whole-GPU plan's within the tolerance rule, not bit for bit.
+        - 16-bit KV at d128 with <= 16 rows per CTA, on at most ``SHARE_STAGES2`` of the SMs: two 32 KB stages
+          instead of three, so three CTAs fit an SM instead of two and each SM reads faster.  PD1's decode on 92 /
+          76 / 68 SMs: 0.276 / 0.293 / 0.309 ms against 0.301 / 0.360 / 0.355 with three stages; on all 132 SMs
+          three stages stay faster (0.252 against 0.258; BENCHMARKS.md 2x)."""
         from attncore.backends.xqa import binding
 
-        k = plan.lib.key
-        if (sms > SHARE_STAGES2 * plan.lib.num_sms or k.kv != "same" or k.head_dim != 128 or k.mt != 1 or k.tune
-                or plan.lib.stages <= 2):
+        lib, key = plan.lib, share_key(plan.lib, sms)
+        if key is not None:
+            lib = binding.get_library(key, plan.device)
+        meta = dataclasses.replace(plan.meta, int_workspace=None)
+        new = None
+        if SHARE_SPLITS and self.split_override is None:
+            try:
+                new = make_plan(plan.problem, meta, lib, plan.device, pdl_ok=plan.pdl_ok, sms=sms)
+            except WorkspaceTooSmall:  # the caller's float workspace holds the plan's partials, not more
+                new = None
+        if new is None and lib is not plan.lib:
+            new = make_plan(plan.problem, meta, lib, plan.device, split_override=plan.num_splits, pdl_ok=plan.pdl_ok)
+        if new is None or (lib is plan.lib and new.num_splits == plan.num_splits):
             return None
-        lib = binding.get_library(dataclasses.replace(k, tune=(("st", 2),)), plan.device)
-        return make_plan(plan.problem, dataclasses.replace(plan.meta, int_workspace=None), lib, plan.device,
-                         split_override=plan.num_splits, pdl_ok=plan.pdl_ok)
+        return new
 
     def run(self, plan: XqaPlan, args) -> None:
         from attncore.backends.xqa import binding

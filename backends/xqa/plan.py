@@ -89,8 +89,10 @@ def choose_splits(base_ctas: int, max_tiles: int, slots: int, max_splits: int = 
     return best
 
 
-def split_count(problem: AttentionProblem, meta: BatchMeta, lib, base: int, max_len: int, override) -> int:
-    """The batch's split-KV count (see the module docstring for what a split is)."""
+def split_count(problem: AttentionProblem, meta: BatchMeta, lib, base: int, max_len: int, override,
+                slots: Optional[int] = None) -> int:
+    """The batch's split-KV count (see the module docstring for what a split is); ``slots``: the CTAs resident at
+    once (None: ``lib``'s on every SM of the device)."""
     QL = meta.q_len_per_req
     wl = meta.params.window_left
     eff = min(max_len, wl + QL + lib.tile) if wl >= 0 else max_len
@@ -106,9 +108,9 @@ def split_count(problem: AttentionProblem, meta: BatchMeta, lib, base: int, max_
         # A captured launch is replayed after re-planning for new lengths, and must equal an eager
         # run of the new plan bit for bit: the split count (which sets the summation order) may
         # depend on the frozen batch shape only, not on the lengths.
-        slots = lib.num_sms * lib.ctas_per_sm
-        return 1 if 2 * base >= slots else min(64, -(-slots // base))
-    return choose_splits(base, max_tiles, lib.num_sms * lib.ctas_per_sm)
+        whole = lib.num_sms * lib.ctas_per_sm
+        return 1 if 2 * base >= whole else min(64, -(-whole // base))
+    return choose_splits(base, max_tiles, slots or lib.num_sms * lib.ctas_per_sm)
 
 
 # ------------------------------------------------------------------------------------------ scratch
@@ -197,9 +199,10 @@ def int_layout(units: int, splits: int, need_stub: bool) -> WorkspaceLayout:
 
 
 def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device, *, split_override=None,
-              pdl_ok: bool = False) -> XqaPlan:
+              pdl_ok: bool = False, sms: Optional[int] = None) -> XqaPlan:
     """Everything the launch needs that does not depend on the run's tensors.  No device sync, and
-    no device allocation once the caller's workspaces (or the own buffers) are in place."""
+    no device allocation once the caller's workspaces (or the own buffers) are in place.  ``sms``: the split
+    count chosen for a launch on that many of the device's SMs (None: all of them)."""
     from attncore.backends.xqa.binding import XqaParams
 
     B = meta.batch_size
@@ -224,7 +227,8 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
         max_len = max(meta.kv_lens_host, default=0)
 
     units = B * Hkv * m_groups
-    splits = split_count(problem, meta, lib, units, max_len, split_override)
+    splits = split_count(problem, meta, lib, units, max_len, split_override,
+                         None if sms is None else sms * lib.ctas_per_sm)
     lay_splits = splits
     if problem.cuda_graph and splits > 1 and meta.int_workspace is not None:
         lay_splits = _graph_capacity(meta.int_workspace, (units, lib.rows, problem.head_dim_vo), splits)

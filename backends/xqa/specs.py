@@ -82,8 +82,9 @@ class XqaKey:
                         description=self.uri.replace("_", " "))
 
 
+_OPTS = "|".join(TUNE)
 _URI_RE = re.compile(r"^xqa_decode_(fp16|bf16)(?:_kv(e4m3|e5m2))?(?:_out(e4m3))?_d(\d+)_mt([12])(_sw)?"
-                     r"(?:_t((?:(?:kpw|st|mb|dg|l2)\d+)+))?(?:_sm\d+)?$")
+                     rf"(?:_t((?:(?:{_OPTS})\d+)+))?(?:_sm\d+)?$")
 
 
 def parse(uri: str) -> jit.Spec:
@@ -91,7 +92,7 @@ def parse(uri: str) -> jit.Spec:
     if not m:
         raise ValueError(f"not an xqa specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
     dt, kv, out, d, mt, sw, tune = m.groups()
-    opts = tuple((k, int(v)) for k, v in re.findall(r"(kpw|st|mb|dg|l2)(\d+)", tune or ""))
+    opts = tuple((k, int(v)) for k, v in re.findall(rf"({_OPTS})(\d+)", tune or ""))
     return XqaKey(dt, kv or "same", out or "same", int(d), int(mt), opts, bool(sw)).spec()
 
 

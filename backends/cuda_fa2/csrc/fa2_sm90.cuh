@@ -27,9 +27,6 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
-#ifndef FA2_H_SLOTS
-#define FA2_H_SLOTS 1
-#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -187,15 +184,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       const int* d = reinterpret_cast<const int*>(smem + Cfg::slot_off) + Cfg::UNIT_INTS * sl;
       const unsigned u = (unsigned)d[Cfg::UNIT_INTS - 1];
       if (u >= units) return false;
-#if FA2_H_SLOTS  // (WIP A/B switch: 0 reads the work item from global memory in every thread, as before)
       memcpy(&w, d, sizeof(Item));
       kvh = d[Cfg::UNIT_INTS - 3];
       kv_base = d[Cfg::UNIT_INTS - 2];
-#else
-      kvh = (int)(u / items);
-      w = Item(p, u % items, G, -1);
-      kv_base = p.kv_indptr[req];
-#endif
       unit_rows();
       return true;
     } else {
@@ -518,7 +509,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
             copy_q(PT);  // joins the first K/V group
           }
-          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS> kv(p, reinterpret_cast<const T*>(kg),
+          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, !Cfg::PIPE> kv(p, reinterpret_cast<const T*>(kg),
                                                             reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
                                                             kv_lo, kv_hi);
           for (int tile = 0; tile < n_tiles; ++tile) {

@@ -14,7 +14,10 @@ namespace sm90 {
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
 // plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
 // multiply-add and a cp.async per chunk.
-template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0>
+// LEAN (the plain loop's producer, bound by its instruction count on paged K/V): one page-id load for two rows where
+// they share a page, the page table's pointer held for the tile, and no select in the copies.  Off in the pipelined
+// loop, whose producer copies paged K/V only when forced (CudaFa2Backend.sm90_pipe) and spills with it.
+template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false>
 struct KvTileCopy {
   static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
   // column group g: CSTEP / 8 column blocks of KVT rows further in smem, CSTEP * 8 elements further in memory
@@ -42,18 +45,30 @@ struct KvTileCopy {
   __device__ __forceinline__ void rows(int tile, bool v) {
     const int t0 = kv_lo + tile * KVT + r0;
     const uint32_t sp = v ? v_sp : k_sp, rs = v ? v_rs : k_rs;
-    if (page_shift >= 0) {
+    const int32_t* pt = pages;  // LEAN: held for the tile (ptxas rebuilt it from the params for every load)
+    if constexpr (LEAN) asm volatile("" : "+l"(pt));
+    if (LEAN && N % 2 == 0 && page_shift >= 0 && ((page_size | kv_lo) & (2 * STEP - 1)) == 0) {
+      // Pages of a multiple of 2 STEP slots, tiles starting at one: rows it and it + 1 of a thread (r0 < STEP,
+      // it even) share a page, so one page id serves both
+#pragma unroll
+      for (int it = 0; it < N; it += 2) {
+        const int t = t0 + it * STEP;
+        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pt + (t >> page_shift)) : 0u;
+        roff[it] = pg * sp + (uint32_t)(t & (page_size - 1)) * rs;
+        roff[it + 1] = roff[it] + STEP * rs;
+      }
+    } else if (page_shift >= 0) {
 #pragma unroll
       for (int it = 0; it < N; ++it) {
         const int t = t0 + it * STEP;
-        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + (t >> page_shift)) : 0u;
+        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pt + (t >> page_shift)) : 0u;
         roff[it] = pg * sp + (uint32_t)(t & (page_size - 1)) * rs;
       }
     } else {
 #pragma unroll
       for (int it = 0; it < N; ++it) {
         const int t = t0 + it * STEP, pi = t / page_size;
-        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pages + pi) : 0u;
+        const uint32_t pg = t < kv_hi ? (uint32_t)__ldg(pt + pi) : 0u;
         roff[it] = pg * sp + (uint32_t)(t - pi * page_size) * rs;
       }
     }
@@ -97,9 +112,18 @@ struct KvTileCopy {
 #pragma unroll
     for (int it = 0; it < N; ++it) {
       const bool ok = it * STEP < left;
-      const T* src = base + (ok ? (uint64_t)roff[it] * unit : 0ull);
+      if constexpr (LEAN) {
+        // a row past kv_hi (zero-filled, nothing read) has an offset in page 0 (rows()): a valid address, no
+        // select; in bytes, one wide multiply-add from the base
+        const char* src = reinterpret_cast<const char*>(base) + (uint64_t)roff[it] * (unit * (uint32_t)sizeof(T));
 #pragma unroll
-      for (int g = 0; g < NC; ++g) ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8, ok);
+        for (int g = 0; g < NC; ++g)
+          ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8 * (int)sizeof(T), ok);
+      } else {
+        const T* src = base + (ok ? (uint64_t)roff[it] * unit : 0ull);
+#pragma unroll
+        for (int g = 0; g < NC; ++g) ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8, ok);
+      }
     }
   }
 };
