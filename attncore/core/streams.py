@@ -204,9 +204,7 @@ class Streams:
     def decode_sms(self, why_serial: Optional[str]) -> Optional[int]:
         """The decode part's SMs under the split ``decide()`` chose (None: the parts will not run on an SM split,
         ``why_serial`` being decide()'s answer): the part is run with a plan for them (``Planned.run``'s sms)."""
-        if why_serial is not None or self.pair is None or self.overlap == "streams" or self.unavailable():
-            return None
-        return self.pair[1][1]
+        return None if why_serial is not None or self.pair is None else self.pair[1][1]  # (pair: set for a split only)
 
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
