@@ -27,6 +27,9 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
+#ifndef FA2_H_UWG
+#define FA2_H_UWG 0
+#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -131,7 +134,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const uint32_t sKVa = sQa + Cfg::q_bytes;
 
   const int tid = threadIdx.x, lane = tid & 31, wq = (tid >> 5) & 3;
-  const int wg = (tid >> 7) - (Cfg::WS ? 1 : 0);  // consumer warpgroup (-1: the WS producer)
+  // consumer warpgroup (-1: the WS producer).  FA2_H_UWG (session 29 A/B switch, not GPU-measured): broadcast from
+  // lane 0 so that ptxas knows it is warp-uniform and keeps the Q operand's wgmma descriptors in uniform registers
+  // (4 instead of 7 instructions per k-step of S with FA2_H_DINC; d128 pipe's producer then spills 10 more)
+  const int wg = (FA2_H_UWG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : (tid >> 7)) - (Cfg::WS ? 1 : 0);
 #ifdef FA2_TRACE
   const int tslot = trace_slot();
 #endif
@@ -209,8 +215,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       // Q column blocks are CTA_Q rows tall; this warpgroup's rows start 64 * wg rows in
-      const uint64_t da = make_desc(qbase + (kk >> 2) * (CTA_Q * 128) + (kk & 3) * 32, 16, 1024);
-      mma_ss<T, KVT>(s, da, desc_k<KVT>(kbase, kk), kk > 0);
+      mma_ss<T, KVT>(s, desc_k<CTA_Q>(qbase, kk), desc_k<KVT>(kbase, kk), kk > 0);
     }
   };
   // O += P V for the V tile in `stage` (issued, not waited)
