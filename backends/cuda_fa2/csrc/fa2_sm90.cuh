@@ -27,9 +27,6 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
-#ifndef FA2_H_UWG
-#define FA2_H_UWG 0
-#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -73,6 +70,12 @@ struct Cfg90 {
   // 2026-11-29, same run: P2 d64 0.181 ms against 0.191 with Q first (one unit per CTA: 0.186); in the plain loop
   // (P3 0.729 against 0.715, P4 1.177 against 1.149) and the one-unit grids (P1 0.292 against 0.278) it lost.
   static constexpr bool QLATE = PERSIST && PIPE;
+  // UWG: the consumer warpgroup's index broadcast from lane 0, so that ptxas knows it is warp-uniform and keeps the
+  // Q operand's wgmma descriptors in uniform registers (4 instructions per k-step of S instead of 7).  On at d64,
+  // where it removes the pipelined loop's 60 bytes of spills; at d128 the producer spills 10 more instructions.
+  // H200 2026-11-29, same run: P2 d64 0.176 ms against 0.186; d128 P1 non-causal 0.500 against 0.482, P4 1.137
+  // against 1.099 (P1 causal 0.270 against 0.277); d256 0.290 against 0.289.
+  static constexpr bool UWG = D == 64;
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -134,10 +137,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const uint32_t sKVa = sQa + Cfg::q_bytes;
 
   const int tid = threadIdx.x, lane = tid & 31, wq = (tid >> 5) & 3;
-  // consumer warpgroup (-1: the WS producer).  FA2_H_UWG (session 29 A/B switch, not GPU-measured): broadcast from
-  // lane 0 so that ptxas knows it is warp-uniform and keeps the Q operand's wgmma descriptors in uniform registers
-  // (4 instead of 7 instructions per k-step of S with FA2_H_DINC; d128 pipe's producer then spills 10 more)
-  const int wg = (FA2_H_UWG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : (tid >> 7)) - (Cfg::WS ? 1 : 0);
+  // consumer warpgroup (-1: the WS producer)
+  const int wg = (Cfg::UWG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : (tid >> 7)) - (Cfg::WS ? 1 : 0);
 #ifdef FA2_TRACE
   const int tslot = trace_slot();
 #endif

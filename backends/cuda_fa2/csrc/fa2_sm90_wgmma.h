@@ -43,9 +43,6 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
          ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
-#ifndef FA2_H_DINC
-#define FA2_H_DINC 1  // (session 29 A/B switch: 0 builds every k-step's descriptor from its address, as before)
-#endif
 // `d` advanced by `bytes` (a multiple of 16): the start-address field (bits 0-13: the shared-memory address >> 4)
 // plus bytes >> 4, a 32-bit add on the low word.  No carry leaves the field while the address stays below 256 KiB
 // (an SM has 228 KiB), so it equals the descriptor made from the advanced address, for the cost of one add (the
@@ -56,15 +53,13 @@ __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
 // K-major operand (rows = M or N, contiguous along K): k-step kk (16 elements) of a [ROWS][K] tile
 template <int ROWS> __device__ __forceinline__ uint64_t desc_k(uint32_t base, int kk) {
   const uint32_t off = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
-  return FA2_H_DINC ? desc_add(make_desc(base, 16, 1024), off) : make_desc(base + off, 16, 1024);
+  return desc_add(make_desc(base, 16, 1024), off);
 }
 // MN-major B operand of a [KROWS][N] tile (contiguous along N): k-step kk covers rows 16kk..16kk+15.
 // LBO: next 64-column block (KROWS * 128 bytes); SBO: next 8 rows (1024 bytes).
 template <int KROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk, bool swap = FA2_SM90_VSWAP) {
   const uint32_t lbo = KROWS * 128, sbo = 1024;
-  const uint64_t d = swap ? make_desc(FA2_H_DINC ? base : base + kk * 2048, sbo, lbo)
-                          : make_desc(FA2_H_DINC ? base : base + kk * 2048, lbo, sbo);
-  return FA2_H_DINC ? desc_add(d, kk * 2048) : d;
+  return desc_add(swap ? make_desc(base, sbo, lbo) : make_desc(base, lbo, sbo), kk * 2048);
 }
 
 // mbarrier helpers (CTA scope)
