@@ -361,8 +361,7 @@ class PODWithPagedKVCacheWrapper(_Modes):
             _ready(planned, args_d)
             self._prefill_backend = planned_p.backend_name
             why = self._streams.decide(planned_p.problem, planned_p.meta, planned.problem, planned.meta)
-            sms_d = self._streams.decode_sms(why)
-            self._streams.compose(lambda: planned_p.run(args_p), lambda: planned.run(args_d, sms_d), why)
+            self._streams.run_parts(planned_p, args_p, planned, args_d, why)
         return _result(args_p), _result(args_d)
 
 
@@ -572,9 +571,7 @@ class BatchPODWithPagedKVCacheWrapper(_Modes):
                 return _result(args_p), _result(args_d)
             _ready(pw._planned, args_p)
             _ready(dw._planned, args_d)
-            sms_d = self._streams.decode_sms(self._split_reason)
-            self._streams.compose(lambda: pw._planned.run(args_p), lambda: dw._planned.run(args_d, sms_d),
-                                  self._split_reason)
+            self._streams.run_parts(pw._planned, args_p, dw._planned, args_d, self._split_reason)
             return _result(args_p), _result(args_d)
         res_p = self._prefill.run(q_p, paged_kv_cache_p, return_lse=return_lse)
         res_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,

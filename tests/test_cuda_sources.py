@@ -211,7 +211,7 @@ def _mirror(struct, edit):
     (lambda f: [(n, ctypes.c_int64 if n == "num_qo_heads" else t) for n, t in f], "num_kv_heads"),  # retyped: the next moves
     (lambda f: [x for x in f if x[0] != "causal_override"], "scale_log2"),  # dropped: the next one is off
     (lambda f: [x if x[0] != "group" else ("grp", x[1]) for x in f], "grp"),  # renamed, same offset
-    (lambda f: f[:-1], "v_row_sn"),  # C has one more
+    (lambda f: f[:-1], "sched_steal"),  # C has one more
 ])
 def test_a_wrong_mirror_is_refused_naming_the_field(built, edit, field):
     with pytest.raises(RuntimeError, match=f"field '{field}'"):

@@ -151,11 +151,75 @@ def test_split_launches_in_the_order_asked(h100, monkeypatch, first, order):
     assert st.decide(PREFILL, mp, DECODE, md) is None
     st.pair = ((sp, 40), (sd, 92))
     ran = []
-    st.compose(lambda: ran.append("p"), lambda: ran.append("d"), prefill_first=first)
-    assert ran == order and under == ["prefill" if r == "p" else "decode" for r in order]
+    st.compose(lambda: ran.append("p"), lambda: ran.append("d"), prefill_first=first, tail=lambda: ran.append("t"))
+    assert ran == order + ["t"] and under == ["prefill" if r == "p" else "decode" for r in order] + ["decode"]
     assert log == ["record current", "prefill waits", "decode waits", "record prefill", "record decode",
                    "current waits", "current waits"]
     assert st.mode == "sm_split" and st.sms == (40, 92)
+
+
+@pytest.mark.parametrize("fails, ran_want", [("d", ["p", "t"]), ("p", [])])
+def test_split_tail_follows_a_queued_prefill_even_when_the_decode_raises(h100, monkeypatch, fails, ran_want):
+    """The tail finishes the prefill's shared work (and resets what its launches share): queued whenever the first
+    launch was, also when the decode's launch raised; never without the first; the streams are joined either way."""
+    import contextlib
+
+    log, ran = [], []
+    cur, sp, sd = (_FakeStream(n, log) for n in ("current", "prefill", "decode"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: SimpleNamespace(record=lambda s: log.append(f"record {s.name}")))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    st = streams.Streams("sm_split", torch.device("cuda", 0))
+    mp, md = _metas(2048, 64, 4096)
+    assert st.decide(PREFILL, mp, DECODE, md) is None
+    st.pair = ((sp, 40), (sd, 92))
+
+    def part(name):
+        def go():
+            if name == fails:
+                raise RuntimeError(f"{name} failed")
+            ran.append(name)
+        return go
+    with pytest.raises(RuntimeError, match=f"{fails} failed"):
+        st.compose(part("p"), part("d"), tail=part("t"))
+    assert ran == ran_want and log[-2:] == ["current waits", "current waits"]
+
+
+def test_run_parts_gives_the_prefills_tail_to_the_decodes_sms(h100, monkeypatch):
+    """run_parts() on an SM split: the decode runs with its share's SMs, the prefill as the two launches its backend
+    offers for (prefill SMs, decode SMs) (Planned.split_runs), the tail after the decode on its stream; with
+    SPLIT_TAIL off, or where the backend offers none, the prefill runs whole; serially, no SMs are asked for."""
+    import contextlib
+
+    ran, asked = [], []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream("current", []))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: SimpleNamespace(record=lambda s: None))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(ran.append("on " + s.name)))
+
+    class Part:
+        def __init__(self, name, pair):
+            self.name, self.pair = name, pair
+
+        def run(self, args, sms=None):
+            ran.append(f"{self.name} {sms}")
+
+        def split_runs(self, args, sms, tail_sms):
+            asked.append((sms, tail_sms))
+            return None if not self.pair else (lambda: ran.append("first"), lambda: ran.append("tail"))
+
+    st = streams.Streams("sm_split", torch.device("cuda", 0))
+    st.pair = ((_FakeStream("prefill", []), 40), (_FakeStream("decode", []), 92))
+    st.run_parts(Part("p", True), None, Part("d", False), None, None)
+    assert asked == [(40, 92)]
+    assert ran == ["on prefill", "first", "on decode", "d 92", "on decode", "tail"]
+    for part, tail_on in ((Part("p", False), True), (Part("p", True), False)):
+        ran.clear()
+        monkeypatch.setattr(streams, "SPLIT_TAIL", tail_on)
+        st.run_parts(part, None, Part("d", False), None, None)
+        assert ran == ["on prefill", "p None", "on decode", "d 92"]
+    ran.clear(), asked.clear()
+    st.run_parts(Part("p", True), None, Part("d", False), None, "overlap='serial': asked")
+    assert ran == ["p None", "d None"] and asked == [] and st.mode == "serial"
 
 
 def test_green_contexts_refused_off_cuda():

@@ -179,8 +179,9 @@ def test_split_runs_the_decode_on_the_plan_for_its_sms(monkeypatch):
         self.pair = None if self.overlap == "serial" else ((None, 40), (None, 92))
         return self.unavailable()
 
-    def compose(self, prefill, decode, why_serial=None):
+    def compose(self, prefill, decode, why_serial=None, tail=None):
         prefill(), decode()
+        assert tail is None  # the reference backend offers no split launches
         self.mode, self.reason = ("serial", why_serial) if why_serial else ("sm_split", None)
 
     monkeypatch.setattr(_pod.Streams, "decide", decide)
@@ -369,6 +370,70 @@ def test_split_decode_planned_for_its_sms_gpu(monkeypatch):
     for i, n in enumerate(lens):
         k, v = _request_kv(cache, indptr, indices, n, i)
         _check(od[i:i + 1], lsed[i:i + 1], qd[i:i + 1], k, v, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch_pod", [False, True])
+@pytest.mark.parametrize("prefill_sms", [8, 40])
+def test_split_tail_takes_over_the_prefills_units_gpu(batch_pod, prefill_sms, monkeypatch):
+    """On an SM split with cuda_fa2's prefill (prefill90: the one-unit grid for POD's contiguous K/V, the
+    persistent grid for BatchPOD's paged K/V) the prefill runs as two launches sharing its units
+    (CudaFa2Backend.split_launches): the first on the prefill's SMs, the tail on the decode's after the decode.
+    Both parts equal the serial mode's bits (each unit is computed whole by one CTA of either launch), on 8
+    prefill SMs (the tail takes most units) and 40; the counters are back at zero after every run (a second
+    run, and a serial run after it, give the same bits)."""
+    from attncore.backends.cuda_fa2 import binding
+    from attncore.backends.xqa import backend as xqa_backend
+    from attncore.core import streams
+
+    monkeypatch.setattr(xqa_backend, "SHARE_SPLITS", False)  # the whole GPU's split count: the same bits
+    monkeypatch.setattr(streams, "choose_split",
+                        lambda f, b, n, g=8: streams.SplitChoice(prefill_sms, 0.0, 0.0, True, "forced"))
+    launch = binding.launch
+
+    def spy(plan, args, shared=None):
+        launches.append(shared)
+        return launch(plan, args, shared)
+    launches = []
+    monkeypatch.setattr(binding, "launch", spy)
+    dev, dtype = "cuda", torch.bfloat16
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    if batch_pod:
+        torch.manual_seed(6)
+        ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
+        idd, xd, ld, cd = _paged([2048] * 30 + [0, 1], 16, 8, 128, dtype, device=dev)
+        qo_p = torch.tensor([0, 1024, 1324], dtype=torch.int32, device=dev)
+        qo_d = torch.arange(33, dtype=torch.int32, device=dev)
+        qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype,
+                                                                                 device=dev)
+
+        def make(ov):
+            w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", fuse=False, overlap=ov)
+            w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, 32, 8, 128, 16, q_data_type=dtype)
+            return w, lambda: w.run(qp, cp, qd, cd, causal_p=True, return_lse=True)
+    else:
+        indptr, indices, last, cache, qp, kp, vp, qd = _pd(seed=6)
+
+        def make(ov):
+            w = attncore.PODWithPagedKVCacheWrapper(ws, "NHD", fuse=False, overlap=ov)
+            w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=dtype)
+            return w, lambda: w.run(qp, kp, vp, qd, cache, causal_p=True, return_lse_p=True, return_lse_d=True)
+    w, run = make("sm_split")
+    first = [t.clone() for t in _flat(run())]
+    assert w.mode == "sm_split" and w.sm_split[0] == prefill_sms, w.overlap_reason
+    prefill = w._prefill._planned.backend_name if batch_pod else w._prefill_backend
+    if prefill != "cuda_fa2":
+        pytest.skip(f"the prefill ran on {prefill}, not cuda_fa2")
+    tails = [sh for sh in launches if sh is not None]
+    assert [sh[2] for sh in tails] == [0, 1], launches  # the first launch, then the tail
+    assert tails[0][:2] == tails[1][:2] and tails[0][1] > tails[0][0] > 0
+    again = _flat(run())
+    ws_serial, run_serial = make("serial")
+    serial = _flat(run_serial())
+    assert ws_serial.mode == "serial"
+    torch.cuda.synchronize()
+    for a, b, c in zip(first, again, serial):
+        assert torch.equal(a, c) and torch.equal(b, c)
 
 
 @pytest.mark.gpu

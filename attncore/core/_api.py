@@ -231,6 +231,20 @@ class Planned:
         b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
         return b.relaunch(plan, args)
 
+    def split_runs(self, args: RunArgs, sms: int, tail_sms: int) -> Optional[tuple]:
+        """POD's SM split: (first, tail), two callables that together run ``args`` (Backend.split_launches),
+        ``first`` on ``sms`` SMs and ``tail`` after the other part on its ``tail_sms``; None where the backend has no
+        such pair or this plan adds work around its launch (an fp8 q's upcast, per-head scales; CUDA-graph mode)."""
+        if self.graph or self.q_upcast is not None or self.o_heads is not None:
+            return None
+        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
+        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        pair = b.split_launches(plan, sms, tail_sms)
+        if pair is None:
+            return None
+        first, tail = pair
+        return (lambda: first(args)), (lambda: tail(args))
+
     def run(self, args: RunArgs, sms: Optional[int] = None) -> None:
         """``sms``: the run gets only that many of the device's SMs (POD's SM split): the backend's plan for
         them where it has one (``Backend.plan_for_sms``, made once; not in CUDA-graph mode, where run() never

@@ -510,6 +510,14 @@ class Backend:
         ``plan`` serves there as well (docs/writing-a-backend.md)."""
         return None
 
+    def split_launches(self, plan: Any, sms: int, tail_sms: int) -> Optional[Tuple[Callable, Callable]]:
+        """Optional: ``(first, tail)``, two functions of ``RunArgs`` that together do what ``run(plan, args)``
+        does: ``first`` on ``sms`` of the device's SMs, ``tail`` queued later on the other part's ``tail_sms`` SMs,
+        after that part (POD's SM split: the prefill's work left when the decode is done is taken over on the
+        decode's SMs).  Both are launched once per run, in either order; whatever ``tail`` finds left, it does.
+        None (the default): ``run()`` alone."""
+        return None
+
     def jit_specs(self, arch: str) -> list:
         """CUDA kernel specializations (``attncore.build.jit.Spec``) that ``attncore build`` prebuilds by
         default for ``arch`` ("90", "80"...).  Backends that build kernels with ``attncore.build.jit``

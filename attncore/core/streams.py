@@ -18,6 +18,12 @@ Tensor = torch.Tensor
 # compiled region (Dynamo's stream support does not cover a side stream kept across calls and its join).
 OVERLAPS = ("auto", "sm_split", "streams", "serial")
 PREFILL_FIRST = True  # the launch order on two streams or an SM split (Streams.compose; scripts/gpu_pod_streams.sh)
+# The SM split's tail (Streams.run_parts, Backend.split_launches): the prefill's work left when the decode is done
+# taken over on the decode's SMs, where the prefill's backend can share its work between two launches.  H200
+# (2026-11-29, BENCHMARKS.md 2z, same run, with / without): PD2 0.381 / 0.396 ms, PD1 0.308 / 0.314, prefill 2k +
+# 32 x 4k 0.193 / 0.190 (the decode the longer part: the tail's launch costs); a split that starves the prefill
+# loses 10-30% less.
+SPLIT_TAIL = True
 # Why overlap="auto" never picks "streams": measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16
 # 32/8 heads d128 page 16), streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median
 # of 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32:
@@ -201,10 +207,22 @@ class Streams:
         self.choice, self.pair = c, green.split(self.device, c.prefill_sms)
         return None
 
-    def decode_sms(self, why_serial: Optional[str]) -> Optional[int]:
-        """The decode part's SMs under the split ``decide()`` chose (None: the parts will not run on an SM split,
-        ``why_serial`` being decide()'s answer): the part is run with a plan for them (``Planned.run``'s sms)."""
-        return None if why_serial is not None or self.pair is None else self.pair[1][1]  # (pair: set for a split only)
+    def split_sms(self, why_serial: Optional[str]) -> Optional[tuple]:
+        """(prefill SMs, decode SMs) of the split ``decide()`` chose (None: the parts will not run on an SM split,
+        ``why_serial`` being decide()'s answer)."""
+        return None if why_serial is not None or self.pair is None else (self.pair[0][1], self.pair[1][1])
+
+    def run_parts(self, planned_p, args_p, planned_d, args_d, why_serial: Optional[str]) -> None:
+        """compose() of two planned parts (attncore.core._api.Planned) with ``decide()``'s answer: on an SM split
+        the decode runs a plan for its share (``Planned.run``'s sms) and, where the prefill's backend can
+        (``Planned.split_runs``; ``SPLIT_TAIL``), the prefill's work left when the decode is done is taken over on
+        the decode's SMs."""
+        sms = self.split_sms(why_serial)
+        if sms is None:
+            return self.compose(lambda: planned_p.run(args_p), lambda: planned_d.run(args_d), why_serial)
+        pair = planned_p.split_runs(args_p, *sms) if SPLIT_TAIL else None
+        first, tail = pair or ((lambda: planned_p.run(args_p)), None)
+        self.compose(first, lambda: planned_d.run(args_d, sms[1]), why_serial, tail=tail)
 
     def side(self, cur) -> "torch.cuda.Stream":
         """The side stream for ``cur``'s device, with ``cur``'s priority (a low-priority side stream would
@@ -215,11 +233,14 @@ class Streams:
             s = self._side[key] = torch.cuda.Stream(device=cur.device, priority=cur.priority)
         return s
 
-    def compose(self, prefill, decode, why_serial: Optional[str] = None, prefill_first: Optional[bool] = None) -> None:
+    def compose(self, prefill, decode, why_serial: Optional[str] = None, prefill_first: Optional[bool] = None,
+                tail: Optional[Callable[[], None]] = None) -> None:
         """Run the parts (callables that launch them; everything they write is allocated already): on the
         split ``decide()`` chose, on the current and a side stream (``"streams"``), or in turn with the reason
         ``why_serial`` (or ``unavailable()``'s).  ``prefill_first``: the launch order on two streams or an SM split
-        (None: ``PREFILL_FIRST``; measurement scripts time both, scripts/gpu_pod_coresident.py).
+        (None: ``PREFILL_FIRST``; measurement scripts time both, scripts/gpu_pod_coresident.py).  ``tail`` (an SM
+        split only): launched on the decode's stream after the decode, before the join (run_parts); in any other
+        mode it runs after both parts.
 
         Memory: the outputs (out, lse) were allocated on the current stream before the fork, the inputs
         are the caller's, used as if on the current stream; the current stream waits for every stream it
@@ -234,6 +255,8 @@ class Streams:
             why = f"overlap={self.overlap!r}: no split chosen for these parts (decide() was not called)"
         if why is not None:
             prefill(), decode()
+            if tail is not None:
+                tail()
             self.mode, self.reason, self.sms = "serial", why, None
             return
         cur = torch.cuda.current_stream(self.device)
@@ -246,15 +269,23 @@ class Streams:
             sp.wait_event(fork)
             sd.wait_event(fork)
             first = PREFILL_FIRST if prefill_first is None else bool(prefill_first)
+            queued = []
             try:
                 for stream, part in ((sp, prefill), (sd, decode))[::1 if first else -1]:
                     with torch.cuda.stream(stream):
                         part()
-            finally:  # join, even when a launch raised: nothing forked dangles
-                join_p.record(sp)
-                join_d.record(sd)
-                cur.wait_event(join_p)
-                cur.wait_event(join_d)
+                    queued.append(part)
+            finally:
+                try:  # the tail once the prefill's first launch is queued, even when the decode raised: it
+                    # finishes the prefill's shared work (and so resets what the two launches share)
+                    if tail is not None and prefill in queued:
+                        with torch.cuda.stream(sd):
+                            tail()
+                finally:  # join, even when a launch raised: nothing forked dangles
+                    join_p.record(sp)
+                    join_d.record(sd)
+                    cur.wait_event(join_p)
+                    cur.wait_event(join_d)
             self.mode, self.reason, self.sms = "sm_split", None, (n_p, n_d)
             return
         side = self.side(cur)
@@ -272,6 +303,8 @@ class Streams:
                 prefill()
         finally:
             cur.wait_stream(side)  # join, even when a launch raised: nothing of the side stream dangles
+        if tail is not None:
+            tail()
         self.mode, self.reason, self.sms = "streams", None, None
 
 

@@ -277,6 +277,26 @@ class CudaFa2Backend(Backend):
             return pod.run_pod(plan, args)
         binding.launch(plan, args)
 
+    def split_launches(self, plan, sms: int, tail_sms: int):
+        """prefill90 without a merge, not in CUDA-graph mode: two launches sharing the units through the plan's
+        counters (Fa2Params.sched_*).  The persistent grid: ``sms`` x the CTAs per SM, starting with units 0.., then
+        a tail of ``tail_sms`` x as many, each taking units left until none is.  The one-unit grid: a CTA per unit,
+        then two waves of ``tail_sms``; every CTA of either takes the next unit not yet taken, if any."""
+        from attncore.backends.cuda_fa2 import binding
+
+        if (not isinstance(plan, Fa2Plan) or plan.lib.key.config != "prefill90" or plan.needs_merge
+                or plan.graph is not None or plan.work_grid <= 0):
+            return None
+        per_sm = plan.lib.ctas_per_sm
+        if plan.lib.persistent:
+            base, tail = sms * per_sm, tail_sms * per_sm
+        else:
+            base, tail = plan.work_grid * plan.problem.num_kv_heads, 2 * tail_sms * per_sm
+        if base <= 0 or tail <= 0:
+            return None
+        return (lambda args: binding.launch(plan, args, shared=(base, base + tail, 0)),
+                lambda args: binding.launch(plan, args, shared=(base, base + tail, 1)))
+
     def relaunch(self, plan: Fa2Plan, args):
         from attncore.backends.cuda_fa2 import binding
 

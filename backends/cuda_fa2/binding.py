@@ -43,6 +43,7 @@ class Fa2Params(ctypes.Structure):
         ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
         ("k_row_unit", _i32), ("k_row_sp", _i32), ("k_row_sn", _i32),
         ("v_row_unit", _i32), ("v_row_sp", _i32), ("v_row_sn", _i32),
+        ("sched_base", _i32), ("sched_ctas", _i32), ("sched_steal", _i32),
     ]
 
 
@@ -83,6 +84,7 @@ class Fa2Library:
                     "fa2_info")
         self.cta_q, self.kv_tile, self.threads, self.smem, self.head_dim, self.ctas_per_sm, self.num_sms = \
             info[0], info[1], info[2], info[3], info[4], max(1, info[5]), max(1, info[6])
+        self.persistent = bool(info[7])  # prefill90's persistent grid (CudaFa2Backend.split_launches sizes by it)
 
     def _check(self, err: int, what: str) -> None:
         if err != 0:
@@ -330,11 +332,16 @@ def relaunch(plan, args):
     return go
 
 
-def launch(plan, args) -> None:
-    """Launch a plan (plan.Fa2Plan) on ``RunArgs``: the main kernel, then the merge of split partials."""
+def launch(plan, args, shared: Optional[Tuple[int, int, int]] = None) -> None:
+    """Launch a plan (plan.Fa2Plan) on ``RunArgs``: the main kernel, then the merge of split partials.  ``shared``:
+    (sched_base, sched_ctas, sched_steal) of prefill90's grid sharing its units with a second launch
+    (Fa2Params.sched_*; CudaFa2Backend.split_launches: a plan without a merge)."""
     p, mp = build_params(plan, args)
     if p is None:
         return
+    if shared is not None:
+        p = Fa2Params.from_buffer_copy(p)  # (the struct is kept per signature: leave it as it was)
+        p.sched_base, p.sched_ctas, p.sched_steal = shared
     stream = current.stream(plan.device.index)
     plan.lib.run(p, stream)
     if mp is not None:

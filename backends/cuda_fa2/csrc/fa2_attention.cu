@@ -18,7 +18,8 @@
 //   fa2_run_pod(p0, p1, order, n, cudaStream_t)    pod90 only: grid (n, Hkv), order[n] (fa2_sm90_pod_kernel)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (num_rows, Hq)
 //   (CUDA-graph mode: both grids are capacities, the live counts are read on the device)
-//   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM (0 without a GPU), 0, 0
+//   fa2_info(int* out8)   CTA_Q, KVT, threads, smem bytes, D, max CTAs per SM, SMs (0, 0 without a GPU),
+//                         persistent grid (1: prefill90's Cfg90::PERSIST, whose counters a second launch may share)
 //   fa2_params_size(), fa2_merge_params_size()     ABI guards for the ctypes mirror: sizeof, and
 //   fa2_params_offsets(int*, cap), fa2_params_fields()   every field's offset and name (attncore/abi.h;
 //   (likewise fa2_merge_params_*)                         binding.py checks them field by field)
@@ -214,7 +215,7 @@ FA2_EXPORT int fa2_info(int* out, int dev) {
   out[4] = D;
   out[5] = 0;
   out[6] = 0;
-  out[7] = 0;
+  out[7] = kPersist ? 1 : 0;
   if (dev >= 0) {
     DeviceScope scope(dev);
     if (scope.err) return scope.err;
@@ -254,10 +255,15 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   if (e) return e;
   if (p->num_work <= 0) return 0;
   // kPersist: one CTA per resident slot, each running units (item, kv head) in turn (CUDA-graph mode: num_work is
-  // the capacity, the kernel reads the live count)
+  // the capacity, the kernel reads the live count).  Units shared with a second launch (sched_ctas, prefill90
+  // only): the first has sched_base CTAs, the second the rest.
   const int64_t units = (int64_t)p->num_work * p->num_kv_heads;
-  dim3 grid = kPersist ? dim3((unsigned)(units < g_resident[p->device] ? units : g_resident[p->device]), 1)
-                       : dim3(p->num_work, p->num_kv_heads);
+  const int64_t ctas = !p->sched_ctas ? (kPersist ? (units < g_resident[p->device] ? units : g_resident[p->device])
+                                                  : units)
+                                      : (p->sched_steal ? p->sched_ctas - p->sched_base : p->sched_base);
+  if (p->sched_ctas && (FA2_CONFIG != 3 || p->sched_base <= 0 || ctas <= 0))
+    return (int)cudaErrorInvalidValue;
+  dim3 grid = kPersist || p->sched_ctas ? dim3((unsigned)ctas, 1) : dim3(p->num_work, p->num_kv_heads);
   kernel<<<grid, kThreads, kSmem, stream>>>(*p);
   return (int)cudaGetLastError();
 }

@@ -80,7 +80,15 @@
   F(int32_t, k_row_sn)                                                                                    \
   F(int32_t, v_row_unit)                                                                                  \
   F(int32_t, v_row_sp)                                                                                    \
-  F(int32_t, v_row_sn)
+  F(int32_t, v_row_sn)                                                                                    \
+  /* prefill90 sharing its units with a second launch (POD's SM split: the prefill's units left when the     \
+     decode is done taken over on the decode's SMs).  sched_ctas 0: a launch of its own.  Else the two       \
+     launches have sched_ctas CTAs in all, the first sched_base of them.  The persistent grid's first launch  \
+     starts with units 0 .. sched_base - 1, its second (sched_steal 1) takes every unit from the counters;   \
+     the one-unit grid takes every CTA's unit from the counters in both. */                              \
+  F(int32_t, sched_base)                                                                                  \
+  F(int32_t, sched_ctas)                                                                                  \
+  F(int32_t, sched_steal)
 
 #define FA2_MERGE_PARAMS_FIELDS(F)                                                                        \
   F(const float*, o_part)        /* [part_rows, Hq, D] */                                                 \

@@ -102,17 +102,22 @@ struct Cfg90 {
 __device__ __forceinline__ unsigned live_items(const Fa2Params& p) {
   return (unsigned)(p.work_count != nullptr ? __ldg(p.work_count) : p.num_work);
 }
-// PERSIST, one thread per CTA once it has no unit left: the last CTA of the launch zeroes the counters for the next
-// (every CTA has taken its last unit by then)
+// PERSIST: the units handed out before the counter's (the first round: one per CTA of the first launch), and the
+// CTAs sharing the counters (Fa2Params.sched_ctas: a second launch takes over leftover units)
+__device__ __forceinline__ unsigned sched_first(const Fa2Params& p) {
+  return p.sched_ctas ? (unsigned)p.sched_base : gridDim.x;
+}
+// PERSIST, one thread per CTA once it has no unit left: the last CTA of the launch(es) zeroes the counters for the
+// next (every CTA has taken its last unit by then)
 __device__ __forceinline__ void sched_done(const Fa2Params& p) {
-  if (atomicAdd(p.sched + 1, 1) == (int)gridDim.x - 1) {
+  if (atomicAdd(p.sched + 1, 1) == (p.sched_ctas ? p.sched_ctas : (int)gridDim.x) - 1) {
     atomicExch(p.sched, 0);
     atomicExch(p.sched + 1, 0);
   }
 }
 
-// One CTA of work item `item` of `p` (blockIdx.y: the kv head): the whole kernel body, so that the POD kernel
-// below can run the items of two params structs (two loop variants) in one grid.
+// One CTA of work item `item` of `p` (kv head `kvh0`; PERSIST: unit `item`, its kv head item / items): the whole
+// kernel body, so that the POD kernel below can run the items of two params structs (two loop variants) in one grid.
 // KVSPLIT (the POD kernel's decode part: warp-specialized, plain loop, two consumer warpgroups): an item whose
 // rows all lie in the first 64 (a decode request's G rows) is computed by both consumer warpgroups on those same
 // rows, each on every other K/V tile, and the two partial softmax states are merged through shared memory at the
@@ -120,7 +125,7 @@ __device__ __forceinline__ void sched_done(const Fa2Params& p) {
 // K/V tile of a bandwidth-bound item, so that it can draw more than its SM's share of the read bandwidth while
 // prefill tiles compute on the other SMs.
 template <typename Cfg, typename T, int MASK, bool KVSPLIT = false>
-__device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item) {
+__device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item, const int kvh0) {
   constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
@@ -144,10 +149,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #endif
   const int G = p.group;
 
-  // The work unit: item `item` of kv head blockIdx.y.  PERSIST: unit `item` first, then each unit take() moves
-  // the CTA on to (Cfg90::PERSIST).
+  // The work unit: item `item` of kv head kvh0.  PERSIST: unit `item` first, then each unit take() moves the CTA on
+  // to (Cfg90::PERSIST).
   const unsigned items = Cfg::PERSIST ? live_items(p) : 0u, units = items * p.num_kv_heads;
-  int kvh = Cfg::PERSIST ? (int)(item / items) : (int)blockIdx.y;
+  int kvh = Cfg::PERSIST ? (int)(item / items) : kvh0;
   WorkItem<CTA_Q, KVT, MASK> w(p, Cfg::PERSIST ? item % items : item, G, -1);  // no sliding window here
   const int &req = w.req, &row0 = w.row0, &slot = w.slot, &qo_start = w.qo_start;
   const int &delta = w.delta, &rows_here = w.rows_here, &tok_lo = w.tok_lo;
@@ -566,7 +571,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         const int sl = j & 1;
         if (tid == 0) {
           if (j >= 2) mbar_wait(unit_empty + 8 * sl, ((j >> 1) - 1) & 1);
-          const unsigned nu = gridDim.x + (unsigned)atomicAdd(p.sched, 1);
+          const unsigned nu = sched_first(p) + (unsigned)atomicAdd(p.sched, 1);
           if (nu >= units) sched_done(p);
           publish(sl, nu);
           mbar_arrive(unit_full + 8 * sl);  // (release: the slot's stores before it)
@@ -755,16 +760,35 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 template <typename Cfg, typename T, int MASK>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Counters shared with a second launch (Fa2Params.sched_*): the persistent grid's second launch takes its first
+  // unit from them too; the one-unit grid takes every CTA's unit u (item u % num_work of kv head u / num_work) from
+  // them, in both launches, and each CTA is done with the counters once it has taken one
+  unsigned first = blockIdx.x;
+  int kvh = blockIdx.y;
+  if (p.sched_ctas && (p.sched_steal || !Cfg::PERSIST)) {
+    __shared__ unsigned taken;
+    if (threadIdx.x == 0) {
+      taken = (Cfg::PERSIST ? sched_first(p) : 0u) + (unsigned)atomicAdd(p.sched, 1);
+      if (!Cfg::PERSIST) sched_done(p);
+    }
+    __syncthreads();
+    first = taken;
+    if constexpr (!Cfg::PERSIST) {
+      if (first >= (unsigned)(p.num_work * p.num_kv_heads)) return;
+      kvh = (int)(first / (unsigned)p.num_work);
+      first %= (unsigned)p.num_work;
+    }
+  }
   // CUDA-graph mode: a capacity grid; CTAs without work leave before any barrier or copy
   if constexpr (Cfg::PERSIST) {
-    if (blockIdx.x >= live_items(p) * p.num_kv_heads) {  // (a capacity grid: CTAs past the live units)
+    if (first >= live_items(p) * p.num_kv_heads) {  // (a capacity grid: CTAs past the live units; none left)
       if (threadIdx.x == 0) sched_done(p);
       return;
     }
   } else if (past_work_count(p)) {
     return;
   }
-  sm90_cta<Cfg, T, MASK>(p, blockIdx.x);
+  sm90_cta<Cfg, T, MASK>(p, first, kvh);
 #else
   __trap();  // built for another target than sm_90a
 #endif
@@ -785,9 +809,9 @@ __global__ void __launch_bounds__(CfgP::NTHREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int e = __ldg(order + blockIdx.x);
   if (e >= 0) {
-    sm90_cta<CfgP, T, MASKP>(p0, (unsigned)e);
+    sm90_cta<CfgP, T, MASKP>(p0, (unsigned)e, blockIdx.y);
   } else {
-    sm90_cta<CfgD, T, kMaskCausal, true>(p1, (unsigned)~e);
+    sm90_cta<CfgD, T, kMaskCausal, true>(p1, (unsigned)~e, blockIdx.y);
   }
 #else
   __trap();
