@@ -288,6 +288,8 @@ def test_explain_says_how_auto_runs_a_pod_of_these_sizes(capsys, sizes, cc, sms,
     main(POD_ARGS + ["--cc", cc, "--pod-sizes", sizes, "--sms", sms])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"pod sizes: prefill {sizes.split(',')[0]} x") and want in last, last
+    tail = "the prefill's work left when the decode ends then moves to the decode's SMs"
+    assert (tail in last) == ("'auto': SM split" in want), last  # (the split's tail: streams.SPLIT_TAIL)
 
 
 @pytest.mark.parametrize("extra,err", [

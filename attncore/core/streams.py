@@ -130,8 +130,10 @@ def describe_split(flops: float, nbytes: float, sms: int, compute_capability) ->
                 f"({c.reason})")
     if c.prefill_sms is None or not c.worth:
         return f"overlap='auto': serial ({c.reason})"
+    tail = ("; the prefill's work left when the decode ends then moves to the decode's SMs where its backend "
+            "splits its launch (Backend.split_launches: cuda_fa2's prefill90)") if SPLIT_TAIL else ""
     return (f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} "
-            f"({c.reason})")
+            f"({c.reason}){tail}")
 
 
 class Streams:
