@@ -150,11 +150,11 @@ def test_compile_check_sm90a_prefill_and_selftest():
           specs.Fa2Key("prefill90", "fp16", "same", 256, "none", pipe=True, ws=True).spec(), specs.selftest_spec()]
     res = jit.compile_check(sp, archs=("90",), jobs=2, ptxas_verbose=True)
     assert all("compute_90a,code=sm_90a" in " ".join(jit._flags(s, "90")) for s in sp)
-    # no wgmma serialization (ptxas C7514 / C7515) and no local memory, but for the persistent grids: the plain loop at
-    # d128 (the third; its producer keeps one value for the Q copy of each unit, stored once per unit, and one in its
+    # no wgmma serialization (ptxas C7514 / C7515) and no local memory, but for the persistent plain loop at d128 (the
+    # third; its producer keeps one value for the Q copy of each unit, stored once per unit, and one in its
     # contiguous-K/V copies, which it runs only where the pipelined loop is turned off: 8 bytes, none in the paged
-    # loop) and the pipelined loop at d64 (the fourth; the unit state in both roles, test_cuda_sources.KNOWN_SPILLS)
-    allowed = {2: 8, 3: 64}
+    # loop).  (The persistent pipelined loop at d64, the fourth, spilled 64 bytes until session 30's Cfg90::UWG.)
+    allowed = {2: 8}
     for i, r in enumerate(res[:6]):
         spill = max(int(n) for n in re.findall(r"(\d+) bytes spill stores", r.log))
         assert spill <= allowed.get(i, 0) and "C751" not in r.log and "C7508" not in r.log, r.log

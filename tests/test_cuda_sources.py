@@ -117,12 +117,11 @@ KNOWN_SPILLS = {
     "cuda_fa2_prefill_bf16_d128_causal_sm90": (52, 52),
     "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm80": (8, 8),
     "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm90": (4, 4),
-    "cuda_fa2_prefill90_bf16_d128_causal_ws_sm90": (8, 24),
-    "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws_sm90": (8, 24),
-    # the persistent pipelined loop at d64 (session 28): the unit state across units, in both roles (14 / 16 spill
-    # instructions in the consumers / the producer); measured faster than the one-unit grid without spills
-    "cuda_fa2_prefill90_fp16_d64_none_pipe_ws_sm90": (64, 84),
-    "cuda_fa2_pod90_bf16_d128_causal_pipe_ws_sm90": (16, 48),  # the two loops' producer paths, 8 / 24 each
+    "cuda_fa2_prefill90_bf16_d128_causal_ws_sm90": (8, 8),
+    "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws_sm90": (8, 8),
+    # (the persistent pipelined loop at d64 spilled 64 / 84 bytes from session 28 until its warpgroup index was
+    # made warp-uniform, Cfg90::UWG, session 30: none since)
+    "cuda_fa2_pod90_bf16_d128_causal_pipe_ws_sm90": (16, 20),  # the two loops' producer paths
 }
 
 
