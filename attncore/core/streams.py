@@ -22,7 +22,7 @@ PREFILL_FIRST = True  # the launch order on two streams or an SM split (Streams.
 # taken over on the decode's SMs, where the prefill's backend can share its work between two launches.  H200
 # (2026-11-29, BENCHMARKS.md 2z, same run, with / without): PD2 0.381 / 0.396 ms, PD1 0.308 / 0.314, prefill 2k +
 # 32 x 4k 0.193 / 0.190 (the decode the longer part: the tail's launch costs); a split that starves the prefill
-# loses 10-30% less.
+# loses 10-32% less.
 SPLIT_TAIL = True
 # Why overlap="auto" never picks "streams": measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16
 # 32/8 heads d128 page 16), streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median
