@@ -172,6 +172,40 @@ def test_prefill90_serves_d256_pod90_does_not_cpu():
         specs.Fa2Key("pod90", "bf16", "same", 256, "causal", ws=True).spec()
 
 
+@pytest.mark.parametrize("persistent, config, merge, graph, want", [
+    (True, "prefill90", 0, None, (40, 40 + 92)),  # the persistent grid: a CTA per SM of each share
+    (False, "prefill90", 0, None, (64 * 8, 64 * 8 + 2 * 92)),  # the one-unit grid: every unit, then two waves
+    (True, "prefill90", 3, None, None),  # a merge would run before the tail is done
+    (True, "prefill90", 0, object(), None),  # CUDA-graph mode
+    (False, "prefill", 0, None, None),  # the sm80 kernels take no shared units
+])
+def test_split_launches_share_the_units_of_prefill90_only_cpu(monkeypatch, persistent, config, merge, graph, want):
+    """CudaFa2Backend.split_launches: the first launch and the tail carry (sched_base, sched_ctas, 0 / 1), sized by
+    the grid kind; None where the two launches cannot share a run (the GPU test: test_pod_streams.py)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from attncore.backends.cuda_fa2 import binding
+    from attncore.backends.cuda_fa2.plan import Fa2Plan
+
+    names = [f.name for f in dataclasses.fields(Fa2Plan) if f.default is dataclasses.MISSING
+             and f.default_factory is dataclasses.MISSING]
+    plan = Fa2Plan(**dict.fromkeys(names))
+    lib = SimpleNamespace(persistent=persistent, ctas_per_sm=1, key=SimpleNamespace(config=config))
+    plan.lib, plan.merge_grid, plan.graph, plan.work_grid = lib, merge, graph, 64
+    plan.problem = SimpleNamespace(num_kv_heads=8)
+    pair = CudaFa2Backend().split_launches(plan, 40, 92)
+    if want is None:
+        assert pair is None
+        return
+    launched = []
+    monkeypatch.setattr(binding, "launch", lambda pl, args, shared=None: launched.append((pl, args, shared)))
+    first, tail = pair
+    tail("args")
+    first("args")
+    assert launched == [(plan, "args", want + (1,)), (plan, "args", want + (0,))]
+
+
 def test_priority_ranks_prefill90_against_triton_as_measured():
     from attncore.backends.triton.backend import TritonBackend
 
