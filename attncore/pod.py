@@ -130,14 +130,10 @@ def _choose_fused(op: str, pp, pd, requested: str) -> tuple:
     return problem, backend, _ranking.rule_rank(backend, problem), None
 
 
-def _fp8(args: RunArgs) -> bool:
-    return args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
-
-
 def _ready(planned, args: RunArgs) -> None:
     """Plan the run-time variant ``planned.run(args)`` will use now, on the current stream: a lazy plan
     (LSE, sinks, fp8 scales not planned) uploads its tables, which must not happen on the side stream."""
-    planned.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=_fp8(args))
+    planned.serving(args)
 
 
 def _paged_args(wrapper, q_d, cache, q_scale, k_scale, v_scale, return_lse) -> RunArgs:
@@ -352,7 +348,7 @@ class PODWithPagedKVCacheWrapper(_Modes):
     def _run_parts(self, planned, planned_p, args_p: RunArgs, args_d: RunArgs):
         """Run both parts, checked: fused where the fuser plans it, else composed as ``overlap`` says."""
         fused = self._fuser.plan("pod", _variant(planned_p.problem, args_p.lse is not None, False), planned_p.meta,
-                                 _variant(planned.problem, args_d.lse is not None, _fp8(args_d)), planned.meta)
+                                 _variant(planned.problem, args_d.lse is not None, args_d.fp8_scales), planned.meta)
         if fused is not None:
             fused[0].run(fused[1], PODRunArgs(prefill=args_p, decode=args_d))
             self._streams.mode, self._streams.reason = "fused", None

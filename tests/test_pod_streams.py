@@ -295,6 +295,19 @@ def _pd(prefill=1024, batch=32, kv=2048, seed=3):
     return indptr, indices, last, cache, qp, kp, vp, qd
 
 
+def _bpd(seed):
+    """BatchPOD's inputs beside _pd's decode batch: two paged prefills (1024 and 300 rows, their own cache).
+    ((the plan's index tables), (the run's q and caches))."""
+    dev, dtype = "cuda", torch.bfloat16
+    torch.manual_seed(seed)
+    ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
+    idd, xd, ld, cd = _paged([2048] * 30 + [0, 1], 16, 8, 128, dtype, device=dev)
+    qo_p = torch.tensor([0, 1024, 1324], dtype=torch.int32, device=dev)
+    qo_d = torch.arange(33, dtype=torch.int32, device=dev)
+    qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype, device=dev)
+    return (qo_p, ip, xp, lp, qo_d, idd, xd, ld), (qp, cp, qd, cd)
+
+
 def _flat(res):
     out = []
     for r in res:
@@ -399,18 +412,12 @@ def test_split_tail_takes_over_the_prefills_units_gpu(batch_pod, prefill_sms, mo
     dev, dtype = "cuda", torch.bfloat16
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     if batch_pod:
-        torch.manual_seed(6)
-        ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
-        idd, xd, ld, cd = _paged([2048] * 30 + [0, 1], 16, 8, 128, dtype, device=dev)
-        qo_p = torch.tensor([0, 1024, 1324], dtype=torch.int32, device=dev)
-        qo_d = torch.arange(33, dtype=torch.int32, device=dev)
-        qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype,
-                                                                                 device=dev)
+        tables, inputs = _bpd(seed=6)
 
         def make(ov):
             w = attncore.BatchPODWithPagedKVCacheWrapper(ws, "NHD", fuse=False, overlap=ov)
-            w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, 32, 8, 128, 16, q_data_type=dtype)
-            return w, lambda: w.run(qp, cp, qd, cd, causal_p=True, return_lse=True)
+            w.plan(*tables, 32, 8, 128, 16, q_data_type=dtype)
+            return w, lambda: w.run(*inputs, causal_p=True, return_lse=True)
     else:
         indptr, indices, last, cache, qp, kp, vp, qd = _pd(seed=6)
 
@@ -443,19 +450,13 @@ def test_batch_pod_streams_equal_serial_bitwise_gpu(lse, mode, monkeypatch):
     from attncore.backends.xqa import backend as xqa_backend
 
     monkeypatch.setattr(xqa_backend, "SHARE_SPLITS", False)  # the whole GPU's split count: the same bits
-    dev, dtype = "cuda", torch.bfloat16
-    torch.manual_seed(4)
-    ip, xp, lp, cp = _paged([1024, 300], 16, 8, 128, dtype, device=dev)
-    idd, xd, ld, cd = _paged([2048] * 30 + [0, 1], 16, 8, 128, dtype, device=dev)
-    qo_p = torch.tensor([0, 1024, 1324], dtype=torch.int32, device=dev)
-    qo_d = torch.arange(33, dtype=torch.int32, device=dev)
-    qp, qd = torch.randn(1324, 32, 128, dtype=dtype, device=dev), torch.randn(32, 32, 128, dtype=dtype, device=dev)
+    tables, inputs = _bpd(seed=4)
     res = {}
     for ov in (mode, "serial"):
-        w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
+        w = attncore.BatchPODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
                                                      fuse=False, overlap=ov)
-        w.plan(qo_p, ip, xp, lp, qo_d, idd, xd, ld, 32, 8, 128, 16, q_data_type=dtype)
-        res[ov] = w.run(qp, cp, qd, cd, causal_p=True, return_lse=lse)
+        w.plan(*tables, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+        res[ov] = w.run(*inputs, causal_p=True, return_lse=lse)
         assert w.mode == ov, w.overlap_reason
         assert (w._split is not None) == (ov == mode)
     torch.cuda.synchronize()

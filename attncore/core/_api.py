@@ -222,13 +222,17 @@ class Planned:
     q_fold: Optional[torch.Tensor] = None  # per-head q/k scales folded into q (attncore.core.head_scales)
     o_heads: Optional[torch.Tensor] = None  # per-head v scales applied to the output (attncore.core.head_scales)
 
+    def serving(self, args: RunArgs) -> Tuple[Backend, object]:
+        """The variant (backend, plan) that serves ``args``: the features this run asks for (an LSE, sinks, fp8
+        scales)."""
+        return self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=args.fp8_scales)
+
     def relaunch(self, args: RunArgs):
         """The backend's ``relaunch`` of the variant that serves ``args`` (Backend.relaunch), or None: also where
         this plan adds work around the launch (an fp8 q's upcast, per-head scales)."""
         if self.q_upcast is not None or self.o_heads is not None or args.spec_mask is not None:
             return None
-        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
-        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        b, plan = self.serving(args)
         return b.relaunch(plan, args)
 
     def split_runs(self, args: RunArgs, sms: int, tail_sms: int) -> Optional[tuple]:
@@ -237,8 +241,7 @@ class Planned:
         such pair or this plan adds work around its launch (an fp8 q's upcast, per-head scales; CUDA-graph mode)."""
         if self.graph or self.q_upcast is not None or self.o_heads is not None:
             return None
-        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
-        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        b, plan = self.serving(args)
         pair = b.split_launches(plan, sms, tail_sms)
         if pair is None:
             return None
@@ -251,8 +254,7 @@ class Planned:
         plans)."""
         if self.q_upcast is not None:
             args = _fp8_upcast(self.q_upcast, args, self.q_fold)
-        fp8 = args.q_scale != 1.0 or args.k_scale != 1.0 or args.v_scale != 1.0 or args.o_scale != 1.0
-        b, plan = self.variant(return_lse=args.lse is not None, sinks=args.sinks is not None, fp8_scales=fp8)
+        b, plan = self.serving(args)
         if sms is not None and not self.graph:
             k = (id(plan), sms)
             if k not in self._on_sms:

@@ -429,6 +429,10 @@ class RunArgs:
     spec_mask: Optional[torch.Tensor] = None
     enable_pdl: bool = False
 
+    @property
+    def fp8_scales(self) -> bool:
+        """Whether a scale is not 1 (the problem's ``fp8_scales`` feature serves this run)."""
+        return self.q_scale != 1.0 or self.k_scale != 1.0 or self.v_scale != 1.0 or self.o_scale != 1.0
 
 
 def cuda_device(device, who: str) -> torch.device:
