@@ -27,6 +27,9 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
+#ifndef FA2_H_MAXTREE
+#define FA2_H_MAXTREE 1  // (session 30 A/B switch, not GPU-measured: 0 = one max chain per row, as before)
+#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -113,6 +116,20 @@ __device__ __forceinline__ void sched_done(const Fa2Params& p) {
   if (atomicAdd(p.sched + 1, 1) == (p.sched_ctas ? p.sched_ctas : (int)gridDim.x) - 1) {
     atomicExch(p.sched, 0);
     atomicExch(p.sched + 1, 0);
+  }
+}
+
+// a[0] = max(a[0 .. N-1]) and b[0] likewise, as trees of depth ceil(log2 N), the two side by side
+template <int N, int M>
+__device__ __forceinline__ void max_fold(float (&a)[M], float (&b)[M]) {
+  if constexpr (N > 1) {
+    constexpr int H = (N + 1) / 2;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      a[j] = fmaxf(a[j], a[j + H]);
+      b[j] = fmaxf(b[j], b[j + H]);
+    }
+    max_fold<H>(a, b);
   }
 }
 
@@ -257,12 +274,29 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         }
     }
     moved = false;
+    // the two rows' maxima as trees (depth log2(KVT / 4) + 1, both rows side by side), not one chain of KVT / 4
+    // dependent max per row: the chain's latency sat in front of every exp2 (max is exact: the same bits)
+    float mx2[2];
+    if constexpr (FA2_H_MAXTREE) {
+      float v[2][KVT / 8];
+#pragma unroll
+      for (int j = 0; j < KVT / 8; ++j)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) v[h2][j] = fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]);
+      max_fold<KVT / 8>(v[0], v[1]);
+      mx2[0] = ac::quad_max(v[0][0]);
+      mx2[1] = ac::quad_max(v[1][0]);
+    }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       float mx = kNegInf;
+      if constexpr (FA2_H_MAXTREE) {
+        mx = mx2[h2];
+      } else {
 #pragma unroll
-      for (int j = 0; j < KVT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]));
-      mx = ac::quad_max(mx);
+        for (int j = 0; j < KVT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]));
+        mx = ac::quad_max(mx);
+      }
       const float mnew = fmaxf(m[h2], mx * sc);
       const float mu = mnew == kNegInf ? 0.f : mnew;
       alpha[h2] = ac::ex2(m[h2] - mu);
