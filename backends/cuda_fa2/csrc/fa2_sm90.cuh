@@ -27,9 +27,6 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
-#ifndef FA2_H_MAXTREE
-#define FA2_H_MAXTREE 1  // (session 30 A/B switch, not GPU-measured: 0 = one max chain per row, as before)
-#endif
 namespace fa2 {
 namespace sm90 {
 
@@ -277,7 +274,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     // the two rows' maxima as trees (depth log2(KVT / 4) + 1, both rows side by side), not one chain of KVT / 4
     // dependent max per row: the chain's latency sat in front of every exp2 (max is exact: the same bits)
     float mx2[2];
-    if constexpr (FA2_H_MAXTREE) {
+    {
       float v[2][KVT / 8];
 #pragma unroll
       for (int j = 0; j < KVT / 8; ++j)
@@ -289,14 +286,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      float mx = kNegInf;
-      if constexpr (FA2_H_MAXTREE) {
-        mx = mx2[h2];
-      } else {
-#pragma unroll
-        for (int j = 0; j < KVT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h2], s[j * 4 + 2 * h2 + 1]));
-        mx = ac::quad_max(mx);
-      }
+      const float mx = mx2[h2];
       const float mnew = fmaxf(m[h2], mx * sc);
       const float mu = mnew == kNegInf ? 0.f : mnew;
       alpha[h2] = ac::ex2(m[h2] - mu);
