@@ -401,6 +401,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     reg_fence<NS>(s);
     if (nx == n_tiles - 1) release_q();  // the unit's last S has run
     FA2_TR(base + nx, 2);
+    // (ptxas 13.0 schedules this wait, and the stage's release after it, before the softmax: the stage goes back to the
+    // producer a softmax earlier.  Kept to the source order by a clock read, the softmax overlaps this P V but P2 d64
+    // took 8% longer: bench/cuda_fa2.md, session 31)
     softmax(nx);
     FA2_TR(base + nx, 3);
     wg_wait<0>();

@@ -7,6 +7,9 @@
 // to a __device__ buffer that fa2_trace_dump() copies to the host (fa2_attention.cu);
 // backends/cuda_fa2/scripts/sm90_trace.py builds, runs and summarises it.  One SM's clock64 is
 // consistent across its warps, so within a CTA the phases of the three roles compare directly.
+// ptxas keeps instructions on their side of a clock read (seen in the SASS), so the traced build keeps the source
+// order where the shipped one does not: in the pipelined loop ptxas hoists the P V wait and the stage's release above
+// the softmax (bench/cuda_fa2.md, session 31), which the traced build's phases 3 / 5 do not show.
 //
 // Tiles are counted per CTA: a persistent CTA (Cfg90::PERSIST) stamps its units' tiles one after the other, the
 // first tile of each unit in the pipelined loop without phases 7 / 6 (its S runs alone).
