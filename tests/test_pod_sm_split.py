@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attncore.core import green, streams
+from attncore.core import problem as problem_mod
 from attncore.core.problem import AttentionProblem
 from attncore.core.streams import SplitChoice, choose_split, part_work
 
@@ -47,7 +48,7 @@ def test_part_work_counts_visible_pairs_and_bytes():
 def test_split_where_the_h100_sweep_gained(qo, batch, kv, want):
     c = choose_split(*work(qo, batch, kv), H100_SMS)
     assert isinstance(c, SplitChoice) and c.worth and c.prefill_sms == want, c
-    assert c.split_s <= streams.SPLIT_MARGIN * c.serial_s
+    assert c.split_s <= streams.SPLIT_MARGINS["default"] * c.serial_s
     assert f"prefill on {want} of 132 SMs" in c.reason
 
 
@@ -86,7 +87,23 @@ def _fake_h100(monkeypatch):
 def h100(monkeypatch):
     monkeypatch.setattr(green, "unavailable", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(problem_mod, "gpu_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     _fake_h100(monkeypatch)
+
+
+@pytest.mark.parametrize("gpu, sizes, splits", [
+    ("NVIDIA H100 80GB HBM3", (2048, 32, 16384), False),  # model 0.904 of serial: the H100 sweep lost here
+    ("NVIDIA H200", (2048, 32, 16384), True),  # ... the H200's, with the split's tail, gained 1.045x
+    ("NVIDIA H200", (2048, 128, 4096), True),  # 0.904: 1.051x
+    ("NVIDIA H200", (512, 8, 4096), False),  # 0.931: the split measured 1.7x slower
+    ("NVIDIA GH200 480GB", (2048, 32, 16384), False)])  # a model word: GH200 takes the default margin
+def test_split_margin_follows_the_gpu_model(h100, monkeypatch, gpu, sizes, splits):
+    monkeypatch.setattr(problem_mod, "gpu_name", lambda device=None: gpu)
+    mp, md = _metas(*sizes)
+    why = streams.Streams("auto", torch.device("cuda", 0)).decide(PREFILL, mp, DECODE, md)
+    assert (why is None) == splits, why
+    if not splits:
+        assert f"under {1 - streams.split_margin():.0%} saved" in why
 
 
 def test_decide_splits_gaining_pairs_and_keeps_the_choice(h100):

@@ -190,17 +190,19 @@ def _pod_split_line(a, problem) -> str:
     qo, kv, batch, kv_d = _pod_sizes(a)
     pp, pd = pod_parts(problem)
     flops, nbytes = streams.part_work(pp, [(qo, kv)], pd, [kv_d] * batch)
+    import torch
+
+    here = problem.device_type == "cuda" and torch.cuda.is_available()
     sms, whose = a.sms, "given"
     if sms is None:
-        import torch
-
-        if problem.device_type == "cuda" and torch.cuda.is_available():
+        if here:
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             sms, whose = props.multi_processor_count, "this GPU's"
         else:
             sms, whose = 132, "an H100's: no GPU here, --sms sets it"
+    margin = streams.split_margin() if here else streams.SPLIT_MARGINS["default"]
     return (f"pod sizes: prefill {qo} x {kv} keys, decode {batch} x {kv_d} keys, {sms} SMs ({whose}): "
-            + streams.describe_split(flops, nbytes, sms, problem.compute_capability or (0, 0)))
+            + streams.describe_split(flops, nbytes, sms, problem.compute_capability or (0, 0), margin))
 
 
 def cmd_check(a) -> int:

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import torch
 
 from attncore.core import green
+from attncore.core.problem import measured_rows
 from attncore.core.workspace import ALIGN
 
 Tensor = torch.Tensor
@@ -53,7 +54,11 @@ DECODE_BYTES_PER_SM = 3.0e12 / 132
 DECODE_FIXED_S = 10e-6
 DECODE_SATURATION = 68 / 132  # the share of the SMs below which the decode slows (as its SMs shrink)
 SPLIT_COST_S = 20e-6  # the fork, the join and each part's tail
-SPLIT_MARGIN = 0.9  # auto splits where the model says the split takes at most this share of serial
+# auto splits where the model says the split takes at most this share of serial, per GPU model (problem.measured_rows).
+# H100 (before the split's tail): 0.9, fitted above. H200 with the tail (2026-11-29, BENCHMARKS.md 2aa, the 27-point
+# sweep): the two points the model put at 0.904 (p2k + 32 x 16k, p2k + 128 x 4k) measured 1.045x and 1.051x over
+# serial; the next ones up (0.931-0.936, p512 beside 8-128 decodes) lost 1.5-2.9x, none lies between.
+SPLIT_MARGINS = {"H200": 0.92, "default": 0.9}
 SPLIT_MEASURED_ON = (9, 0)  # auto splits on the compute capability the model was fitted on
 
 
@@ -95,9 +100,15 @@ def part_work(prefill_problem, prefill_lens, decode_problem, decode_kv_lens) -> 
             decode_bytes(decode_kv_lens, d.num_kv_heads, d.head_dim_qk, d.head_dim_vo, d.kv_dtype))
 
 
-def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green.GRANULARITY) -> SplitChoice:
+def split_margin(device=None) -> float:
+    """SPLIT_MARGINS' entry for ``device``'s GPU model (None: the current CUDA device; "default" off CUDA)."""
+    return measured_rows(SPLIT_MARGINS, device)[0]
+
+
+def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green.GRANULARITY,
+                 margin: float = SPLIT_MARGINS["default"]) -> SplitChoice:
     """The SMs to give the prefill (a multiple of ``granularity``) so that the slower part ends first, by the
-    model above; ``worth`` where the split saves at least ``1 - SPLIT_MARGIN`` of the serial time."""
+    model above; ``worth`` where the split saves at least ``1 - margin`` of the serial time (``split_margin``)."""
     p_all = flops / (PREFILL_FLOPS_PER_SM * sms) + PREFILL_FIXED_S
     d_all = nbytes / (DECODE_BYTES_PER_SM * sms) + DECODE_FIXED_S
     serial = p_all + d_all
@@ -111,8 +122,8 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     t, s = best
     fig = (f"model: prefill {p_all * 1e6:.0f} us + decode {d_all * 1e6:.0f} us one after the other, "
            f"{t * 1e6:.0f} us with the prefill on {s} of {sms} SMs")
-    worth = t <= SPLIT_MARGIN * serial
-    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - SPLIT_MARGIN:.0%} saved")
+    worth = t <= margin * serial
+    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - margin:.0%} saved")
 
 
 def _fitted_elsewhere(cc) -> str:
@@ -120,10 +131,11 @@ def _fitted_elsewhere(cc) -> str:
             f"sm_{SPLIT_MEASURED_ON[0]}{SPLIT_MEASURED_ON[1]})")
 
 
-def describe_split(flops: float, nbytes: float, sms: int, compute_capability) -> str:
+def describe_split(flops: float, nbytes: float, sms: int, compute_capability,
+                   margin: float = SPLIT_MARGINS["default"]) -> str:
     """What overlap="auto" does with a POD pair of this work on a GPU of ``sms`` SMs and this compute capability,
-    and why (``attncore explain --pod-sizes``)."""
-    c = choose_split(flops, nbytes, sms)
+    and why (``attncore explain --pod-sizes``; ``margin``: ``split_margin`` of the GPU)."""
+    c = choose_split(flops, nbytes, sms, margin=margin)
     cc = tuple(compute_capability)
     if cc != SPLIT_MEASURED_ON:
         return (f"{_fitted_elsewhere(cc)}; overlap='sm_split' would put the prefill on {c.prefill_sms} of {sms} SMs "
@@ -203,7 +215,7 @@ class Streams:
         why = self.unavailable()
         if why is not None or self.overlap == "streams":
             return why
-        c = choose_split(*work(), green.sm_count(self.device))
+        c = choose_split(*work(), green.sm_count(self.device), margin=split_margin(self.device))
         if c.prefill_sms is None or (self.overlap == "auto" and not c.worth):
             return f"overlap={self.overlap!r}: serial ({c.reason})"
         self.choice, self.pair = c, green.split(self.device, c.prefill_sms)
