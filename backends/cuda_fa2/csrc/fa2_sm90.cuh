@@ -271,8 +271,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         }
     }
     moved = false;
-    // the two rows' maxima as trees (depth log2(KVT / 4) + 1, both rows side by side), not one chain of KVT / 4
-    // dependent max per row: the chain's latency sat in front of every exp2 (max is exact: the same bits)
+    // the two rows' maxima as trees (depth log2(KVT / 4), both rows side by side), not one chain of KVT / 8 dependent
+    // max per row: the chain's latency sat in front of every exp2 (max is exact: the same bits)
     float mx2[2];
     {
       float v[2][KVT / 8];
