@@ -21,6 +21,7 @@
 //                                     e4m3 comes out scaled by 2^-8 (kFp8Fold undoes it)
 //   swz_chunk<C>(r, c)                XOR swizzle of 16-byte chunk c in row r of C chunks per row
 //   quad_max / quad_sum / warp_max    reductions over the 4 lanes of an mma row (xor 1, 2) / a warp
+//   quad_transpose(a)                 a 4 x 4 transpose of 32-bit words over the 4 lanes of an mma row
 //   col_max / col_sum                 ... over the 8 lanes of an mma column pair (xor 4, 8, 16)
 //   grid_dep_wait / grid_dep_launch   programmatic dependent launch (sm_90+; no-ops before)
 #pragma once
@@ -125,6 +126,21 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
+}
+// Lanes 4i + q (q < 4) hold words a[0..3]; after, lane q holds word q of each: a[j] is lane j's former a[q].  Two
+// butterfly steps (xor 1, 2) of two shuffles each.  Every lane of the warp must take part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int s = 1; s <= 2; s <<= 1) {
+    const bool hi = (q & s) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i & s) continue;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i ^ s], s);
+      if (hi) a[i] = got; else a[i ^ s] = got;
+    }
+  }
 }
 // Lanes i, i + 4, ..., i + 28 hold the 8 rows of one accumulator column pair: xor 4, 8 and 16.
 __device__ __forceinline__ float col_max(float x) {

@@ -411,32 +411,39 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     FA2_TR(base + nx, 5);
   };
 
-  // ---- epilogue from registers
+  // ---- epilogue from registers.  16-bit out: a quad's four lanes hold 4 bytes each of every 8-column block; a 4 x 4
+  // transpose over the quad per four blocks gives each lane one whole block, stored as 16 bytes: a quarter of the stores
+  // (with one 4-byte store per pair of columns the epilogue took ~3,700 clocks per unit at d128, now ~3,000; nothing
+  // else runs on the tensor cores meanwhile: session 32's timeline)
   auto epilogue = [&]() {
     const bool final_out = slot < 0;
   #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       float L = ac::quad_sum(l[h2]);
       const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
-      if (lr >= rows_here) continue;
+      const bool live = lr < rows_here;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
       const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
       float Mu = m[h2] == kNegInf ? 0.f : m[h2];
       float lse_v = kNegInf, scale = 0.f;
       if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
         float f = 1.f;
-        if (final_out && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
+        if (final_out && live && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
         lse_v = Mu + log2f(L);
         scale = (final_out ? p.out_scale : 1.f) * f / L;
       }
       if (final_out) {
-        T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h +
-                 2 * (lane & 3);
+        T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h;
   #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-          *reinterpret_cast<uint32_t*>(dst + j * 8) =
-              ac::pack2<T>(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
-        if ((lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
-      } else {
+        for (int k = 0; k < D / 32; ++k) {
+          uint32_t w[4];
+  #pragma unroll
+          for (int i = 0; i < 4; ++i)
+            w[i] = ac::pack2<T>(o[(4 * k + i) * 4 + 2 * h2] * scale, o[(4 * k + i) * 4 + 2 * h2 + 1] * scale);
+          ac::quad_transpose(w);
+          if (live) *reinterpret_cast<uint4*>(dst + (4 * k + (lane & 3)) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        if (live && (lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
+      } else if (live) {
         float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
   #pragma unroll
         for (int j = 0; j < D / 8; ++j)
@@ -483,17 +490,31 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     }
   };
 
-  // Q tile -> smem by `threads` threads from `tid` (rows past the request are zero-filled)
-  auto copy_q = [&](int threads) {
-    for (int idx = tid; idx < CTA_Q * CPR; idx += threads) {
-      const int r = idx / CPR, c = idx % CPR;
+  // Q tile -> smem by the QTH copying threads (the producer warpgroup, or every thread without one; rows past the
+  // request zero-filled).  A thread copies chunk column tid % CPR of rows r0 + k * QRS; a step of QRS packed rows moves
+  // dt tokens and dg heads (and one token more where the head wraps past G), so the addresses advance by adds: one
+  // division by G per unit, not one per chunk.  (With a division and a 64-bit address per chunk the producer took
+  // ~6,000-8,000 clocks to issue a unit's Q at d128, on the persistent grid's critical path: session 32's timeline.)
+  constexpr int QTH = Cfg::WS ? 128 : NT, QRS = QTH / CPR;
+  static_assert(QTH % CPR == 0 && CTA_Q % QRS == 0, "Q copy shape");
+  auto copy_q = [&]() {
+    const int c = tid % CPR, r0 = tid / CPR, pr0 = row0 + r0;
+    int tok = pr0 / G, g = pr0 - tok * G;
+    const int dt = QRS / G, dg = QRS - dt * G;
+    const T* src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)(kvh * G + g) * p.q_stride_h + c * 8;
+    const int64_t step = (int64_t)dt * p.q_stride_n + (int64_t)dg * p.q_stride_h;
+    const int64_t wrap = p.q_stride_n - (int64_t)G * p.q_stride_h;
+    // (a loop: unrolled, ptxas held every row's address and spilled in the producer's 56 registers, for no gain)
+#pragma unroll 1
+    for (int r = r0; r < CTA_Q; r += QRS) {
       const bool ok = r < rows_here;
-      const T* src = qg;
-      if (ok) {
-        const int pr = row0 + r, tok = pr / G, h = kvh * G + pr % G;
-        src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)h * p.q_stride_h + c * 8;
+      ac::cp_async16(sQa + sw128<CTA_Q>(r, c), ok ? src : qg, ok);
+      src += step;
+      g += dg;
+      if (g >= G) {
+        g -= G;
+        src += wrap;
       }
-      ac::cp_async16(smem + sw128<CTA_Q>(r, c), src, ok);
     }
   };
 
@@ -545,7 +566,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         if (n_tiles > 0) {  // (a unit without keys: no copies, its rows are written empty)
           if constexpr (!Cfg::QLATE) {
             if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
-            copy_q(PT);  // joins the first K/V group
+            copy_q();  // joins the first K/V group
           }
           KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, !Cfg::PIPE> kv(p, reinterpret_cast<const T*>(kg),
                                                             reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
@@ -563,7 +584,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
             if (Cfg::QLATE && tile == 0) {  // the unit's Q (joins this tile's group), once the last unit's last S ran
               if (nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
-              copy_q(PT);
+              FA2_TR(t, 5);
+              copy_q();
+              FA2_TR(t, 6);
             }
             ac::cp_async_commit();
             if constexpr (Cfg::EARLY_ARRIVE) {
@@ -602,6 +625,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (nu >= units) sched_done(p);
           publish(sl, nu);
           mbar_arrive(unit_full + 8 * sl);  // (release: the slot's stores before it)
+          if (n_tiles > 0) FA2_TR(it0 - 1, 7);
         }
         named_sync(4, 128);
         more = take(sl);
@@ -663,6 +687,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               fence_async_smem();
             }
             pv_step(stg(n_tiles - 1));
+            FA2_TR(it0 + n_tiles - 1, 8);
             if constexpr (Cfg::PERSIST) {  // the last tile's stage, for the producer's next unit
               mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stg(n_tiles - 1));
             }
@@ -701,18 +726,21 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (split && wg == 1) return;
         }
         epilogue();
+        if (n_tiles > 0) FA2_TR(it0 + n_tiles - 1, 9);
         it0 += n_tiles;
         nq += n_tiles > 0;
         if constexpr (!Cfg::PERSIST) break;
         const int sl = j & 1;
         mbar_wait(unit_full + 8 * sl, (j >> 1) & 1);
+        if (it0 > 0) FA2_TR(it0 - 1, 10);
         more = take(sl);
         mbar_arrive(unit_empty + 8 * sl);  // the slot read
+        if (it0 > 0) FA2_TR(it0 - 1, 11);
         ++j;
       } while (more);
     }
   } else {
-    copy_q(NT);
+    copy_q();
     ac::cp_async_commit();
 
     // ---- K/V tile copy: thread's chunk column c, rows r0 + it * RSTEP

@@ -14,16 +14,19 @@
 // Tiles are counted per CTA: a persistent CTA (Cfg90::PERSIST) stamps its units' tiles one after the other, the
 // first tile of each unit in the pipelined loop without phases 7 / 6 (its S runs alone).
 // Phases: producer 0 before its `empty` wait, 1 after it, 2 once the tile's copies are issued (SEPKV: 1 after K's
-// `empty` wait, 3 K's copies issued, 4 V's `empty` waited, 2 V's copies issued);
+// `empty` wait, 3 K's copies issued, 4 V's `empty` waited, 2 V's copies issued); a persistent unit's Q copied late
+// (Cfg90::QLATE), in its first tile: 5 once the Q tile is free, 6 once its copies are issued; 7 of a unit's last tile:
+// the next unit published (thread 0);
 // consumers 0 before the `full` wait, 1 after it, then the plain loop 2 S done, 3 softmax done,
 // 4 rescale + pack done, 5 P V done; the pipelined loop 7 turn taken, 6 S and P V issued, 2 S done,
-// 3 softmax done, 5 P V done, 4 pack done.
+// 3 softmax done, 5 P V done, 4 pack done; a persistent unit's last tile then 8 its last P V done (the pipelined
+// loop), 9 its epilogue done, 10 the next unit's slot full, 11 the slot read.
 #pragma once
 
 #ifdef FA2_TRACE
 namespace fa2 {
 namespace sm90 {
-constexpr int kTraceSlots = 4, kTraceRoles = 3, kTraceTiles = 256, kTracePhases = 8;
+constexpr int kTraceSlots = 4, kTraceRoles = 3, kTraceTiles = 256, kTracePhases = 12;
 __device__ unsigned long long g_trace[kTraceSlots][kTraceRoles][kTraceTiles][kTracePhases];
 
 __device__ __forceinline__ int trace_slot() {

@@ -11,7 +11,8 @@ last two left out), and writes the raw stamps with ``--json``.  The stamps cost 
 ``--pipe``: force the plain (0) or the pipelined (1) loop; default: the backend's rule.  ``--tune``: defines of a
 tuning variant (``CudaFa2Backend.tune``).  A persistent CTA's tiles are counted across its units; where the pipelined
 loop starts a unit, ``unit starts`` lines give the gap from the last pack of one unit to the first `full` wait's end of
-the next, and the two periods around it, beside the steady-state period.
+the next, and the two periods around it, beside the steady-state period; ``boundary`` lines split that gap (the last P V,
+the epilogue, the next unit's hand-over, the wait for its first tile; the producer's Q copy).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import os
 import statistics
 
-SLOTS, ROLES, TILES, PHASES = 4, 3, 256, 8  # csrc/fa2_sm90_trace.cuh
+SLOTS, ROLES, TILES, PHASES = 4, 3, 256, 12  # csrc/fa2_sm90_trace.cuh
 PLAIN = {"wait full": (0, 1), "S": (1, 2), "softmax": (2, 3), "rescale+pack": (3, 4), "P V": (4, 5)}
 PIPE = {"wait full": (0, 1), "turn": (1, 7), "issue": (7, 6), "S wait": (6, 2), "softmax": (2, 3),
         "P V wait": (3, 5), "pack": (5, 4)}
@@ -60,12 +61,27 @@ def summary(stamps, label: str) -> list:
                     spans = [at(slot, role, t + 1, 0) - at(slot, role, t - 1, 0) for t in starts]
                     out.append(f"{label} CTA {slot} {name:10s} unit starts at tiles {starts[:8]}: last pack -> next "
                                f"full {statistics.median(gaps):.0f}, two periods around {statistics.median(spans):.0f}")
+                    # the boundary's parts (persistent builds: phases 8-11 of the unit's last tile, the producer's
+                    # 5 / 6 of the next unit's first), each a median over the unit starts
+                    def part(pairs):
+                        v = [b - a for a, b in pairs if a and b]
+                        return f"{statistics.median(v):.0f}" if v else "-"
+                    last = [(t - 1, t) for t in starts]
+                    out.append(f"{label} CTA {slot} {name:10s} boundary: last P V "
+                               + part((at(slot, role, u, 4), at(slot, role, u, 8)) for u, _ in last)
+                               + ", epilogue " + part((at(slot, role, u, 8), at(slot, role, u, 9)) for u, _ in last)
+                               + ", next unit " + part((at(slot, role, u, 9), at(slot, role, u, 11)) for u, _ in last)
+                               + ", wait full " + part((at(slot, role, u, 11), at(slot, role, t, 1)) for u, t in last)
+                               + " | producer: Q free " + part((at(slot, role, u, 4), at(slot, 0, t, 5)) for u, t in last)
+                               + " after the last pack, Q copy issued in "
+                               + part((at(slot, 0, t, 5), at(slot, 0, t, 6)) for _, t in last))
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", action="append", default=None, help="attncore bench workload id (repeatable)")
+    ap.add_argument("--workload", action="append", default=None,
+                    help="attncore bench workload id, or variants_bench.py's op:batch:qo:kv[:field=value] (repeatable)")
     ap.add_argument("--pipe", choices=("0", "1"), default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tune", action="append", default=[], help="DEFINE=VALUE of a tuning variant (repeatable)")
@@ -77,13 +93,15 @@ def main(argv=None) -> int:
 
     from attncore.backends.cuda_fa2 import binding
     from attncore.backends.cuda_fa2.backend import CudaFa2Backend
-    from attncore.cli.bench import _setup, select_workloads
+    from attncore.cli import bench
+    from attncore.cli.bench import _setup
+    from variants_bench import parse_workload
 
     if a.pipe is not None:
         CudaFa2Backend.sm90_pipe = a.pipe == "1"
     CudaFa2Backend.tune = tuple(tuple(d.split("=", 1)) for d in a.tune)
     raw = {}
-    for w in select_workloads(a.workload or ["P1-full"]):
+    for w in [w for spec in a.workload or ["P1-full"] for w in parse_workload(spec, bench)]:
         runs, _ = _setup(w, "cuda_fa2", "cuda", torch.bfloat16, 1)
         runs[0]()
         torch.cuda.synchronize()

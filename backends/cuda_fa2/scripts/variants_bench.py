@@ -1,7 +1,7 @@
 """prefill90 tile / pipeline variants timed beside each other on `attncore bench` workloads, in interleaved
 rounds on shared inputs (same process, same run), with Triton (and optionally FlashInfer) as the yardstick.
 
-    python3 backends/cuda_fa2/scripts/variants_bench.py --workload P1-causal --workload P2-d64 \\
+    python3 backends/cuda_fa2/scripts/variants_bench.py --workload P1-causal --workload ragged_prefill:8:2048:2048 \\
         --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer]
 
 A variant is ``name:loop|pipe|:DEFINE=VALUE,...`` (the loop forced, or the plan's rule when empty; the defines
@@ -26,6 +26,16 @@ def parse_variant(s: str):
     return name, {"": None, "loop": False, "pipe": True}[loop], tune
 
 
+def parse_workload(s: str, bench):
+    """A standard workload id, or an ad-hoc one ``op:batch:qo:kv[:field=value...]`` (bench.Workload's fields, e.g.
+    ``ragged_prefill:8:2048:2048`` or ``prefill:1:16384:1024:causal=0:d=64``)."""
+    if ":" not in s:
+        return bench.select_workloads([s])
+    op, b, qo, kv, *rest = s.split(":")
+    extra = {k: (v != "0" if k in ("causal", "kv_fp8", "sinks") else int(v)) for k, v in (f.split("=", 1) for f in rest)}
+    return [bench.Workload(s, op, int(b), int(qo), int(kv), **extra)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", action="append", required=True)
@@ -41,7 +51,7 @@ def main() -> int:
     t = bench._timer("cuda")
     dtype = torch.bfloat16
     fi = bench._import_flashinfer("cuda") if a.flashinfer else None
-    for w in bench.select_workloads(a.workload):
+    for w in [w for spec in a.workload for w in parse_workload(spec, bench)]:
         copies = bench.copies_for(w, "cuda")
         runs = {}
         for name, pipe, tune in variants:
