@@ -11,8 +11,8 @@ last two left out), and writes the raw stamps with ``--json``.  The stamps cost 
 ``--pipe``: force the plain (0) or the pipelined (1) loop; default: the backend's rule.  ``--tune``: defines of a
 tuning variant (``CudaFa2Backend.tune``).  A persistent CTA's tiles are counted across its units; where the pipelined
 loop starts a unit, ``unit starts`` lines give the gap from the last pack of one unit to the first `full` wait's end of
-the next, and the two periods around it, beside the steady-state period; ``boundary`` lines split that gap (the last P V,
-the epilogue, the next unit's hand-over, the wait for its first tile; the producer's Q copy).
+the next, and the two periods around it, beside the steady-state period; ``boundary`` lines split that gap (the last
+P V, the epilogue, the next unit's hand-over, the wait for its first tile; the producer's Q copy).
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ PIPE = {"wait full": (0, 1), "turn": (1, 7), "issue": (7, 6), "S wait": (6, 2), 
         "P V wait": (3, 5), "pack": (5, 4)}
 PRODUCER = {"wait empty": (0, 1), "issue": (1, 2)}
 PRODUCER_SEPKV = {"wait K empty": (0, 1), "issue K": (1, 3), "wait V empty": (3, 4), "issue V": (4, 2)}
+
+
+def _median_gap(pairs) -> str:
+    """The median of b - a over the (a, b) stamp pairs both stamped ("-" where none is)."""
+    v = [b - a for a, b in pairs if a and b]
+    return f"{statistics.median(v):.0f}" if v else "-"
 
 
 def summary(stamps, label: str) -> list:
@@ -62,19 +68,16 @@ def summary(stamps, label: str) -> list:
                     out.append(f"{label} CTA {slot} {name:10s} unit starts at tiles {starts[:8]}: last pack -> next "
                                f"full {statistics.median(gaps):.0f}, two periods around {statistics.median(spans):.0f}")
                     # the boundary's parts (persistent builds: phases 8-11 of the unit's last tile, the producer's
-                    # 5 / 6 of the next unit's first), each a median over the unit starts
-                    def part(pairs):
-                        v = [b - a for a, b in pairs if a and b]
-                        return f"{statistics.median(v):.0f}" if v else "-"
-                    last = [(t - 1, t) for t in starts]
-                    out.append(f"{label} CTA {slot} {name:10s} boundary: last P V "
-                               + part((at(slot, role, u, 4), at(slot, role, u, 8)) for u, _ in last)
-                               + ", epilogue " + part((at(slot, role, u, 8), at(slot, role, u, 9)) for u, _ in last)
-                               + ", next unit " + part((at(slot, role, u, 9), at(slot, role, u, 11)) for u, _ in last)
-                               + ", wait full " + part((at(slot, role, u, 11), at(slot, role, t, 1)) for u, t in last)
-                               + " | producer: Q free " + part((at(slot, role, u, 4), at(slot, 0, t, 5)) for u, t in last)
-                               + " after the last pack, Q copy issued in "
-                               + part((at(slot, 0, t, 5), at(slot, 0, t, 6)) for _, t in last))
+                    # 5 / 6 of the next unit's first), each a median over the unit starts: (name, from, to), a stamp
+                    # as (role, 0 the unit's last tile / 1 the next one's first, phase)
+                    parts = (("last P V", (role, 0, 4), (role, 0, 8)), ("epilogue", (role, 0, 8), (role, 0, 9)),
+                             ("next unit", (role, 0, 9), (role, 0, 11)), ("wait full", (role, 0, 11), (role, 1, 1)),
+                             ("producer: Q free after the last pack", (role, 0, 4), (0, 1, 5)),
+                             ("Q copy issued in", (0, 1, 5), (0, 1, 6)))
+                    out.append(f"{label} CTA {slot} {name:10s} boundary: " + ", ".join(
+                        f"{what} " + _median_gap((at(slot, ra, t - 1 + da, pa), at(slot, rb, t - 1 + db, pb))
+                                                 for t in starts)
+                        for what, (ra, da, pa), (rb, db, pb) in parts))
     return out
 
 

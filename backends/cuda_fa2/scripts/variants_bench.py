@@ -11,6 +11,7 @@ are ``CudaFa2Backend.tune``).  Correctness is the GPU tests' job (``FA2_TEST_TUN
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -32,7 +33,12 @@ def parse_workload(s: str, bench):
     if ":" not in s:
         return bench.select_workloads([s])
     op, b, qo, kv, *rest = s.split(":")
-    extra = {k: (v != "0" if k in ("causal", "kv_fp8", "sinks") else int(v)) for k, v in (f.split("=", 1) for f in rest)}
+    kinds = {f.name: f.type for f in dataclasses.fields(bench.Workload)}  # "bool" / "int" (string annotations)
+    extra = {}
+    for k, v in (f.split("=", 1) for f in rest):
+        if kinds.get(k) not in ("bool", "int"):
+            raise SystemExit(f"workload {s!r}: {k!r} is no integer or boolean field of bench.Workload")
+        extra[k] = v != "0" if kinds[k] == "bool" else int(v)
     return [bench.Workload(s, op, int(b), int(qo), int(kv), **extra)]
 
 
