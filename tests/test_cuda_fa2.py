@@ -447,6 +447,7 @@ class Case:
     sm90_ws: Optional[bool] = None  # prefill90: warp-specialized variant on / off (None: the default)
     split_v: bool = False  # paged: V its own contiguous tensor, so K and V page strides differ
     pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
+    fused_kv: bool = False  # ragged NHD: K and V views of one [tokens, 2, heads, d] tensor (a fused projection's)
 
 
 def run_case(c: Case, seed: int = 0):
@@ -496,7 +497,10 @@ def run_case(c: Case, seed: int = 0):
         kv_last = torch.tensor(pt.last_page_len, dtype=torch.int32, device=dev)
     else:
         kv_indptr = offsets(kv_lens)
-        if c.layout == "NHD":
+        if c.fused_kv:
+            kv = mk((nnz_kv, 2, c.hkv, c.d))
+            k_arg, v_arg = kn, vn = kv[:, 0], kv[:, 1]
+        elif c.layout == "NHD":
             k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, c.d))
             kn, vn = k_arg, v_arg
         else:
@@ -640,6 +644,10 @@ def test_prefill90(dtype, pipe, ws):
     run_case(Case(lens, hq=32, hkv=8, page_size=16, **kw))
     run_case(Case(lens, hq=32, hkv=8, paged=False, mask="none", **kw))
     run_case(Case(lens, hq=32, hkv=8, paged=False, d=64, **kw))  # d64 contiguous: persistent pipelined with ws
+    # ragged K / V with the token stride of a fused K V tensor (prefill90's TMA maps: whole tiles by TMA, a unit's
+    # last by cp.async)
+    run_case(Case([(300, 700), (129, 129), (40, 1000)], hq=8, hkv=2, paged=False, fused_kv=True, **kw))
+    run_case(Case([(300, 700), (129, 129)], hq=8, hkv=2, paged=False, fused_kv=True, mask="none", d=64, **kw))
     assert plan.lib.key.ws == ws
     # d256: 80-key tiles in two stages, K and V freed apart with a producer (SEPKV), 48 keys in three for the
     # pipelined loop without one; the producer copies two chunk columns per thread
@@ -648,6 +656,7 @@ def test_prefill90(dtype, pipe, ws):
     run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=16, split_v=True, **kw))  # V's rows on their own
     run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=4, hkv=4, paged=False, mask="none", **kw))
     run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, paged=False, layout="HND", noncontig_q=True, sinks=True, **kw))
+    run_case(Case([(300, 700), (40, 1000)], hq=4, hkv=2, paged=False, fused_kv=True, **kw))
     for ps in (1, 3):
         run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))

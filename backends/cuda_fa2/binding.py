@@ -43,7 +43,7 @@ class Fa2Params(ctypes.Structure):
         ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
         ("k_row_unit", _i32), ("k_row_sp", _i32), ("k_row_sn", _i32),
         ("v_row_unit", _i32), ("v_row_sp", _i32), ("v_row_sn", _i32),
-        ("sched_base", _i32), ("sched_ctas", _i32), ("sched_steal", _i32),
+        ("sched_base", _i32), ("sched_ctas", _i32), ("sched_steal", _i32), ("kv_rows", _i64),
     ]
 
 
@@ -296,6 +296,9 @@ def _structs(plan, args) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     p.q_stride_n, p.q_stride_h = q.stride(0), q.stride(1)
     p.k_stride_p, p.k_stride_n, p.k_stride_h, p.v_stride_p, p.v_stride_n, p.v_stride_h = plan.kv_strides
     p.o_stride_n, p.o_stride_h = out.stride(0), out.stride(1)
+    if not plan.paged:  # the tokens of ragged K / V (prefill90's TMA maps)
+        tok = 0 if plan.problem.kv_layout == "NHD" else 1
+        p.kv_rows = min(args.k.shape[tok], args.v.shape[tok])
     scale = ap.sm_scale * args.q_scale * args.k_scale
     cap = ap.logits_soft_cap if ap.logits_soft_cap and ap.logits_soft_cap > 0 else 0.0
     p.scale_log2 = scale * LOG2E

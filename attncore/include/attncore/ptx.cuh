@@ -15,6 +15,7 @@
 //   mma16816<T>(c, a, b0, b1)         mma.sync m16n8k16, fp32 accumulate, T = __half / __nv_bfloat16
 //   movm_t(x)                         movmatrix .trans: this lane's pair of the transposed 8x8 b16 matrix
 //   ex2(x)                            ex2.approx.ftz.f32 (2^x; the softmax runs in base 2)
+//   lg2(x)                            lg2.approx.ftz.f32 (log2 x: an LSE's, once per row)
 //   pack2<T>(a, b) / unpack2<T>(u)    two floats <-> two 16-bit values in one 32-bit register
 //   fp8x2_to<T, KIND>(v)              two fp8 (KIND 1 e4m3, 2 e5m2) -> two T, exact (cuda_fp8 path)
 //   cvt_fp8x2_lo / _hi<KIND>(x)       two fp8 -> fp16x2: cvt on sm_89+, integer ops on sm_80 where
@@ -113,6 +114,14 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// log2 x, approximate (MUFU.LG2; relative error ~2^-22): an epilogue's LSE per row, where log2f's accurate polynomial
+// and range checks take ~25 instructions.
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

@@ -14,7 +14,8 @@
 //                                                               part (plain loop, causal) in one grid
 // Entry points (extern "C", return a cudaError_t as int):
 //   fa2_run(const Fa2Params*, cudaStream_t)        main kernel, grid (num_work, Hkv) (not pod90; the persistent
-//                                                  prefill90: one CTA per resident slot, Cfg90::PERSIST)
+//                                                  prefill90: one CTA per resident slot, Cfg90::PERSIST; prefill90
+//                                                  also gets ragged K/V's TMA maps, encoded here: kv_tma)
 //   fa2_run_pod(p0, p1, order, n, cudaStream_t)    pod90 only: grid (n, Hkv), order[n] (fa2_sm90_pod_kernel)
 //   fa2_merge(const Fa2MergeParams*, cudaStream_t) split-KV merge, grid (num_rows, Hq)
 //   (CUDA-graph mode: both grids are capacities, the live counts are read on the device)
@@ -26,6 +27,8 @@
 //   fa2_error_string(int)
 #include "fa2_attention.cuh"
 #if defined(FA2_CONFIG) && (FA2_CONFIG == 3 || FA2_CONFIG == 4)
+#include <cudaTypedefs.h>  // cuTensorMapEncodeTiled's type, for the driver entry point (no libcuda link)
+
 #include "fa2_sm90.cuh"
 #endif
 
@@ -124,6 +127,11 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 // against 0.507; P2 d64 0.181 against 0.186 with Cfg90::QLATE, 0.191 without)
 #define FA2_H_PERSIST (FA2_H_WS && (!FA2_H_PIPE || D == 64))
 #endif
+#ifndef FA2_H_TMA
+// WS prefill90, ragged K/V: whole tiles by TMA (kv_tma below).  H200 2026-11-29, same run against the cp.async
+// copies (0): P1 causal 0.244 / 0.250 ms, non-causal 0.456 / 0.462, P2 d64 0.167 / 0.169, d256 0.260 / 0.269
+#define FA2_H_TMA 1
+#endif
 static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
               "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");
 using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG,
@@ -166,6 +174,41 @@ struct DeviceScope {
     if (prev >= 0) cudaSetDevice(prev);
   }
 };
+
+#if FA2_CONFIG == 3
+// prefill90's TMA maps of ragged K and V (fa2_sm90_load.cuh: KvTma), encoded per launch; none (cp.async copies)
+// where the build has no producer warpgroup, K/V are paged, the driver lacks the entry point or refuses a tensor
+// (a base or stride not a multiple of 16 bytes)
+bool encode_map(fa2::sm90::TmaMap* out, const void* base, int64_t rows, int heads, int64_t stride_h,
+                int64_t stride_n) {
+  static_assert(sizeof(fa2::sm90::TmaMap) == sizeof(CUtensorMap), "a tensor map's bytes");
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess && found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f) : nullptr;
+  }();
+  if (encode == nullptr) return false;
+  // (column, kv head, token); box: one 128-byte column block of KVT tokens, 128B-swizzled as the stage
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows};
+  const cuuint64_t strides[2] = {(cuuint64_t)stride_h * sizeof(T), (cuuint64_t)stride_n * sizeof(T)};
+  const cuuint32_t box[3] = {64, 1, (cuuint32_t)kKvt}, step[3] = {1, 1, 1};
+  return encode(reinterpret_cast<CUtensorMap*>(out),
+                FA2_DTYPE == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                const_cast<void*>(base), dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+fa2::sm90::KvTma kv_tma(const Fa2Params& p) {
+  fa2::sm90::KvTma m{};
+  m.on = FA2_H_TMA && Cfg90::WS && p.page_size == 0 && p.kv_rows > 0 &&
+         encode_map(&m.k, p.k, p.kv_rows, p.num_kv_heads, p.k_stride_h, p.k_stride_n) &&
+         encode_map(&m.v, p.v, p.kv_rows, p.num_kv_heads, p.v_stride_h, p.v_stride_n);
+  return m;
+}
+#endif
 
 int g_resident[64];  // kPersist: CTAs resident on the whole device at once (the persistent grid), per device
 
@@ -264,7 +307,11 @@ FA2_EXPORT int fa2_run(const Fa2Params* p, cudaStream_t stream) {
   if (p->sched_ctas && (FA2_CONFIG != 3 || p->sched_base <= 0 || ctas <= 0))
     return (int)cudaErrorInvalidValue;
   dim3 grid = kPersist || p->sched_ctas ? dim3((unsigned)ctas, 1) : dim3(p->num_work, p->num_kv_heads);
+#if FA2_CONFIG == 3
+  kernel<<<grid, kThreads, kSmem, stream>>>(*p, kv_tma(*p));
+#else
   kernel<<<grid, kThreads, kSmem, stream>>>(*p);
+#endif
   return (int)cudaGetLastError();
 }
 #endif

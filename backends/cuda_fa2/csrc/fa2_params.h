@@ -88,7 +88,10 @@
      the one-unit grid takes every CTA's unit from the counters in both. */                              \
   F(int32_t, sched_base)                                                                                  \
   F(int32_t, sched_ctas)                                                                                  \
-  F(int32_t, sched_steal)
+  F(int32_t, sched_steal)                                                                                 \
+  /* prefill90 ragged K/V: the rows (tokens) of K and V, the extent of the TMA tensor maps the launcher      \
+     encodes (fa2_attention.cu: full tiles by TMA); 0 (paged): cp.async copies only */                      \
+  F(int64_t, kv_rows)
 
 #define FA2_MERGE_PARAMS_FIELDS(F)                                                                        \
   F(const float*, o_part)        /* [part_rows, Hq, D] */                                                 \

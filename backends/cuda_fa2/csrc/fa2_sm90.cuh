@@ -139,7 +139,8 @@ __device__ __forceinline__ void max_fold(float (&a)[M], float (&b)[M]) {
 // K/V tile of a bandwidth-bound item, so that it can draw more than its SM's share of the read bandwidth while
 // prefill tiles compute on the other SMs.
 template <typename Cfg, typename T, int MASK, bool KVSPLIT = false>
-__device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item, const int kvh0) {
+__device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item, const int kvh0,
+                                         const KvTma* tma = nullptr) {
   constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
   constexpr int CPR = D / 8;          // 16-byte chunks per row
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
@@ -413,8 +414,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 
   // ---- epilogue from registers.  16-bit out: a quad's four lanes hold 4 bytes each of every 8-column block; a 4 x 4
   // transpose over the quad per four blocks gives each lane one whole block, stored as 16 bytes: a quarter of the stores
-  // (with one 4-byte store per pair of columns the epilogue took ~3,700 clocks per unit at d128, now ~3,000; nothing
-  // else runs on the tensor cores meanwhile: session 32's timeline)
+  // (with one 4-byte store per pair of columns the epilogue took ~3,700 clocks per unit at d128; with these and the
+  // lean row / LSE / scale below ~2,600; nothing else runs on the tensor cores meanwhile: sessions 32-33's timelines)
   auto epilogue = [&]() {
     const bool final_out = slot < 0;
   #pragma unroll
@@ -422,14 +423,16 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       float L = ac::quad_sum(l[h2]);
       const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
       const bool live = lr < rows_here;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
-      const int pr = row0 + lr, tok = pr / G, h = kvh * G + pr % G;
+      // (row_tok[h2] is pr / G: unit_rows() divided once per unit.  L >= 1 where a key was seen, the largest term
+      // being 2^0: a fast log2 and division are exact enough, and a NaN still goes through both)
+      const int pr = row0 + lr, tok = row_tok[h2], h = kvh * G + (pr - tok * G);
       float Mu = m[h2] == kNegInf ? 0.f : m[h2];
       float lse_v = kNegInf, scale = 0.f;
       if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
         float f = 1.f;
         if (final_out && live && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
-        lse_v = Mu + log2f(L);
-        scale = (final_out ? p.out_scale : 1.f) * f / L;
+        lse_v = Mu + ac::lg2(L);
+        scale = __fdividef((final_out ? p.out_scale : 1.f) * f, L);
       }
       if (final_out) {
         T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h;
@@ -581,7 +584,17 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             // tile ahead (by shuffles, or staged in shared memory) they were slower: the loop is bound by its
             // instruction count (bench/cuda_fa2.md, sessions 3 and 19)
             kv.prefetch(tile);
-            kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
+            // a tile whose keys all lie in the unit's range by TMA where the launcher encoded maps (ragged K/V): one
+            // thread's few instructions instead of every producer thread's cp.async, which share the shared-memory
+            // pipe and issue slots with the softmax; a unit's last, partial tile by cp.async (a box would read the
+            // next request's rows, which zero-fill must hide)
+            const bool by_tma = tma != nullptr && kv_lo + (tile + 1) * KVT <= kv_hi;
+            const uint32_t sk = sKVa + stage * Cfg::stage_bytes, sv = sk + Cfg::tile_bytes;
+            const int token = kv_base + kv_lo + tile * KVT;
+            if (!by_tma)
+              kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
+            else if (tid == 0)
+              tma_kv_tile<KVT, D, Cfg::SEPKV ? 1 : 3>(*tma, kvh, token, sk, sv, bar_full + 8 * stage);
             if (Cfg::QLATE && tile == 0) {  // the unit's Q (joins this tile's group), once the last unit's last S ran
               if (nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
               FA2_TR(t, 5);
@@ -603,7 +616,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               FA2_TR(t, 3);
               if (t >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((t / STAGES) - 1) & 1);
               FA2_TR(t, 4);
-              kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+              if (!by_tma)
+                kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+              else if (tid == 0)
+                tma_kv_tile<KVT, D, 2>(*tma, kvh, token, sk, sv, bar_full_v + 8 * stage);
               ac::cp_async_commit();
               mbar_arrive_on_copies(bar_full_v + 8 * stage);
             }
@@ -813,7 +829,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 }
 
 template <typename Cfg, typename T, int MASK>
-__global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p) {
+__global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Params p,
+                                                                    const __grid_constant__ KvTma tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Counters shared with a second launch (Fa2Params.sched_*): the persistent grid's second launch takes its first
   // unit from them too; the one-unit grid takes every CTA's unit u (item u % num_work of kv head u / num_work) from
@@ -843,7 +860,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   } else if (past_work_count(p)) {
     return;
   }
-  sm90_cta<Cfg, T, MASK>(p, first, kvh);
+  sm90_cta<Cfg, T, MASK>(p, first, kvh, Cfg::WS && tma.on ? &tma : nullptr);
 #else
   __trap();  // built for another target than sm_90a
 #endif

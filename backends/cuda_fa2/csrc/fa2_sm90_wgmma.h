@@ -1,5 +1,5 @@
 // attncore cuda_fa2: the sm_90a instruction wrappers fa2_sm90.cuh uses: wgmma and its fences, shared-
-// memory matrix descriptors (128-byte swizzle), mbarriers, named barriers and setmaxnreg.
+// memory matrix descriptors (128-byte swizzle), mbarriers, TMA tile loads, named barriers and setmaxnreg.
 //
 // wgmma: one warpgroup (128 threads) issues each; accumulators d[] are fp32 in the m64nN register layout
 // (n8 block j, element e: row 16 * warp + lane / 4 + 8 * (e / 2), column 8 j + 2 (lane % 4) + e % 2).
@@ -73,6 +73,17 @@ __device__ __forceinline__ void mbar_arrive(uint32_t a) {
 // one arrival of the phase, so the barrier's count is the number of copying threads).
 __device__ __forceinline__ void mbar_arrive_on_copies(uint32_t a) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+// `bytes` more to land on `a` in its current phase (a TMA copy's complete_tx), no arrival
+__device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+// TMA: the box of tensor map `map` (a kernel parameter's address) at coordinates (c0, c1, c2) into shared memory at
+// `dst`, its bytes completing on mbarrier `bar`
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
   uint32_t done = 0;
