@@ -8,7 +8,8 @@
 // work list and params struct as the FA2 kernel.  fa2_sm90_pod_kernel (at the end) runs the items of a
 // prefill part and a decode part, each with its own params struct, in one grid ("pod90").
 //   Q tile and K/V tiles -> smem with cp.async (KvTileCopy: page-table gather in the copy as 32-bit
-//   row offsets, zero-fill past the end), in the 128-byte swizzled layout wgmma reads:
+//   row offsets, zero-fill past the end; the warp-specialized producer copies whole ragged K/V tiles by
+//   TMA where the launcher gave it tensor maps, tma_kv_tile), in the 128-byte swizzled layout wgmma reads:
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
 //   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
 //   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps).
@@ -18,8 +19,8 @@
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
 // RoPE, fp8 KV, head dims other than 64 / 128 / 256.
-// Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, setmaxnreg), fa2_sm90_load.cuh
-// (KvTileCopy), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
+// Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, TMA loads, setmaxnreg), fa2_sm90_load.cuh
+// (KvTileCopy, KvTma), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
 // clock64 timeline of the loops, built only with -DFA2_TRACE=1).
 #pragma once
 #include "fa2_kernel_traits.cuh"
