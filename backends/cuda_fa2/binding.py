@@ -249,6 +249,9 @@ def build_params(plan, args) -> Tuple[Optional[Fa2Params], Optional[Fa2MergePara
             b, ks = plan.base, plan.kv_strides
             b.k_row_unit, b.k_row_sp, b.k_row_sn = row_units("k", args.k, ks[0], ks[1], plan.page_size)
             b.v_row_unit, b.v_row_sp, b.v_row_sn = row_units("v", args.v, ks[3], ks[4], plan.page_size)
+        else:  # the tokens of ragged K / V (prefill90's TMA maps)
+            tok = 0 if pr.kv_layout == "NHD" else 1
+            plan.base.kv_rows = min(args.k.shape[tok], args.v.shape[tok])
         plan.checked_sig = sig
     if plan.nnz_q == 0:
         return None, None
@@ -296,9 +299,6 @@ def _structs(plan, args) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     p.q_stride_n, p.q_stride_h = q.stride(0), q.stride(1)
     p.k_stride_p, p.k_stride_n, p.k_stride_h, p.v_stride_p, p.v_stride_n, p.v_stride_h = plan.kv_strides
     p.o_stride_n, p.o_stride_h = out.stride(0), out.stride(1)
-    if not plan.paged:  # the tokens of ragged K / V (prefill90's TMA maps)
-        tok = 0 if plan.problem.kv_layout == "NHD" else 1
-        p.kv_rows = min(args.k.shape[tok], args.v.shape[tok])
     scale = ap.sm_scale * args.q_scale * args.k_scale
     cap = ap.logits_soft_cap if ap.logits_soft_cap and ap.logits_soft_cap > 0 else 0.0
     p.scale_log2 = scale * LOG2E

@@ -185,8 +185,13 @@ bool encode_map(fa2::sm90::TmaMap* out, const void* base, int64_t rows, int head
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
     const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
                                                      &found) == cudaSuccess && found == cudaDriverEntryPointSuccess;
+#else  // (CUDA 12.0-12.4: the unversioned lookup, deprecated since)
+    const bool ok = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+#endif
     return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f) : nullptr;
   }();
   if (encode == nullptr) return false;
