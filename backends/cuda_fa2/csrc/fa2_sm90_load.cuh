@@ -117,8 +117,8 @@ struct KvTileCopy {
       const T* pk = kb + (int64_t)(t0 + r0) * k_sn;
       const T* pv = vb + (int64_t)(t0 + r0) * v_sn;
       if ((N - 1) * STEP < left) {  // every row of this thread's in the keys (all but a unit's last tile): no
-        // predicate and no select per copy, ~3 instead of ~5.5 instructions each in the producer's issue slots, which
-        // the softmax shares (1-4% on d128 / d256 prefill, H200, session 33)
+        // predicate and no select per copy, ~3 instead of ~5.5 instructions each (1-3% on P1 and d256 before TMA took
+        // such tiles where the launcher gives maps; H200, session 33)
 #pragma unroll
         for (int it = 0; it < N; ++it) {
 #pragma unroll
