@@ -365,6 +365,39 @@ def test_launch_kv_len_0_cpu(qo):
     assert p.num_work >= 1 and not p.k and not p.v  # every item has no tile: the epilogue writes 0 / -inf
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_launch_ragged_kv_rows_cpu(layout):
+    """Ragged K / V: the launch struct carries their token count (Fa2Params.kv_rows, the extent of prefill90's TMA
+    maps), from the token dim of the layout, and a new signature (more tokens) updates it; paged K / V leave it 0."""
+    import unittest.mock as um
+
+    from attncore.backends.cuda_fa2 import binding
+
+    def launch(nnz_kv, paged=False):
+        kv = [nnz_kv - 40, 40]
+        prob = _problem(op="batch_prefill_paged" if paged else "batch_prefill_ragged", page_size=16 if paged else None,
+                        num_qo_heads=8, num_kv_heads=2, kv_layout=layout, mask="none")
+        pages = [-(-n // 16) for n in kv]
+        indptr = [0, kv[0], nnz_kv] if not paged else [0, pages[0], sum(pages)]
+        meta = BatchMeta(batch_size=2, qo_indptr=torch.tensor([0, 8, 16], dtype=torch.int32), qo_indptr_host=[0, 8, 16],
+                         kv_indptr=torch.tensor(indptr, dtype=torch.int32), kv_indptr_host=indptr, kv_lens_host=kv,
+                         kv_indices=torch.arange(sum(pages), dtype=torch.int32) if paged else None,
+                         page_size=16 if paged else None, params=AttnParams(sm_scale=0.1))
+        _, plan, launched = _cpu_plan(prob, meta)
+        q = torch.randn(16, 8, 128, dtype=torch.bfloat16)
+        if paged:
+            shape = (sum(pages), 16, 2, 128) if layout == "NHD" else (sum(pages), 2, 16, 128)
+        else:
+            shape = (nnz_kv, 2, 128) if layout == "NHD" else (2, nnz_kv, 128)
+        k = torch.randn(shape, dtype=torch.bfloat16)
+        with um.patch.object(current, "stream", lambda index: 0):
+            binding.launch(plan, RunArgs(q=q, k=k, v=torch.randn_like(k), out=torch.empty_like(q)))
+        return launched[0].kv_rows
+
+    assert launch(300) == 300 and launch(1000) == 1000
+    assert launch(300, paged=True) == 0
+
+
 def _work_item(w, qo_len, kv_len, G, cta_q, causal, wl):
     """fa2_attention.cuh WorkItem, in Python: the item's token rows and cut KV range."""
     req, row0, kv_begin, kv_end, slot = w
