@@ -595,7 +595,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if (!by_tma)
               kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
             else if (tid == 0)
-              tma_kv_tile<KVT, D, Cfg::SEPKV ? 1 : 3>(*tma, kvh, token, sk, sv, bar_full + 8 * stage);
+              tma_kv_tile<Cfg, Cfg::SEPKV ? 1 : 3>(*tma, kvh, token, sk, sv, bar_full + 8 * stage);
             if (Cfg::QLATE && tile == 0) {  // the unit's Q (joins this tile's group), once the last unit's last S ran
               if (nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
               FA2_TR(t, 5);
@@ -620,7 +620,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               if (!by_tma)
                 kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
               else if (tid == 0)
-                tma_kv_tile<KVT, D, 2>(*tma, kvh, token, sk, sv, bar_full_v + 8 * stage);
+                tma_kv_tile<Cfg, 2>(*tma, kvh, token, sk, sv, bar_full_v + 8 * stage);
               ac::cp_async_commit();
               mbar_arrive_on_copies(bar_full_v + 8 * stage);
             }
@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   } else if (past_work_count(p)) {
     return;
   }
-  sm90_cta<Cfg, T, MASK>(p, first, kvh, Cfg::WS && tma.on ? &tma : nullptr);
+  sm90_cta<Cfg, T, MASK>(p, first, kvh, tma.on ? &tma : nullptr);  // (on: WS builds only)
 #else
   __trap();  // built for another target than sm_90a
 #endif

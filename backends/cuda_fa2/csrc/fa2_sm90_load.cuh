@@ -19,16 +19,18 @@ struct KvTma {
   int on;
 };
 
-// A full K/V tile by TMA, from one thread (the producer's others only arrive): PARTS as KvTileCopy::issue, the
-// bytes expected on `bar` (the stage's, or SEPKV's barrier of the part).  `token`: the tile's first row.
-template <int KVT, int D, int PARTS>
+// A full K/V tile of Cfg (fa2_sm90.cuh's Cfg90) by TMA, from one thread (the producer's others only arrive): PARTS
+// as KvTileCopy::issue, the bytes expected on `bar` (the stage's, or SEPKV's barrier of the part).  `token`: the
+// tile's first row.  Box b is the tile's 64-column block b: chunk 8 b of row 0 in sw128's layout.
+template <typename Cfg, int PARTS>
 __device__ __forceinline__ void tma_kv_tile(const KvTma& m, int kvh, int token, uint32_t dk, uint32_t dv,
                                             uint32_t bar) {
-  mbar_expect_tx(bar, ((PARTS & 1) + (PARTS >> 1)) * KVT * D * 2);
+  mbar_expect_tx(bar, ((PARTS & 1) + (PARTS >> 1)) * Cfg::tile_bytes);
 #pragma unroll
-  for (int b = 0; b < D / 64; ++b) {
-    if (PARTS & 1) tma_load_3d(dk + b * KVT * 128, &m.k, b * 64, kvh, token, bar);
-    if (PARTS & 2) tma_load_3d(dv + b * KVT * 128, &m.v, b * 64, kvh, token, bar);
+  for (int b = 0; b < Cfg::D / 64; ++b) {
+    const uint32_t off = sw128<Cfg::KVT>(0, 8 * b);
+    if (PARTS & 1) tma_load_3d(dk + off, &m.k, b * 64, kvh, token, bar);
+    if (PARTS & 2) tma_load_3d(dv + off, &m.v, b * 64, kvh, token, bar);
   }
 }
 
