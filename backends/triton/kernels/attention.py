@@ -114,6 +114,23 @@ def with_sink(lse, seen, l_safe, sink_logit):
     return scale, tl.where(seen, m2 + tl.log2(l2), float("-inf"))
 
 @triton.jit
+def _load_rows(ptrs, row_ok, offs_n, offs_c, MASKED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """A [BLOCK_N, BLOCK] tile of K or V rows (``ptrs``): columns past WIDTH read 0, and on a masked tile rows
+    not ``row_ok`` too.  (An unmasked tile with padded columns keeps a 2-D mask: offs_n >= 0 is always true.)"""
+    if MASKED:
+        if BLOCK != WIDTH:
+            x = tl.load(ptrs, mask=row_ok[:, None] & (offs_c[None, :] < WIDTH), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        if BLOCK != WIDTH:
+            x = tl.load(ptrs, mask=(offs_c[None, :] < WIDTH) & (offs_n[:, None] >= 0), other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def _kv_step(
     acc, l_i, m_i, q, q2, start_n, k_row, v_row,
     Kh, Vh, kv_len,
@@ -142,18 +159,7 @@ def _kv_step(
         qk = tl.dot(q, tl.trans(k1r), input_precision=DOT_PREC)
         qk += tl.dot(q2, tl.trans(k2r), input_precision=DOT_PREC)
     else:
-        if MASKED:
-            if BLOCK_D != HEAD_DIM:
-                k = tl.load(Kh + k_row[:, None] + offs_d[None, :],
-                            mask=tok_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            else:
-                k = tl.load(Kh + k_row[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
-        else:
-            if BLOCK_D != HEAD_DIM:
-                k = tl.load(Kh + k_row[:, None] + offs_d[None, :],
-                            mask=(offs_d[None, :] < HEAD_DIM) & (offs_n[:, None] >= 0), other=0.0)
-            else:
-                k = tl.load(Kh + k_row[:, None] + offs_d[None, :])
+        k = _load_rows(Kh + k_row[:, None] + offs_d[None, :], tok_ok, offs_n, offs_d, MASKED, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k.to(DT)), input_precision=DOT_PREC)
     if SOFT_CAP:
         x = qk * cap_inv
@@ -191,21 +197,11 @@ def _kv_step(
     p = tl.exp2(s2 - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     # ---- values
+    v_ok = tok_ok  # (masked tiles) keys past kv_len load as 0: their p is 0, but 0 * NaN would be NaN
     if MASKED:
-        v_ok = tok_ok  # keys past kv_len load as 0: their p is 0, but 0 * NaN would be NaN
         if HEAD:  # so do keys left of the window of every row of the tile (below win_lo, its first
             v_ok = v_ok & (tok >= win_lo)  # token's bound; docs/semantics.md rule 2)
-        if BLOCK_DV != DV:
-            v = tl.load(Vh + v_row[:, None] + offs_v[None, :],
-                        mask=v_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
-        else:
-            v = tl.load(Vh + v_row[:, None] + offs_v[None, :], mask=v_ok[:, None], other=0.0)
-    else:
-        if BLOCK_DV != DV:
-            v = tl.load(Vh + v_row[:, None] + offs_v[None, :],
-                        mask=(offs_v[None, :] < DV) & (offs_n[:, None] >= 0), other=0.0)
-        else:
-            v = tl.load(Vh + v_row[:, None] + offs_v[None, :])
+    v = _load_rows(Vh + v_row[:, None] + offs_v[None, :], v_ok, offs_n, offs_v, MASKED, DV, BLOCK_DV)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(DT), v.to(DT), acc, input_precision=DOT_PREC)
     return acc, l_i, m_new
@@ -300,8 +296,9 @@ def _attn_fwd(
             else:
                 hkv = w // n_items
                 item = w - hkv * n_items
+            req, row0, kv_lo, kv_hi, part_row = _work_item(Work, item)
             _attn_item(
-                item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+                req, row0, kv_lo, kv_hi, part_row, hkv, Q, K, V, Out, Lse, TmpO, TmpLse,
                 QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
                 stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
@@ -316,8 +313,9 @@ def _attn_fwd(
         else:  # a head's items together: those of one request share K/V tiles in L2
             hkv = pid // NUM_ITEMS
             item = pid - hkv * NUM_ITEMS
+        req, row0, kv_lo, kv_hi, part_row = _work_item(Work, item)
         _attn_item(
-            item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+            req, row0, kv_lo, kv_hi, part_row, hkv, Q, K, V, Out, Lse, TmpO, TmpLse,
             QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
             stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
@@ -328,8 +326,16 @@ def _attn_fwd(
 
 
 @triton.jit
+def _work_item(Work, item):
+    """Item ``item`` of the plan's work list (attncore.core.schedule): req, first packed row, kv_lo, kv_hi and the
+    partial row of a split item (-1: not split)."""
+    wp = Work + item * 5
+    return tl.load(wp), tl.load(wp + 1), tl.load(wp + 2), tl.load(wp + 3), tl.load(wp + 4)
+
+
+@triton.jit
 def _attn_item(
-    item, hkv, Q, K, V, Out, Lse, TmpO, TmpLse, Work,
+    req, row0, kv_lo, kv_hi, part_row, hkv, Q, K, V, Out, Lse, TmpO, TmpLse,
     QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
@@ -349,13 +355,8 @@ def _attn_item(
     DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
     KV_ADDR: tl.constexpr,
 ):
-    """One work item (req, first packed row, kv_lo, kv_hi, partial row) for one kv head."""
-    wp = Work + item * 5
-    req = tl.load(wp)
-    row0 = tl.load(wp + 1)
-    kv_lo = tl.load(wp + 2)
-    kv_hi = tl.load(wp + 3)
-    part_row = tl.load(wp + 4)
+    """One work item for one kv head: request req's packed rows from row0, its keys in [kv_lo, kv_hi) (cut to its KV
+    length), written whole (part_row < 0) or as the partial rows from part_row of a split (TmpO, TmpLse)."""
     qo_start = tl.load(QoIndptr + req)
     qo_len = tl.load(QoIndptr + req + 1) - qo_start
     kv_len = tl.load(KvLens + req)

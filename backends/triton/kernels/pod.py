@@ -7,9 +7,8 @@ decode path (small tiles for the G packed rows of a request, causal over its dra
 are compiled into the one kernel and picked per item by a scalar branch, so a program may interleave
 compute-bound prefill tiles with bandwidth-bound decode items and an SM holds both kinds at once.
 
-The per-item body is ``_attn_fwd``'s (kernels/attention.py, same notation, same three KV ranges and
-epilogue) without split-KV: a decode item covers its whole request, so no merge launch follows.
-The KV loop and step are attention.py's device functions, imported.
+The per-item body is ``_attn_fwd``'s own (kernels/attention.py's ``_attn_item``) without split-KV: a
+decode item covers its whole request, so no merge launch follows.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import math
 import triton
 import triton.language as tl
 
-from attncore.backends.triton.kernels.attention import _cos_sin, _kv_addr, _kv_loop, _next_pow2, with_sink
+from attncore.backends.triton.kernels.attention import _attn_item, _kv_addr, _next_pow2
 from attncore.kernels.launch import fast_launcher
 
 WORK_FIELDS = 4  # part, req, row0, hkv
@@ -38,118 +37,18 @@ def _item(
     ROPE: tl.constexpr, HAS_SINKS: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PREC: tl.constexpr,
     PREFETCH: tl.constexpr, KV_ADDR: tl.constexpr,
 ):
-    qo_start = tl.load(QoIndptr + req)
-    qo_len = tl.load(QoIndptr + req + 1) - qo_start
+    """_attn_item over the request's whole KV (no split: no partial row, so TmpO / TmpLse are never written), one
+    head dim for Q/K and V, 16-bit dots."""
     kv_len = tl.load(KvLens + req)
-    page_base = tl.load(KvIndptr + req)
-    off = kv_len - qo_len
-    DT: tl.constexpr = Q.dtype.element_ty
-
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    q_tok = offs_m // G
-    head = hkv * G + offs_m % G
-    row_ok = q_tok < qo_len
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_h = tl.arange(0, BLOCK_HALF)
-    q_row = (qo_start + q_tok).to(tl.int64) * stride_qt + head * stride_qh
-    if ROPE:
-        qm = row_ok[:, None] & (offs_h[None, :] < HALF)
-        q1 = tl.load(Q + q_row[:, None] + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
-        q2 = tl.load(Q + q_row[:, None] + HALF + offs_h[None, :], mask=qm, other=0.0).to(tl.float32)
-        inv_freq = tl.exp2(-(2.0 * offs_h.to(tl.float32) / HEAD_DIM) * rope_log2_theta) * rope_inv_scale
-        c, s = _cos_sin((off + q_tok).to(tl.float32)[:, None] * inv_freq[None, :])
-        q = (q1 * c - q2 * s).to(DT)
-        qb = (q2 * c + q1 * s).to(DT)
-    else:
-        inv_freq = offs_h.to(tl.float32)  # unused
-        qm = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-        q = tl.load(Q + q_row[:, None] + offs_d[None, :], mask=qm, other=0.0).to(DT)
-        qb = q  # unused
-    if ALIBI:
-        slope = tl.load(Slopes + head)
-    else:
-        slope = tl.zeros([BLOCK_M], tl.float32)
-    if MASK_MODE == 2:
-        mask_base = tl.load(MaskIndptr + req).to(tl.int64)
-    else:
-        mask_base = 0
-    spec_row = q_tok.to(tl.int64)  # unused (no speculative mask here)
-    Kh = K + hkv.to(tl.int64) * stride_kh
-    Vh = V + hkv.to(tl.int64) * stride_vh
-
-    # ---- KV range cut to what some row of the tile can see (as in _attn_fwd)
-    q_first = row0 // G
-    q_last = (tl.minimum(row0 + BLOCK_M, qo_len * G) - 1) // G
-    q_last = tl.maximum(q_last, q_first)
-    lo = kv_len * 0  # a tensor, as _attn_fwd's loaded kv_lo (min / max below mix it with tensors)
-    hi = kv_len
-    f_hi = (hi // BLOCK_N) * BLOCK_N
-    f_lo = lo
-    w_lo = q_first + off - window_left
-    if MASK_MODE == 1:
-        hi = tl.minimum(hi, q_last + off + 1)
-        f_hi = tl.minimum(f_hi, ((q_first + off + 1) // BLOCK_N) * BLOCK_N)
-    if MASK_MODE == 2:
-        f_hi = lo
-    if HAS_WINDOW:
-        lo = tl.maximum(lo, (tl.maximum(w_lo, 0) // BLOCK_N) * BLOCK_N)
-        w_full = q_last + off - window_left
-        f_lo = tl.maximum(lo, ((tl.maximum(w_full, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
-    hi = tl.maximum(hi, lo)
-    hi_up = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    f_lo = tl.minimum(tl.maximum(f_lo, lo), hi_up)
-    f_hi = tl.maximum(f_hi, f_lo)
-
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    if KV_ADDR > 0:
-        stride_kp = stride_kp // stride_ks
-        stride_vp = stride_vp // stride_vs
-    h_end = lo
-    if HAS_WINDOW:  # the first tile alone, V left of every row's window zeroed (see _attn_fwd)
-        h_end = tl.minimum(lo + BLOCK_N, f_lo)
-        acc, l_i, m_i = _kv_loop(
-            acc, l_i, m_i, q, qb, lo, h_end, Kh, Vh, KvIndices, page_base, kv_len,
-            stride_kp, stride_ks, stride_vp, stride_vs,
-            q_tok, row_ok, off, window_left, w_lo, qk_scale, cap_inv, cap_l2, slope,
-            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
-            True, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, True)
-    for seg in tl.static_range(3):
-        if seg == 0:
-            a = h_end
-            b = f_lo
-        elif seg == 1:
-            a = f_lo
-            b = f_hi
-        else:
-            a = f_hi
-            b = hi
-        acc, l_i, m_i = _kv_loop(
-            acc, l_i, m_i, q, qb, a, b, Kh, Vh, KvIndices, page_base, kv_len,
-            stride_kp, stride_ks, stride_vp, stride_vs,
-            q_tok, row_ok, off, window_left, w_lo, qk_scale, cap_inv, cap_l2, slope,
-            MaskBytes, mask_base, spec_row, inv_freq, offs_n, offs_d, offs_h,
-            seg != 1, DT, DOT_PREC, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_N, PAGE, MASK_MODE,
-            HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, PREFETCH, KV_ADDR, False)
-
-    # ---- epilogue (docs/semantics.md: a row that saw no key: out 0, lse -inf; NaN stays NaN)
-    seen = l_i != 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
-    om = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    if HAS_SINKS:
-        scale, lse = with_sink(lse, seen, l_safe, tl.load(Sinks + head))
-    else:
-        scale = 1.0 / l_safe
-    o = tl.where(seen[:, None], acc * (scale * out_scale)[:, None], 0.0)
-    o_row = (qo_start + q_tok).to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(Out + o_row[:, None] + offs_d[None, :], o.to(Out.dtype.element_ty), mask=om)
-    if STORE_LSE:
-        l_row = (qo_start + q_tok).to(tl.int64) * stride_lt + head * stride_lh
-        tl.store(Lse + l_row, lse, mask=row_ok)
+    zero = kv_len * 0  # a tensor, as a loaded kv_lo (min / max in _attn_item mix it with tensors)
+    _attn_item(
+        req, row0, zero, kv_len, zero - 1, hkv, Q, K, V, Out, Lse, Out, Lse,
+        QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
+        stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        stride_ot, stride_oh, stride_lt, stride_lh, 0, 0, 0, 0,
+        qk_scale, cap_inv, cap_l2, out_scale, window_left, rope_log2_theta, rope_inv_scale, 0, 0,
+        G, HEAD_DIM, BLOCK_D, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
+        HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, DOT_PREC, PREFETCH, False, KV_ADDR)
 
 
 @triton.jit(do_not_specialize=["window_left_p", "window_left_d"])
