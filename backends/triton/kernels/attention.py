@@ -113,6 +113,7 @@ def with_sink(lse, seen, l_safe, sink_logit):
     scale = tl.where(seen, tl.exp2(lse - m2) / l2 / l_safe, 0.0)
     return scale, tl.where(seen, m2 + tl.log2(l2), float("-inf"))
 
+
 @triton.jit
 def _load_rows(ptrs, row_ok, offs_n, offs_c, MASKED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
     """A [BLOCK_N, BLOCK] tile of K or V rows (``ptrs``): columns past WIDTH read 0, and on a masked tile rows
@@ -197,7 +198,7 @@ def _kv_step(
     p = tl.exp2(s2 - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     # ---- values
-    v_ok = tok_ok  # (masked tiles) keys past kv_len load as 0: their p is 0, but 0 * NaN would be NaN
+    v_ok = tok_ok  # masked tiles: keys past kv_len load as 0 (their p is 0, but 0 * NaN would be NaN)
     if MASKED:
         if HEAD:  # so do keys left of the window of every row of the tile (below win_lo, its first
             v_ok = v_ok & (tok >= win_lo)  # token's bound; docs/semantics.md rule 2)
