@@ -293,3 +293,17 @@ def test_bench_reads_a_decode_against_a_read_of_its_size():
     assert bench._fmt_row(row).endswith("2.900 TB/s (96% of read, 50% of a read of its size)")
     del row["frac_read_at_size"]
     assert bench._fmt_row(row).endswith("2.900 TB/s (96% of read)")
+
+
+def test_bench_json_keeps_pod_rows_beside_the_others(tmp_path):
+    # POD workloads and others in one call: one JSON file with both (the POD run's file was overwritten before)
+    j = tmp_path / "bench.json"
+    r = _run("bench", "--workload", "PD1", "--workload", "D1", "--json", str(j), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(j.read_text())
+    assert {x["workload"] for x in data["results"]} == {"D1"}
+    assert [x["id"] for x in data["pod"]["rows"]] == ["PD1"]
+    j2 = tmp_path / "pod.json"  # POD alone: the POD report itself, as before
+    r = _run("bench", "--workload", "PD1", "--json", str(j2), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in json.loads(j2.read_text())["rows"]] == ["PD1"]

@@ -237,9 +237,7 @@ def cmd_check(a) -> int:
     results = run_check(names, quick=a.quick, device=a.device, stream=a.stream,
                         progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(results))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([r.__dict__ for r in results], f, indent=1, default=str)
+    _write_json(a.json, [r.__dict__ for r in results])
     ran = [r for r in results if r.status in ("pass", "FAIL", "ERROR")]
     if not ran:
         print("no case ran", file=sys.stderr)
@@ -269,6 +267,7 @@ def cmd_bench(a) -> int:
     from attncore.cli import bench_pod
 
     pod_ids = [i for i in a.workload or () if i in {w.id for w in bench_pod.POD_WORKLOADS}]
+    pinfo = None
     if pod_ids or a.pod_sweep or a.plot:  # POD workloads (issue 16): fused vs serial (vs FlashInfer)
         if a.plot and not (pod_ids or a.pod_sweep):
             raise UsageError("--plot: plots the POD rows; give --workload PD1/PD2 or --pod-sweep")
@@ -280,20 +279,25 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(pinfo, f, indent=1, default=str)
+        only_pod = len(pod_ids) == len(a.workload or ())  # no other workload named
+        if only_pod:
+            _write_json(a.json, pinfo)
         if a.plot:
             bench_pod.plot(pinfo, a.plot)
-        if len(pod_ids) == len(a.workload or ()):  # no other workload named
+        if only_pod:
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
                      device=a.device, page_order=a.page_order, flashinfer=a.flashinfer, progress=progress)
     print(format_table(info))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(info, f, indent=1, default=str)
+    _write_json(a.json, info if pinfo is None else dict(info, pod=pinfo))  # one file: both runs' rows
     return 0
+
+
+def _write_json(path, data) -> None:
+    """--json: ``data`` into ``path`` (nothing without one)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, default=str)
 
 
 def _bench_latency(a) -> int:
@@ -305,9 +309,7 @@ def _bench_latency(a) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(format_latency(info))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(info, f, indent=1, default=str)
+    _write_json(a.json, info)
     return 0
 
 
@@ -346,9 +348,7 @@ def cmd_tune(a) -> int:
     path, written = saved["path"], saved["table"]
     use = "auto ranks by it unless ATTNCORE_TUNE=0" if a.table is None else "--table: not the cache auto reads"
     print(f"table: {path} ({len(written['entries'])} grid points in all; {use})")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(written, f, indent=1)
+    _write_json(a.json, written)
     return 0 if any(e["times_ms"] for e in table["entries"]) else 1
 
 
@@ -458,7 +458,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--flashinfer", action="store_true",
                    help="also time the importable flashinfer package on each workload, in the same run")
     b.add_argument("--device", choices=["cpu", "cuda"])
-    b.add_argument("--json", metavar="FILE")
+    b.add_argument("--json", metavar="FILE", help="the rows as JSON; with POD workloads (or --pod-sweep) and others, "
+                   "the POD rows under the key 'pod'")
     b.add_argument("--latency", action="store_true",
                    help="host time per call of tiny problems (one-call functions, plan, run), per backend")
     b.add_argument("--calls", type=arg_types.positive, metavar="N",
