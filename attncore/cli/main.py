@@ -245,13 +245,39 @@ def cmd_check(a) -> int:
     return 1 if any(r.status in ("FAIL", "ERROR") for r in results) else 0
 
 
+def _bench_unused(a, pod_ids) -> None:
+    """A usage error for an argument this kind of bench run would not use (never silently dropped)."""
+    if a.latency:
+        given = [f for f, v in (("--workload", a.workload), ("--pod-sweep", a.pod_sweep), ("--plot", a.plot),
+                                ("--pod-backend", a.pod_backend), ("--page-order", a.page_order)) if v]
+        if given:
+            raise UsageError(f"--latency times tiny problems of its own: {', '.join(given)} would not be used")
+        return
+    if a.calls or a.rounds:
+        raise UsageError("--calls / --rounds set --latency's timing; without --latency they would not be used")
+    pod = bool(pod_ids or a.pod_sweep)
+    if a.pod_backend and not pod:
+        raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
+                         "or give --pod-sweep")
+    if pod and len(pod_ids) == len(a.workload or ()):  # POD rows only
+        if a.backend:
+            raise UsageError("--backend: the POD rows run each composed part on auto's pick and the fused op of "
+                             "--pod-backend; --backend applies to the other workloads, and none is named")
+        if a.page_order == "sequential":
+            raise UsageError("--page-order: the POD rows use a shuffled page table; it applies to the other "
+                             "workloads, and none is named")
+
+
 def cmd_bench(a) -> int:
+    from attncore.cli import bench_pod
     from attncore.cli.bench import format_table, run_bench
 
     _runnable_device(a.device)
     for n in a.backend or ():
         if n != "auto":  # auto beside named backends: the selector's pick timed in the same run
             _known_backend(n)  # an unavailable one gets an n/a row with its reasons
+    pod_ids = [i for i in a.workload or () if i in {w.id for w in bench_pod.POD_WORKLOADS}]
+    _bench_unused(a, pod_ids)
     if a.latency:  # issue 15: host time per call of tiny problems (attncore/cli/latency.py)
         return _bench_latency(a)
     if a.flashinfer:
@@ -264,9 +290,6 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    from attncore.cli import bench_pod
-
-    pod_ids = [i for i in a.workload or () if i in {w.id for w in bench_pod.POD_WORKLOADS}]
     pinfo = None
     if pod_ids or a.pod_sweep or a.plot:  # POD workloads (issue 16): fused vs serial (vs FlashInfer)
         if a.plot and not (pod_ids or a.pod_sweep):
@@ -287,7 +310,8 @@ def cmd_bench(a) -> int:
         if only_pod:
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
-                     device=a.device, page_order=a.page_order, flashinfer=a.flashinfer, progress=progress)
+                     device=a.device, page_order=a.page_order or "shuffled", flashinfer=a.flashinfer,
+                     progress=progress)
     print(format_table(info))
     _write_json(a.json, info if pinfo is None else dict(info, pod=pinfo))  # one file: both runs' rows
     return 0
@@ -453,8 +477,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--workload", action="append", type=arg_types.workload,
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
                         + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
-    b.add_argument("--page-order", choices=["shuffled", "sequential"], default="shuffled",
-                   help="page table of the paged workloads: a shuffled (fragmented) cache, or pages in order")
+    b.add_argument("--page-order", choices=["shuffled", "sequential"],
+                   help="page table of the paged workloads: a shuffled (fragmented) cache (the default), or pages "
+                        "in order")
     b.add_argument("--flashinfer", action="store_true",
                    help="also time the importable flashinfer package on each workload, in the same run")
     b.add_argument("--device", choices=["cpu", "cuda"])
