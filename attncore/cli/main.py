@@ -111,21 +111,42 @@ def _problem_from_args(a):
 
     q_dtype = compute_dtype(a.q_dtype, a.out_dtype)  # an fp8 q is upcast before selection, as the API does
     kv_dtype = a.kv_dtype or a.q_dtype
-    paged = a.op in ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
+    paged = a.op in _PAGED_OPS
+    page_size = a.page_size or 16
     mask = a.mask or ("causal" if a.op in ("batch_decode", "xqa_decode") else "none")
     problem = AttentionProblem(
         op=a.op, device_type=device, compute_capability=cc, q_dtype=q_dtype, kv_dtype=kv_dtype,
         out_dtype=a.out_dtype or a.q_dtype, num_qo_heads=hq, num_kv_heads=hkv,
-        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim_vo or a.head_dim, page_size=a.page_size if paged else None,
+        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim_vo or a.head_dim, page_size=page_size if paged else None,
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
         cuda_graph=a.cuda_graph)
     if a.op in ("pod", "batch_pod"):  # the options describe the prefill part; the decode part: causal, paged
         from attncore.core.problem import pod_problem
 
-        decode = problem.replace(op="batch_decode", page_size=a.page_size, mask="causal", q_len_per_req=1)
-        return pod_problem(a.op, problem.replace(q_len_per_req=1), decode)
+        decode = problem.replace(op="batch_decode", page_size=page_size, mask="causal")
+        return pod_problem(a.op, problem, decode)
     return problem
+
+
+_PAGED_OPS = ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
+_POD_OPS = ("pod", "batch_pod")
+
+
+def _explain_unused(a) -> None:
+    """A usage error for an explain argument the problem of --op has no use for (never silently dropped)."""
+    if a.page_size is not None and a.op not in _PAGED_OPS + ("pod",):
+        raise UsageError(f"--page-size: --op {a.op} reads no paged KV cache")
+    if a.q_len != 1 and a.op not in ("batch_decode", "xqa_decode"):
+        raise UsageError(f"--q-len: query tokens per request of a decode op (batch_decode, xqa_decode); got --op {a.op}"
+                         + (" (a POD's decode part takes one)" if a.op in _POD_OPS else ""))
+    if a.pod_sizes and a.op not in _POD_OPS:
+        raise UsageError(f"--pod-sizes: describes a POD; give --op pod or --op batch_pod (got --op {a.op})")
+    if a.sms is not None and not a.pod_sizes:
+        raise UsageError("--sms: the GPU size of --pod-sizes' SM split; give --pod-sizes")
+    if a.sizes and a.op in _POD_OPS:
+        raise UsageError("--sizes: picks a tuned op's measured bucket, and POD ops are not tuned; --pod-sizes gives a "
+                         "POD's sizes")
 
 
 def cmd_explain(a) -> int:
@@ -133,6 +154,7 @@ def cmd_explain(a) -> int:
 
     if a.backend != "auto":
         _known_backend(a.backend)
+    _explain_unused(a)
     problem = _problem_from_args(a)
     from attncore.core.tables import Sizes
 
@@ -185,8 +207,6 @@ def _pod_split_line(a, problem) -> str:
     from attncore.core import streams
     from attncore.core.problem import pod_parts
 
-    if problem.op not in ("pod", "batch_pod"):
-        raise UsageError(f"--pod-sizes: describes a POD; give --op pod or --op batch_pod (got --op {problem.op})")
     qo, kv, batch, kv_d = _pod_sizes(a)
     pp, pd = pod_parts(problem)
     flops, nbytes = streams.part_work(pp, [(qo, kv)], pd, [kv_d] * batch)
@@ -432,7 +452,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--head-dim", type=arg_types.positive, default=128, help="q/k head dim (and v's, by default)")
     e.add_argument("--head-dim-vo", type=arg_types.positive,
                    help="v/output head dim when it differs from q/k's (DeepSeek-style 192/128)")
-    e.add_argument("--page-size", type=arg_types.positive, default=16)
+    e.add_argument("--page-size", type=arg_types.positive, help="paged ops (and a POD's decode part): default 16")
     e.add_argument("--layout", default="NHD", choices=["NHD", "HND"])
     e.add_argument("--mask", choices=["none", "causal", "custom"])
     e.add_argument("--window", type=arg_types.window, default=-1,
