@@ -183,6 +183,13 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["bench", "--backend", "nosuch", "--workload", "D1"], "known backends: "),
     # arguments a bench run of that kind would not use
     (["bench", "--latency", "--workload", "D1"], "--latency times tiny problems of its own: --workload would"),
+    (["check", "--seed", "3", "--backend", "reference"], "--seed: they set --fuzz's run, and no --fuzz is given"),
+    (["check", "--configs", "4", "--jobs", "2"], "--configs, --jobs: they set --fuzz's run"),
+    (["check", "--fuzz", "2", "--quick"], "--quick: --fuzz draws its own problems; it would not be used"),
+    (["check", "--replay", "5", "--fuzz", "2", "--json", "x.json"], "--fuzz, --json: --replay runs the one problem"),
+    (["tune", "--list", "--json", "x.json"], "--json: --list prints the grid and measures nothing"),
+    (["tune", "--list", "--backend", "triton", "--fresh"], "--backend, --fresh: --list prints the grid"),
+    (["tune", "--fresh", "--resume"], "--fresh replaces the cached table, --resume skips what it holds"),
     (["bench", "--latency", "--pod-sweep", "--page-order", "sequential"], "--pod-sweep, --page-order would not"),
     (["bench", "--workload", "D1", "--calls", "5"], "--calls / --rounds set --latency's timing"),
     (["bench", "--rounds", "2"], "--calls / --rounds set --latency's timing"),

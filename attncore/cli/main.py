@@ -225,11 +225,32 @@ def _pod_split_line(a, problem) -> str:
             + streams.describe_split(flops, nbytes, sms, problem.compute_capability or (0, 0), margin))
 
 
+def _given(a, *names) -> List[str]:
+    """The options among ``names`` (attribute names) set on the command line (not None / False)."""
+    return ["--" + n.replace("_", "-") for n in names if getattr(a, n) not in (None, False)]
+
+
+def _check_unused(a) -> None:
+    """A usage error for a check argument the run it asks for would not use (never silently dropped)."""
+    if a.replay is not None:
+        unused = _given(a, "fuzz", "seed", "configs", "jobs", "quick", "json")
+        what = "--replay runs the one problem its seed names"
+    elif a.fuzz is not None:
+        unused, what = _given(a, "quick"), "--fuzz draws its own problems"
+    else:
+        unused, what = _given(a, "seed", "configs", "jobs"), "they set --fuzz's run, and no --fuzz is given"
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: {what}; {'it' if len(unused) == 1 else 'they'} would not be used")
+
+
 def cmd_check(a) -> int:
     from attncore.core import registry
     from attncore.cli.check import format_table, fuzz_command, run_check
 
     _runnable_device(a.device)
+    _check_unused(a)
+    if a.seed is None:
+        a.seed = 0
     if a.fuzz is not None or a.replay is not None:
         from attncore.testing import resolve_backend
 
@@ -268,8 +289,7 @@ def cmd_check(a) -> int:
 def _bench_unused(a, pod_ids) -> None:
     """A usage error for an argument this kind of bench run would not use (never silently dropped)."""
     if a.latency:
-        given = [f for f, v in (("--workload", a.workload), ("--pod-sweep", a.pod_sweep), ("--plot", a.plot),
-                                ("--pod-backend", a.pod_backend), ("--page-order", a.page_order)) if v]
+        given = _given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order")
         if given:
             raise UsageError(f"--latency times tiny problems of its own: {', '.join(given)} would not be used")
         return
@@ -363,6 +383,12 @@ def cmd_tune(a) -> int:
     from attncore.cli import tune
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    unused = _given(a, "backend", "fresh", "resume", "json", "table") if a.list else []
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: --list prints the grid and measures nothing; "
+                         f"{'it' if len(unused) == 1 else 'they'} would not be used")
+    if a.fresh and a.resume:
+        raise UsageError("--fresh replaces the cached table, --resume skips what it holds: give one")
     if a.list:  # the grid of any device, also one not here
         cases = tune.grid(device, a.quick, a.op, a.head_dim)
         for c in cases:
@@ -483,7 +509,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--json", metavar="FILE")
     c.add_argument("--fuzz", type=arg_types.positive, metavar="N",
                    help="N random problems per backend over every claimed axis instead of the fixed cases")
-    c.add_argument("--seed", type=int, default=0, help="seed of the --fuzz run (default 0)")
+    c.add_argument("--seed", type=int, help="seed of the --fuzz run (default 0)")
     c.add_argument("--replay", type=int, metavar="SEED", help="replay one problem that --fuzz printed")
     c.add_argument("--configs", type=arg_types.positive, metavar="C",
                    help="kernel configurations the N problems share (default: N/150 within 4..128 on a "
