@@ -199,6 +199,7 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["build", "nosuch", "--list"], "known: cuda_fa2, xqa"),
     (["build", "cuda_fa2", "bogus"], "not a cuda_fa2 specialization URI: 'bogus'"),
     (["build", "--arch", "x", "--list"], "argument --arch"),
+    (["build", "cuda_fa2", "--list", "--force"], "--force: --list prints every specialization and builds nothing"),
     (["conformance", "nosuch"], "known backends: "),
 ])
 def test_a_bad_argument_is_a_usage_error(args, says, capsys):

@@ -437,6 +437,9 @@ def cmd_build(a) -> int:
     except ValueError as e:  # the first line: a URI grammar may follow
         raise UsageError(str(e).splitlines()[0] + f" (attncore build {backend} --list shows the URIs)") from None
     if a.list:
+        unused = (["spec URIs"] if a.spec else []) + _given(a, "force")
+        if unused:
+            raise UsageError(f"{', '.join(unused)}: --list prints every specialization and builds nothing")
         for s in jit.list_specs(backend, a.arch):
             print(f"{s.uri_for(jit.default_arch(a.arch))}  {s.text()}")
         return 0
