@@ -195,7 +195,6 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["bench", "--rounds", "2"], "--calls / --rounds set --latency's timing"),
     (["bench", "--workload", "D1", "--pod-backend", "triton"], "--pod-backend: the backend of the POD rows"),
     (["bench", "--workload", "PD1", "--backend", "triton"], "--backend: the POD rows run each composed part"),
-    (["bench", "--pod-sweep", "--page-order", "sequential"], "--page-order: the POD rows use a shuffled page"),
     (["build", "nosuch", "--list"], "known: cuda_fa2, xqa"),
     (["build", "cuda_fa2", "bogus"], "not a cuda_fa2 specialization URI: 'bogus'"),
     (["build", "--arch", "x", "--list"], "argument --arch"),
@@ -327,7 +326,9 @@ def test_bench_json_keeps_pod_rows_beside_the_others(tmp_path):
     data = json.loads(j.read_text())
     assert {x["workload"] for x in data["results"]} == {"D1"}
     assert [x["id"] for x in data["pod"]["rows"]] == ["PD1"]
-    j2 = tmp_path / "pod.json"  # POD alone: the POD report itself, as before
-    r = _run("bench", "--workload", "PD1", "--json", str(j2), "--device", "cpu")
+    assert data["page_order"] == data["pod"]["page_order"] == "shuffled"
+    j2 = tmp_path / "pod.json"  # POD alone: the POD report itself, as before; --page-order reaches its rows
+    r = _run("bench", "--workload", "PD1", "--json", str(j2), "--device", "cpu", "--page-order", "sequential")
     assert r.returncode == 0, r.stderr
-    assert [x["id"] for x in json.loads(j2.read_text())["rows"]] == ["PD1"]
+    pod = json.loads(j2.read_text())
+    assert [x["id"] for x in pod["rows"]] == ["PD1"] and pod["page_order"] == "sequential"

@@ -48,16 +48,17 @@ def _shrink(w: PODWorkload) -> PODWorkload:
     return replace(w, qo=min(w.qo, 32), batch=min(w.batch, 2), kv=min(w.kv, 64), hq=4, hkv=2, d=32, page=4)
 
 
-def _inputs(w: PODWorkload, device: str, dtype) -> dict:
+def _inputs(w: PODWorkload, device: str, dtype, page_order: str = "shuffled") -> dict:
     """The workload's tensors, made once and shared by every column (one KV cache: the sweep's largest point
-    holds 8.6 GB of it)."""
+    holds 8.6 GB of it); the decode's pages shuffled (a fragmented cache) or in order, as ``attncore bench``'s."""
     pages = (w.kv + w.page - 1) // w.page
+    order = torch.randperm if page_order == "shuffled" else torch.arange
     rnd = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
     return dict(
         ws=torch.empty(128 << 20, dtype=torch.uint8, device=device),
         indptr=torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages,
         last=torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device),
-        indices=torch.randperm(w.batch * pages, device=device).to(torch.int32),
+        indices=order(w.batch * pages, device=device).to(torch.int32),
         cache=rnd(w.batch * pages, 2, w.page, w.hkv, w.d), qp=rnd(w.qo, w.hq, w.d), kp=rnd(w.qo, w.hkv, w.d),
         vp=rnd(w.qo, w.hkv, w.d), qd=rnd(w.batch, w.hq, w.d))
 
@@ -115,7 +116,7 @@ ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per point (--pod-sweep's columns
 
 
 def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
-            time_fn: Optional[Callable] = None, rounds: Optional[int] = None) -> Dict:
+            time_fn: Optional[Callable] = None, rounds: Optional[int] = None, page_order: str = "shuffled") -> Dict:
     """One row: ms of fused / serial / streams / sm_split / auto (/ flashinfer) and the speedups over serial.
     Every column is planned first on the same inputs; then ``rounds`` rounds each time every column once, back
     to back, each round starting one column later than the one before, and a column's figure is the median of
@@ -128,7 +129,7 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
     t = time_fn or _timer(device)
     rounds = rounds or ROUNDS.get(device, 1)
     row: Dict = {"id": w.id, "shape": f"p{w.qo} + {w.batch}x{w.kv}", "rounds": rounds}
-    x = _inputs(w, device, dtype)
+    x = _inputs(w, device, dtype, page_order)
     runs: Dict[str, tuple] = {}  # column: (run closure, the context it is timed in)
     try:
         with _forced(pod_backend):
@@ -177,7 +178,10 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
 
 
 def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
-                  pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None) -> Dict:
+                  pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None,
+                  page_order: str = "shuffled") -> Dict:
+    if page_order not in ("shuffled", "sequential"):
+        raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     pod_backend = pod_backend or default_pod_backend(device)
     fi = None
@@ -196,11 +200,11 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
         todo = [_shrink(w) for w in todo]
     rows = []
     for w in todo:
-        rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi))
+        rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi, page_order=page_order))
         if progress:  # each row as it is measured: a run cut short still shows what it measured
             progress("pod bench: " + _fmt_row(rows[-1]))
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pod_backend": pod_backend,
-            "rows": rows}
+            "page_order": page_order, "rows": rows}
     info.update(sweep_summary(rows))
     return info
 

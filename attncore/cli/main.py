@@ -303,9 +303,6 @@ def _bench_unused(a, pod_ids) -> None:
         if a.backend:
             raise UsageError("--backend: the POD rows run each composed part on auto's pick and the fused op of "
                              "--pod-backend; --backend applies to the other workloads, and none is named")
-        if a.page_order == "sequential":
-            raise UsageError("--page-order: the POD rows use a shuffled page table; it applies to the other "
-                             "workloads, and none is named")
 
 
 def cmd_bench(a) -> int:
@@ -338,7 +335,8 @@ def cmd_bench(a) -> int:
             if a.plot:
                 bench_pod.check_plot()
             pinfo = bench_pod.run_pod_bench(pod_ids or None, sweep=a.pod_sweep, device=a.device,
-                                            pod_backend=a.pod_backend, flashinfer=a.flashinfer, progress=progress)
+                                            pod_backend=a.pod_backend, flashinfer=a.flashinfer, progress=progress,
+                                            page_order=a.page_order or "shuffled")
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
@@ -527,8 +525,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
                         + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
     b.add_argument("--page-order", choices=["shuffled", "sequential"],
-                   help="page table of the paged workloads: a shuffled (fragmented) cache (the default), or pages "
-                        "in order")
+                   help="page table of the paged workloads (POD's decode part too): a shuffled (fragmented) cache "
+                        "(the default), or pages in order")
     b.add_argument("--flashinfer", action="store_true",
                    help="also time the importable flashinfer package on each workload, in the same run")
     b.add_argument("--device", choices=["cpu", "cuda"])
