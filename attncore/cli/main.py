@@ -87,6 +87,10 @@ def cmd_info(args) -> int:
     return 0
 
 
+_PAGED_OPS = ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
+_POD_OPS = ("pod", "batch_pod")
+
+
 def _problem_from_args(a):
     import torch
 
@@ -121,16 +125,12 @@ def _problem_from_args(a):
         kv_layout=a.layout, mask=mask, window_left=a.window, soft_cap=a.soft_cap, pos_encoding=a.pos,
         sinks=a.sinks, fp8_scales=a.fp8_scales, return_lse=a.lse, q_len_per_req=a.q_len, spec_mask=a.spec_mask,
         cuda_graph=a.cuda_graph)
-    if a.op in ("pod", "batch_pod"):  # the options describe the prefill part; the decode part: causal, paged
+    if a.op in _POD_OPS:  # the options describe the prefill part; the decode part: causal, paged
         from attncore.core.problem import pod_problem
 
         decode = problem.replace(op="batch_decode", page_size=page_size, mask="causal")
         return pod_problem(a.op, problem, decode)
     return problem
-
-
-_PAGED_OPS = ("batch_prefill_paged", "batch_decode", "xqa_decode", "batch_pod")
-_POD_OPS = ("pod", "batch_pod")
 
 
 def _explain_unused(a) -> None:
@@ -230,17 +230,21 @@ def _given(a, *names) -> List[str]:
     return ["--" + n.replace("_", "-") for n in names if getattr(a, n) not in (None, False)]
 
 
+def _refuse_unused(given: List[str], context: str) -> None:
+    """A usage error naming the options ``given`` that a run in ``context`` would not use (none: nothing)."""
+    if given:
+        raise UsageError(f"{', '.join(given)}: not used {context}")
+
+
 def _check_unused(a) -> None:
     """A usage error for a check argument the run it asks for would not use (never silently dropped)."""
     if a.replay is not None:
-        unused = _given(a, "fuzz", "seed", "configs", "jobs", "quick", "json")
-        what = "--replay runs the one problem its seed names"
+        _refuse_unused(_given(a, "fuzz", "seed", "configs", "jobs", "quick", "json"),
+                       "with --replay (it reruns the one problem its seed names)")
     elif a.fuzz is not None:
-        unused, what = _given(a, "quick"), "--fuzz draws its own problems"
+        _refuse_unused(_given(a, "quick"), "with --fuzz (it draws its own problems)")
     else:
-        unused, what = _given(a, "seed", "configs", "jobs"), "they set --fuzz's run, and no --fuzz is given"
-    if unused:
-        raise UsageError(f"{', '.join(unused)}: {what}; {'it' if len(unused) == 1 else 'they'} would not be used")
+        _refuse_unused(_given(a, "seed", "configs", "jobs"), "without --fuzz (options of a --fuzz run)")
 
 
 def cmd_check(a) -> int:
@@ -289,12 +293,10 @@ def cmd_check(a) -> int:
 def _bench_unused(a, pod_ids) -> None:
     """A usage error for an argument this kind of bench run would not use (never silently dropped)."""
     if a.latency:
-        given = _given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order")
-        if given:
-            raise UsageError(f"--latency times tiny problems of its own: {', '.join(given)} would not be used")
+        _refuse_unused(_given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order"),
+                       "with --latency (it times tiny problems of its own)")
         return
-    if a.calls or a.rounds:
-        raise UsageError("--calls / --rounds set --latency's timing; without --latency they would not be used")
+    _refuse_unused(_given(a, "calls", "rounds"), "without --latency (options of its timing)")
     pod = bool(pod_ids or a.pod_sweep)
     if a.pod_backend and not pod:
         raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
@@ -381,10 +383,9 @@ def cmd_tune(a) -> int:
     from attncore.cli import tune
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    unused = _given(a, "backend", "fresh", "resume", "json", "table") if a.list else []
-    if unused:
-        raise UsageError(f"{', '.join(unused)}: --list prints the grid and measures nothing; "
-                         f"{'it' if len(unused) == 1 else 'they'} would not be used")
+    if a.list:
+        _refuse_unused(_given(a, "backend", "fresh", "resume", "json", "table"),
+                       "with --list (it prints the grid and measures nothing)")
     if a.fresh and a.resume:
         raise UsageError("--fresh replaces the cached table, --resume skips what it holds: give one")
     if a.list:  # the grid of any device, also one not here
@@ -435,9 +436,8 @@ def cmd_build(a) -> int:
     except ValueError as e:  # the first line: a URI grammar may follow
         raise UsageError(str(e).splitlines()[0] + f" (attncore build {backend} --list shows the URIs)") from None
     if a.list:
-        unused = (["spec URIs"] if a.spec else []) + _given(a, "force")
-        if unused:
-            raise UsageError(f"{', '.join(unused)}: --list prints every specialization and builds nothing")
+        _refuse_unused((["spec URIs"] if a.spec else []) + _given(a, "force"),
+                       "with --list (it prints every specialization and builds nothing)")
         for s in jit.list_specs(backend, a.arch):
             print(f"{s.uri_for(jit.default_arch(a.arch))}  {s.text()}")
         return 0
