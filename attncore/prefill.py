@@ -205,13 +205,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                  backend: str = "auto", jit_args=None, jit_kwargs=None, *, qk_indptr_buf: Optional[Tensor] = None):
         where = "BatchPrefillWithPagedKVCacheWrapper"
         mask_indptr_buf = _api.alias(where, "mask_indptr_buf", mask_indptr_buf, "qk_indptr_buf", qk_indptr_buf)
-        if jit_kwargs is not None:
-            jit_args = jit_kwargs if jit_args is None else jit_args
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
             qo_indptr=("qo_indptr_buf", qo_indptr_buf), indptr=("paged_kv_indptr_buf", paged_kv_indptr_buf),
             indices=("paged_kv_indices_buf", paged_kv_indices_buf),
             last_page_len=("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
-            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)))
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)),
+            jit_kwargs=jit_kwargs)
 
     def plan(self, qo_indptr: Tensor, paged_kv_indptr: Tensor, paged_kv_indices: Tensor,
              paged_kv_last_page_len: Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: Optional[int] = None,
@@ -338,11 +337,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                  backend: str = "auto", jit_args=None, jit_kwargs=None, *, qk_indptr_buf: Optional[Tensor] = None):
         where = "BatchPrefillWithRaggedKVCacheWrapper"
         mask_indptr_buf = _api.alias(where, "mask_indptr_buf", mask_indptr_buf, "qk_indptr_buf", qk_indptr_buf)
-        if jit_kwargs is not None:
-            jit_args = jit_kwargs if jit_args is None else jit_args
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, graph_buffers=dict(
             qo_indptr=("qo_indptr_buf", qo_indptr_buf), kv_indptr=("kv_indptr_buf", kv_indptr_buf),
-            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)))
+            custom_mask=("custom_mask_buf", custom_mask_buf), qk_indptr=("mask_indptr_buf", mask_indptr_buf)),
+            jit_kwargs=jit_kwargs)
 
     def plan(self, qo_indptr: Tensor, kv_indptr: Tensor, num_qo_heads: int, num_kv_heads: int,
              head_dim_qk: Optional[int] = None, head_dim_vo: Optional[int] = None,

@@ -152,8 +152,10 @@ def test_paged_prefill_init_order_and_aliases():
     assert w2._graph_buffers["qk_indptr"] is mib
     with pytest.raises(TypeError, match=r"both mask_indptr_buf=.* and qk_indptr_buf="):
         flashinfer.BatchPrefillWithPagedKVCacheWrapper(buf, mask_indptr_buf=mib, qk_indptr_buf=mib)
-    with pytest.raises(ValueError, match="jit_args"):
+    with pytest.raises(ValueError, match="jit_kwargs: got a value"):  # named as given, also beside jit_args
         flashinfer.BatchPrefillWithPagedKVCacheWrapper(buf, jit_kwargs={"a": 1})
+    with pytest.raises(ValueError, match="jit_args: got a value"):
+        flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buf, jit_args=[1], jit_kwargs={"a": 1})
     r = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buf, "NHD", True, None, None, None, mib, REF)
     assert r._graph_buffers["qk_indptr"] is mib
     with pytest.raises(TypeError, match=r"both mask_indptr_buf=.* and qk_indptr_buf="):

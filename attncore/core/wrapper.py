@@ -39,13 +39,14 @@ class _BatchWrapper:
     _op = ""
 
     def __init__(self, float_workspace_buffer: Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 backend: str = "auto", jit_args=None, graph_buffers: Optional[dict] = None):
+                 backend: str = "auto", jit_args=None, graph_buffers: Optional[dict] = None, jit_kwargs=None):
         """``graph_buffers``: {role: (argument name, tensor or None)} of the caller's CUDA-graph buffers."""
         _checks.check_tensor("float_workspace_buffer", float_workspace_buffer)
         _checks.check_choice("kv_layout", kv_layout, ("NHD", "HND"))
-        if jit_args is not None:
-            raise ValueError("jit_args: got a value, but attncore does not take FlashInfer JIT arguments; "
-                             "select a backend with backend= instead")
+        for name, given in (("jit_args", jit_args), ("jit_kwargs", jit_kwargs)):
+            if given is not None:
+                raise ValueError(f"{name}: got a value, but attncore does not take FlashInfer JIT arguments; "
+                                 "select a backend with backend= instead")
         self._float_workspace_buffer = float_workspace_buffer
         self._device = _checks.norm_device(float_workspace_buffer.device)
         # The wrapper's own int workspace (plan-scoped: the batch's index tables and the backend's work tables,
