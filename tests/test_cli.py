@@ -179,10 +179,7 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["check", "--backend", "nosuch"], "known backends: "),
     (["check", "--backend", "nosuch", "--fuzz", "2"], "known backends: "),
     (["check", "--backend", "no_such_module:X", "--fuzz", "2"], "no_such_module"),
-    (["bench", "--workload", "ZZ"], "known: D1, "),
-    (["bench", "--backend", "nosuch", "--workload", "D1"], "known backends: "),
-    # arguments a bench run of that kind would not use
-    (["bench", "--latency", "--workload", "D1"], "--workload: not used with --latency (it times tiny problems"),
+    # check / tune arguments the run they ask for would not use
     (["check", "--seed", "3", "--backend", "reference"], "--seed: not used without --fuzz (options of a --fuzz run)"),
     (["check", "--configs", "4", "--jobs", "2"], "--configs, --jobs: not used without --fuzz"),
     (["check", "--fuzz", "2", "--quick"], "--quick: not used with --fuzz (it draws its own problems)"),
@@ -190,7 +187,12 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["tune", "--list", "--json", "x.json"], "--json: not used with --list (it prints the grid"),
     (["tune", "--list", "--backend", "triton", "--fresh"], "--backend, --fresh: not used with --list"),
     (["tune", "--fresh", "--resume"], "--fresh replaces the cached table, --resume skips what it holds"),
-    (["bench", "--latency", "--pod-sweep", "--page-order", "sequential"], "--pod-sweep, --page-order: not used with --latency"),
+    (["bench", "--workload", "ZZ"], "known: D1, "),
+    (["bench", "--backend", "nosuch", "--workload", "D1"], "known backends: "),
+    # bench arguments the run they ask for would not use
+    (["bench", "--latency", "--workload", "D1"], "--workload: not used with --latency (it times tiny problems"),
+    (["bench", "--latency", "--pod-sweep", "--page-order", "sequential"],
+     "--pod-sweep, --page-order: not used with --latency"),
     (["bench", "--workload", "D1", "--calls", "5"], "--calls: not used without --latency"),
     (["bench", "--rounds", "2"], "--rounds: not used without --latency"),
     (["bench", "--workload", "D1", "--pod-backend", "triton"], "--pod-backend: the backend of the POD rows"),

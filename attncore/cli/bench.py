@@ -58,6 +58,20 @@ WORKLOADS = [
 ]
 
 
+PAGE_ORDERS = ("shuffled", "sequential")  # --page-order: a fragmented cache (the default), or pages in order
+
+
+def check_page_order(page_order: str) -> None:
+    if page_order not in PAGE_ORDERS:
+        raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
+
+
+def page_ids(n: int, page_order: str, device) -> torch.Tensor:
+    """int32 page ids of a paged workload's n pages: shuffled, or in order."""
+    return (torch.randperm(n, device=device) if page_order == "shuffled" else torch.arange(n, device=device)).to(
+        torch.int32)
+
+
 def select_workloads(ids: Optional[Sequence[str]] = None) -> List[Workload]:
     """The workloads named by ``ids`` (an id, or its prefix before "-": "P1" is every P1-*); all
     when empty.  An id that names none is a ValueError listing the known ones."""
@@ -208,8 +222,7 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     indptr = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages
     last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
     total = w.batch * pages
-    indices = (torch.randperm(total, device=device) if page_order == "shuffled"
-               else torch.arange(total, device=device)).to(torch.int32)
+    indices = page_ids(total, page_order, device)
     caches = [torch.randn(total, 2, w.page, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
               for _ in range(copies)]
     rows = w.batch * (w.q_len if w.op in ("decode", "xqa") else w.qo)
@@ -263,8 +276,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
               page_order: str = "shuffled", flashinfer: bool = False) -> Dict:
     """``flashinfer``: also time the importable ``flashinfer`` package on each workload (a row
     named ``flashinfer``), in this run."""
-    if page_order not in ("shuffled", "sequential"):
-        raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
+    check_page_order(page_order)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     fi = _import_flashinfer(device) if flashinfer else None

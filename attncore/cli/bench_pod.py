@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from attncore.cli.bench import _timer
+from attncore.cli.bench import _timer, check_page_order, page_ids
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,12 @@ def _inputs(w: PODWorkload, device: str, dtype, page_order: str = "shuffled") ->
     """The workload's tensors, made once and shared by every column (one KV cache: the sweep's largest point
     holds 8.6 GB of it); the decode's pages shuffled (a fragmented cache) or in order, as ``attncore bench``'s."""
     pages = (w.kv + w.page - 1) // w.page
-    order = torch.randperm if page_order == "shuffled" else torch.arange
     rnd = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
     return dict(
         ws=torch.empty(128 << 20, dtype=torch.uint8, device=device),
         indptr=torch.arange(w.batch + 1, dtype=torch.int32, device=device) * pages,
         last=torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device),
-        indices=order(w.batch * pages, device=device).to(torch.int32),
+        indices=page_ids(w.batch * pages, page_order, device),
         cache=rnd(w.batch * pages, 2, w.page, w.hkv, w.d), qp=rnd(w.qo, w.hq, w.d), kp=rnd(w.qo, w.hkv, w.d),
         vp=rnd(w.qo, w.hkv, w.d), qd=rnd(w.batch, w.hq, w.d))
 
@@ -180,8 +179,7 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
 def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
                   pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None,
                   page_order: str = "shuffled") -> Dict:
-    if page_order not in ("shuffled", "sequential"):
-        raise ValueError(f"page_order {page_order!r}: 'shuffled' or 'sequential'")
+    check_page_order(page_order)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     pod_backend = pod_backend or default_pod_backend(device)
     fi = None

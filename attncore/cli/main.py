@@ -517,14 +517,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "GPU, N on the CPU)")
     c.add_argument("--jobs", type=arg_types.positive, metavar="J", help="--fuzz worker processes (default 1)")
 
-    from attncore.cli.bench import WORKLOADS
+    from attncore.cli.bench import PAGE_ORDERS, WORKLOADS
 
     b = sub.add_parser("bench", help="time the standard workloads with the ceilings and torch SDPA")
     b.add_argument("--backend", action="append", help="backend (repeatable; auto: the selector's pick); default: auto")
     b.add_argument("--workload", action="append", type=arg_types.workload,
                    help="workload id (repeatable; a prefix such as P1 runs every P1-*): "
                         + ", ".join(w.id for w in WORKLOADS) + ", PD1, PD2 (POD); default: all but POD")
-    b.add_argument("--page-order", choices=["shuffled", "sequential"],
+    b.add_argument("--page-order", choices=PAGE_ORDERS,
                    help="page table of the paged workloads (POD's decode part too): a shuffled (fragmented) cache "
                         "(the default), or pages in order")
     b.add_argument("--flashinfer", action="store_true",
