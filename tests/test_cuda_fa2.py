@@ -481,6 +481,7 @@ class Case:
     split_v: bool = False  # paged: V its own contiguous tensor, so K and V page strides differ
     pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
     fused_kv: bool = False  # ragged NHD: K and V views of one [tokens, 2, heads, d] tensor (a fused projection's)
+    k_ramp: float = 0.0  # ragged NHD: key t of a request scaled by 1 + k_ramp * t / kv_len (row maxima that grow)
 
 
 def run_case(c: Case, seed: int = 0):
@@ -535,6 +536,9 @@ def run_case(c: Case, seed: int = 0):
             k_arg, v_arg = kn, vn = kv[:, 0], kv[:, 1]
         elif c.layout == "NHD":
             k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, c.d))
+            if c.k_ramp:
+                ramp = torch.cat([1 + c.k_ramp * torch.arange(n, device=dev) / n for n in kv_lens])
+                k_arg = (k_arg.float() * ramp[:, None, None]).to(kv_dtype)
             kn, vn = k_arg, v_arg
         else:
             k_arg, v_arg = mk((c.hkv, nnz_kv, c.d)), mk((c.hkv, nnz_kv, c.d))
@@ -694,6 +698,24 @@ def test_prefill90(dtype, pipe, ws):
         run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.head_dim == 256
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("cfg", ["prefill", "prefill90-loop", "prefill90-pipe"])
+def test_row_max_slack(cfg, dtype):
+    """Row maxima that grow along the keys, by less than kMaxSlack per tile (the stale max kept: P up to 2^8) and by
+    more (O rescaled), against the reference: the softmax's lazy max (attncore/ptx.cuh, ac::next_max)."""
+    config, _, loop = cfg.partition("-")
+    if config == "prefill90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("prefill90 needs an sm90 GPU")
+    kw = dict(dtype=dtype, force_config=config, paged=False, hq=8, hkv=2)
+    if loop:
+        kw.update(sm90_pipe=loop == "pipe", sm90_ws=True)
+    for ramp in (30.0, 100.0):
+        for mask in ("causal", "none"):
+            run_case(Case([(300, 3000), (129, 1000), (1, 700)], mask=mask, k_ramp=ramp, **kw))
 
 
 @gpu

@@ -471,6 +471,16 @@ def test_gpu_fp8_swapped_kernel(case):
 
 
 @gpu
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("bmm1", [0.5, 2.0])
+def test_gpu_row_max_slack(kv_dtype, bmm1):
+    """Logits ~6-23x the usual spread: row maxima that grow between tiles by more than ac::kMaxSlack (O rescaled)
+    and by less (the stale max kept, P up to 2^8), in the main kernel and the swapped fp8 one."""
+    c = Case(kv_dtype=kv_dtype, hq=16, hkv=4, bmm1=bmm1, lse=True, kv_lens=[1, 40, 700, 3000], seed=26)
+    c.run_checked()
+
+
+@gpu
 def test_gpu_fp8_output():
     c = Case(kv_dtype=torch.float8_e4m3fn, out_dtype=torch.float8_e4m3fn, bmm2=2.0, o_scale=0.5, hq=32, hkv=8,
              kv_lens=[1, 90, 400], seed=5)

@@ -13,8 +13,9 @@ parameter.
 ``_t`` carries tuning options (``XqaKey.tune``; tuning runs, ``backends/xqa/bench/xqa_tune.py``), each a name
 and a number: ``kpw`` keys per warp per tile (16 or 32), ``st`` cp.async ring depth, ``mb`` CTAs per
 SM the register budget is sized for, ``l2`` the cp.async L2 prefetch hint in bytes (0, 64, 128,
-256), ``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong
-results, timing only).  Without ``_t`` the kernel's defaults apply.
+256), ``ms`` the softmax's max slack (attncore/ptx.cuh's kMaxSlack; 0: the max moves on every increase),
+``dg`` diagnostics (1: stream the KV without computing, 2: compute without loading; wrong results, timing
+only).  Without ``_t`` the kernel's defaults apply.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DTYPES = {"fp16": 0, "bf16": 1}
 KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 OUTS = {"same": 0, "e4m3": 1}
 HEAD_DIMS = (64, 128, 256)
-TUNE = {"kpw": "XQA_KPW", "st": "XQA_STAGES", "mb": "XQA_MINB", "dg": "XQA_DIAG", "l2": "XQA_L2"}
+TUNE = {"kpw": "XQA_KPW", "st": "XQA_STAGES", "mb": "XQA_MINB", "dg": "XQA_DIAG", "l2": "XQA_L2", "ms": "AC_MAX_SLACK"}
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 // Header-only, device code only, namespace `ac`; no torch headers.  Every helper is
 // __forceinline__ and does exactly what the per-backend copies it replaced did (same PTX, so the
 // same SASS: checked with `cuobjdump -sass` before / after, tests/test_cuda_sources.py keeps the
-// no-spill check).  Include as "attncore/ptx.cuh" (the spec's include dirs carry
-// attncore/include, and the JIT hash covers every file in it, so an edit here rebuilds every
-// specialization).
+// no-spill check); next_max, the softmaxes' one rule for a row's max, came later.  Include as
+// "attncore/ptx.cuh" (the spec's include dirs carry attncore/include, and the JIT hash covers every
+// file in it, so an edit here rebuilds every specialization).
 //
 //   smem_u32(p)                       generic -> shared-space address (what ldmatrix / cp.async take)
 //   cp_async16<L2PF>(dst, src, ok)    16-byte cp.async.cg; ok false zero-fills and reads nothing;
@@ -16,6 +16,7 @@
 //   movm_t(x)                         movmatrix .trans: this lane's pair of the transposed 8x8 b16 matrix
 //   ex2(x)                            ex2.approx.ftz.f32 (2^x; the softmax runs in base 2)
 //   lg2(x)                            lg2.approx.ftz.f32 (log2 x: an LSE's, once per row)
+//   next_max(m, tile_max)             an online softmax's row max, moved only past kMaxSlack (lazy rescale)
 //   pack2<T>(a, b) / unpack2<T>(u)    two floats <-> two 16-bit values in one 32-bit register
 //   fp8x2_to<T, KIND>(v)              two fp8 (KIND 1 e4m3, 2 e5m2) -> two T, exact (cuda_fp8 path)
 //   cvt_fp8x2_lo / _hi<KIND>(x)       two fp8 -> fp16x2: cvt on sm_89+, integer ops on sm_80 where
@@ -123,6 +124,20 @@ __device__ __forceinline__ float lg2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// An online softmax's reference max for a row (base-2 units): it moves to the tile's max only where that exceeds
+// it by more than kMaxSlack, as FlashAttention-4 does.  p = 2^(s - m) then stays <= 2^kMaxSlack (16-bit P and
+// the fp32 sums hold that with the same relative rounding; O and l share the stale m, so O / l and the LSE are
+// unchanged), and O's rescale, skipped while no row max of a warp moves, is skipped on nearly every tile after a
+// row's first (cuda_fa2 prefill90 on an H200, 2026-11-29: P1 -2-3%, P2 d256 -5%).  A row with no key yet
+// (m = -inf) takes the first finite max.
+#ifndef AC_MAX_SLACK
+#define AC_MAX_SLACK 8  // a tuning define: 0 moves the max on every increase
+#endif
+constexpr float kMaxSlack = AC_MAX_SLACK;
+__device__ __forceinline__ float next_max(float m, float tile_max) {
+  return tile_max > m + kMaxSlack ? tile_max : m;
 }
 
 // Lanes 4i..4i+3 hold the columns of one accumulator row (the mma C layout): xor 1 and 2.

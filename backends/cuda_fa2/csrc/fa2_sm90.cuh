@@ -13,8 +13,8 @@
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
 //   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
 //   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps).
-//   Online softmax in registers (exp2, scale folded), mask only on tiles that cross the causal
-//   diagonal or the kv end.  P is converted to 16-bit in the register-A layout.
+//   Online softmax in registers (exp2, scale folded, the row max moved lazily: ac::next_max), mask only on
+//   tiles that cross the causal diagonal or the kv end.  P is converted to 16-bit in the register-A layout.
 //   O += P V: wgmma m64n{D}k16, A = P from registers, B = V from smem, MN-major (transpose bit).
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
@@ -288,8 +288,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      const float mx = mx2[h2];
-      const float mnew = fmaxf(m[h2], mx * sc);
+      const float mnew = ac::next_max(m[h2], mx2[h2] * sc);
       const float mu = mnew == kNegInf ? 0.f : mnew;
       alpha[h2] = ac::ex2(m[h2] - mu);
       moved |= mnew != m[h2];

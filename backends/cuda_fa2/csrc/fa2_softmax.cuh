@@ -1,11 +1,11 @@
 // attncore cuda_fa2: the online softmax of one S tile, per warp, in registers.
 //
-// Per row (two per m16 tile and thread: h2 = 0 / 1 for rows g and g + 8): the new max m' over the
-// tile (4 lanes of a row reduced with quad_max), p = exp2(s * sc - m'), l = l * exp2(m - m') + sum p,
-// and O rescaled by alpha = exp2(m - m').  m is in scaled base-2 units: sc is the logit scale when it
-// was folded out of scale_and_mask (kFoldScale), else 1.  A row with no key yet keeps m = -inf and
-// uses 0 as its reference (exp2(-inf) = 0, no NaN).  O is rescaled only when some row max of the
-// warp moved (alpha == 1 otherwise), which skips the multiply on most tiles of long rows.
+// Per row (two per m16 tile and thread: h2 = 0 / 1 for rows g and g + 8): the reference max m' (the
+// tile's max, 4 lanes of a row reduced with quad_max, where it exceeds m by more than ac::kMaxSlack, else m:
+// ac::next_max), p = exp2(s * sc - m'), l = l * exp2(m - m') + sum p, and O rescaled by alpha = exp2(m - m').
+// m is in scaled base-2 units: sc is the logit scale when it was folded out of scale_and_mask
+// (kFoldScale), else 1.  A row with no key yet keeps m = -inf and uses 0 as its reference (exp2(-inf) =
+// 0, no NaN).  O is rescaled only when some row max of the warp moved (alpha == 1 otherwise).
 #pragma once
 #include "fa2_kernel_traits.cuh"
 
@@ -24,7 +24,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NMQ][NKT][4], float (&
 #pragma unroll
       for (int j = 0; j < NKT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h2], s[mi][j][2 * h2 + 1]));
       mx = ac::quad_max(mx);
-      const float mnew = fmaxf(m[mi][h2], mx * sc);
+      const float mnew = ac::next_max(m[mi][h2], mx * sc);
       const float mu = mnew == kNegInf ? 0.f : mnew;
       const float a = ac::ex2(m[mi][h2] - mu);
       moved |= mnew != m[mi][h2];

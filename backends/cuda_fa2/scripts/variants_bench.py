@@ -2,10 +2,12 @@
 rounds on shared inputs (same process, same run), with Triton (and optionally FlashInfer) as the yardstick.
 
     python3 backends/cuda_fa2/scripts/variants_bench.py --workload P1-causal --workload ragged_prefill:8:2048:2048 \\
-        --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer]
+        --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer] \
+        [--config prefill]
 
 A variant is ``name:loop|pipe|:DEFINE=VALUE,...`` (the loop forced, or the plan's rule when empty; the defines
-are ``CudaFa2Backend.tune``).  Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
+are ``CudaFa2Backend.tune``; ``--config`` forces every variant's tile config, e.g. ``prefill``: the FA2 kernel).
+Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> int:
     ap.add_argument("--variant", action="append", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--flashinfer", action="store_true")
+    ap.add_argument("--config", help="the tile config every variant is forced to (e.g. 'prefill': the FA2 kernel)")
     a = ap.parse_args()
     from attncore.cli import bench
     from attncore.core import plan_cache, registry
@@ -61,13 +64,13 @@ def main() -> int:
         copies = bench.copies_for(w, "cuda")
         runs = {}
         for name, pipe, tune in variants:
-            be.sm90_pipe, be.tune = pipe, tune
+            be.sm90_pipe, be.tune, be.force_config = pipe, tune, a.config
             plan_cache.ONE_CALL_PLANS.clear()  # one-call workloads cache their plans by signature
             try:
                 runs[name], _ = bench._setup(w, "cuda_fa2", "cuda", dtype, copies, "shuffled")
             except Exception as e:  # report and go on
                 print(f"{w.id} {name}: setup failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        be.sm90_pipe, be.tune = None, ()
+        be.sm90_pipe, be.tune, be.force_config = None, (), None
         runs["triton"], _ = bench._setup(w, "triton", "cuda", dtype, copies, "shuffled")
         if fi is not None:
             runs["flashinfer"], _ = bench._setup(w, "auto", "cuda", dtype, copies, "shuffled", api=fi)

@@ -1,9 +1,10 @@
 // attncore xqa: the online softmax of one S tile, per warp, in registers (base 2).
 //
-// Per row: m' = max(m, row max of the tile) (the 4 lanes of a row reduced with quad_max),
-// p = exp2(s - m'), l = l * exp2(m - m') + sum p; a row with no key yet keeps m = -inf and uses 0 as
-// its reference (no NaN).  P is rounded to CT into pa, the A operand of O += P V.  O is rescaled by
-// exp2(m - m') only when some row max of the warp grew (alpha == 1 for every other row).
+// Per row: m' = the tile's row max where it exceeds m by more than ac::kMaxSlack, else m (ac::next_max;
+// the 4 lanes of a row reduced with quad_max), p = exp2(s - m'), l = l * exp2(m - m') + sum p; a row
+// with no key yet keeps m = -inf and uses 0 as its reference (no NaN).  P is rounded to CT into pa, the
+// A operand of O += P V.  O is rescaled by exp2(m - m') only when some row max of the warp grew (alpha
+// == 1 for every other row).
 #pragma once
 #include "attncore/ptx.cuh"
 #include "xqa_config.cuh"
@@ -25,7 +26,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::MT][2 * Cfg::KB][
 #pragma unroll
       for (int j = 1; j < 2 * KB; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
       mx = ac::quad_max(mx);
-      const float m_new = fmaxf(m_run[mt][h], mx);
+      const float m_new = ac::next_max(m_run[mt][h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       const float alpha = ac::ex2(m_run[mt][h] - m_use);
       grew |= m_new > m_run[mt][h];

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
 #pragma unroll
       for (int kb_ = 1; kb_ < KB; ++kb_) mx = fmaxf(mx, fmaxf(s[kb_][h], s[kb_][2 + h]));
       mx = ac::col_max(mx);
-      const float m_new = fmaxf(m_run[h], mx);
+      const float m_new = ac::next_max(m_run[h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       alpha[h] = ac::ex2(m_run[h] - m_use);
       grew |= m_new > m_run[h];
