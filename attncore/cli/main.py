@@ -290,8 +290,9 @@ def cmd_check(a) -> int:
     return 1 if any(r.status in ("FAIL", "ERROR") for r in results) else 0
 
 
-def _bench_unused(a, pod_ids) -> None:
-    """A usage error for an argument this kind of bench run would not use (never silently dropped)."""
+def _bench_unused(a, pod_ids, only_pod: bool) -> None:
+    """A usage error for an argument this kind of bench run would not use (never silently dropped).  ``only_pod``:
+    every workload named is a POD one (or none is)."""
     if a.latency:
         _refuse_unused(_given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order"),
                        "with --latency (it times tiny problems of its own)")
@@ -301,7 +302,7 @@ def _bench_unused(a, pod_ids) -> None:
     if a.pod_backend and not pod:
         raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
                          "or give --pod-sweep")
-    if pod and len(pod_ids) == len(a.workload or ()):  # POD rows only
+    if pod and only_pod:  # POD rows only
         if a.backend:
             raise UsageError("--backend: the POD rows run each composed part on auto's pick and the fused op of "
                              "--pod-backend; --backend applies to the other workloads, and none is named")
@@ -316,7 +317,8 @@ def cmd_bench(a) -> int:
         if n != "auto":  # auto beside named backends: the selector's pick timed in the same run
             _known_backend(n)  # an unavailable one gets an n/a row with its reasons
     pod_ids = [i for i in a.workload or () if i in {w.id for w in bench_pod.POD_WORKLOADS}]
-    _bench_unused(a, pod_ids)
+    only_pod = len(pod_ids) == len(a.workload or ())  # no other workload named
+    _bench_unused(a, pod_ids, only_pod)
     if a.latency:  # issue 15: host time per call of tiny problems (attncore/cli/latency.py)
         return _bench_latency(a)
     if a.flashinfer:
@@ -342,7 +344,6 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
-        only_pod = len(pod_ids) == len(a.workload or ())  # no other workload named
         if only_pod:
             _write_json(a.json, pinfo)
         if a.plot:
@@ -383,17 +384,16 @@ def cmd_tune(a) -> int:
     from attncore.cli import tune
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.list:
+    if a.list:  # the grid of any device, also one not here
         _refuse_unused(_given(a, "backend", "fresh", "resume", "json", "table"),
                        "with --list (it prints the grid and measures nothing)")
-    if a.fresh and a.resume:
-        raise UsageError("--fresh replaces the cached table, --resume skips what it holds: give one")
-    if a.list:  # the grid of any device, also one not here
         cases = tune.grid(device, a.quick, a.op, a.head_dim)
         for c in cases:
             print(c.describe())
         print(f"{len(cases)} grid points")
         return 0
+    if a.fresh and a.resume:
+        raise UsageError("--fresh replaces the cached table, --resume skips what it holds: give one")
     _runnable_device(a.device)
     for n in a.backend or ():
         _known_backend(n)  # an unavailable one is recorded as such in every grid point
