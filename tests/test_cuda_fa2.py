@@ -679,6 +679,10 @@ def test_prefill90(dtype, pipe, ws):
     # runs several per CTA: the ring, the Q tile and the turns carry over from one unit to the next)
     lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3
     run_case(Case(lens, hq=32, hkv=8, page_size=16, **kw))
+    # page 1 (fa2_sm90_load.cuh: every row's page id loaded from one base): units of every length over shuffled
+    # pages, V's rows on their own strides
+    run_case(Case(lens, hq=32, hkv=8, page_size=1, **kw))
+    run_case(Case([(300, 1200), (129, 129), (7, 40)], hq=8, hkv=2, page_size=1, split_v=True, **kw))
     run_case(Case(lens, hq=32, hkv=8, paged=False, mask="none", **kw))
     run_case(Case(lens, hq=32, hkv=8, paged=False, d=64, **kw))  # d64 contiguous: persistent pipelined with ws
     # ragged K / V with the token stride of a fused K V tensor (prefill90's TMA maps: whole tiles by TMA, a unit's
