@@ -41,8 +41,9 @@ __device__ __forceinline__ void tma_kv_tile(const KvTma& m, int kvh, int token, 
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
 // plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
 // multiply-add and a cp.async per chunk.
-// LEAN (the plain loop's producer, bound by its instruction count on paged K/V): one page-id load for two rows where
-// they share a page, the page table's pointer held for the tile, and no select in the copies.  Off in the pipelined
+// LEAN (the plain loop's producer, bound by its instruction count on paged K/V): page 16's ids loaded from one base
+// (rows_fixed), one page-id load for two rows where they share a page of another size, the page table's pointer held
+// for the tile, and no select in the copies.  Off in the pipelined
 // loop, whose producer copies paged K/V only when forced (CudaFa2Backend.sm90_pipe) and spills with it.
 template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false>
 struct KvTileCopy {
@@ -68,6 +69,31 @@ struct KvTileCopy {
       vb += (int64_t)kv_base * v_sn;
     }
   }
+  // Pages of PS slots (1 or 16) and a tile starting at a page boundary: row it of a thread lies it * STEP / PS pages
+  // after its first row's page, at slot t0 % PS + it * STEP % PS (r0 < STEP, and STEP and PS divide one another), so
+  // every page-id load is at an immediate offset from one base; all are issued before the multiplies, the base and
+  // the stride opaque.  ptxas otherwise gave each load its own 64-bit address and a reload of the stride and issued
+  // them four at a time: page 1's general form took ~140 instructions a tile, this one ~55.  H200, session 36, same
+  // runs: P3 page 1 0.614 ms against 0.647; page 16 (against the pair form below) P3 0.611 against 0.629, P4 1.064
+  // against 1.102, d64 0.395 against 0.419, d256 0.554 against 0.570.
+  template <int PS>
+  __device__ __forceinline__ void rows_fixed(const int32_t* pt, int t0, uint32_t sp, uint32_t rs) {
+    static_assert((PS % STEP == 0 || STEP % PS == 0) && KVT % PS == 0, "a thread's rows at fixed page offsets");
+    const int left = kv_hi - t0;
+    const int32_t* pb = pt + (uint32_t)t0 / PS;
+    asm volatile("" : "+l"(pb));
+    uint32_t pg[N];
+#pragma unroll
+    for (int it = 0; it < N; ++it)  // a page's first row of this thread's loads its id
+      if ((it * STEP) % PS == 0) pg[it] = it * STEP < left ? (uint32_t)__ldg(pb + it * STEP / PS) : 0u;
+    uint32_t m = sp, o = ((uint32_t)t0 % PS) * rs;
+    asm volatile("" : "+r"(m));
+#pragma unroll
+    for (int it = 0; it < N; ++it) {
+      const int slot = (it * STEP) % PS;
+      roff[it] = pg[it - slot / STEP] * m + o + (uint32_t)slot * rs;
+    }
+  }
   // paged: row offsets of `tile` (K, or V when the strides differ) into roff
   __device__ __forceinline__ void rows(int tile, bool v) {
     const int t0 = kv_lo + tile * KVT + r0;
@@ -75,19 +101,9 @@ struct KvTileCopy {
     const int32_t* pt = pages;  // LEAN: held for the tile (ptxas rebuilt it from the params for every load)
     if constexpr (LEAN) asm volatile("" : "+l"(pt));
     if (page_size == 1) {
-      // A row's page id is its offset in pages: every load from one opaque base at an immediate offset, all issued
-      // before the multiplies (the stride opaque too), ~55 instructions a tile against ~140 for the general power-of-two
-      // form below, whose loads ptxas grouped four at a time with an address and a stride reload each.  P3 page 1 0.614
-      // ms against 0.647 (H200, session 36, same run), now level with page 16.
-      const int left = kv_hi - t0;
-      const int32_t* pb = pt + t0;
-      asm volatile("" : "+l"(pb));
-#pragma unroll
-      for (int it = 0; it < N; ++it) roff[it] = it * STEP < left ? (uint32_t)__ldg(pb + it * STEP) : 0u;
-      uint32_t m = sp;
-      asm volatile("" : "+r"(m));
-#pragma unroll
-      for (int it = 0; it < N; ++it) roff[it] *= m;
+      rows_fixed<1>(pt, t0, sp, rs);
+    } else if (LEAN && page_size == 16 && (kv_lo & 15) == 0) {  // the pipelined loop's producer spills with it
+      rows_fixed<16>(pt, t0, sp, rs);
     } else if (LEAN && N % 2 == 0 && page_shift >= 0 && ((page_size | kv_lo) & (2 * STEP - 1)) == 0) {
       // Pages of a multiple of 2 STEP slots, tiles starting at one: rows it and it + 1 of a thread (r0 < STEP,
       // it even) share a page, so one page id serves both
