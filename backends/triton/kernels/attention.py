@@ -286,34 +286,26 @@ def _attn_fwd(
     DOT_PREC: tl.constexpr, PREFETCH: tl.constexpr, DOT_F16: tl.constexpr,
     KV_ADDR: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
+    # CUDA-graph mode (PERSISTENT): a fixed grid loops over the live items (count and order on the device);
+    # otherwise one program per (item, kv head), the loop running once
     pid = tl.program_id(0)
-    if PERSISTENT:  # CUDA-graph mode: a fixed grid loops over the live items (count and order on the device)
+    if PERSISTENT:
         n_items = tl.load(Counts)
         order = tl.load(Counts + 2)
-        for w in range(pid, n_items * NUM_KV, tl.num_programs(0)):
-            if order != 0:
-                item = w // NUM_KV
-                hkv = w - item * NUM_KV
-            else:
-                hkv = w // n_items
-                item = w - hkv * n_items
-            req, row0, kv_lo, kv_hi, part_row = _work_item(Work, item)
-            _attn_item(
-                req, row0, kv_lo, kv_hi, part_row, hkv, Q, K, V, Out, Lse, TmpO, TmpLse,
-                QoIndptr, KvIndptr, KvIndices, KvLens, MaskBytes, MaskIndptr, Sinks, Slopes,
-                stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                stride_ot, stride_oh, stride_lt, stride_lh, stride_tt, stride_th, stride_ut, stride_uh,
-                qk_scale, cap_inv, cap_l2, out_scale, window_left,
-                rope_log2_theta, rope_inv_scale, spec_q_len, spec_row_bytes,
-                G, HEAD_DIM, BLOCK_D, HEAD_DIM_VO, BLOCK_DV, HALF, BLOCK_HALF, BLOCK_M, BLOCK_N, PAGE, MASK_MODE,
-                HAS_WINDOW, SOFT_CAP, ALIBI, ROPE, HAS_SINKS, STORE_LSE, DOT_PREC, PREFETCH, DOT_F16, KV_ADDR)
-    else:  # one program per (item, kv head)
-        if heads_first != 0:  # launch heaviest first across all heads (see plan._heads_first)
-            item = pid // NUM_KV
-            hkv = pid - item * NUM_KV
+        w_end = n_items * NUM_KV
+        w_step = tl.num_programs(0)
+    else:
+        n_items = NUM_ITEMS
+        order = heads_first
+        w_end = pid + 1
+        w_step = 1
+    for w in range(pid, w_end, w_step):
+        if order != 0:  # heaviest first across all heads (see plan._heads_first)
+            item = w // NUM_KV
+            hkv = w - item * NUM_KV
         else:  # a head's items together: those of one request share K/V tiles in L2
-            hkv = pid // NUM_ITEMS
-            item = pid - hkv * NUM_ITEMS
+            hkv = w // n_items
+            item = w - hkv * n_items
         req, row0, kv_lo, kv_hi, part_row = _work_item(Work, item)
         _attn_item(
             req, row0, kv_lo, kv_hi, part_row, hkv, Q, K, V, Out, Lse, TmpO, TmpLse,
