@@ -43,8 +43,8 @@ __device__ __forceinline__ void tma_kv_tile(const KvTma& m, int kvh, int token, 
 // multiply-add and a cp.async per chunk.
 // LEAN (the plain loop's producer, bound by its instruction count on paged K/V): page 16's ids loaded from one base
 // (rows_fixed), one page-id load for two rows where they share a page of another size, the page table's pointer held
-// for the tile, and no select in the copies.  Off in the pipelined
-// loop, whose producer copies paged K/V only when forced (CudaFa2Backend.sm90_pipe) and spills with it.
+// for the tile, and no select in the copies.  Off in the pipelined loop, whose producer copies paged K/V only when
+// forced (CudaFa2Backend.sm90_pipe) and spills with it.
 template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false>
 struct KvTileCopy {
   static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
