@@ -302,10 +302,9 @@ def _bench_unused(a, pod_ids, only_pod: bool) -> None:
     if a.pod_backend and not pod:
         raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
                          "or give --pod-sweep")
-    if pod and only_pod:  # POD rows only
-        if a.backend:
-            raise UsageError("--backend: the POD rows run each composed part on auto's pick and the fused op of "
-                             "--pod-backend; --backend applies to the other workloads, and none is named")
+    if pod and only_pod and a.backend:  # POD rows only
+        raise UsageError("--backend: the POD rows run each composed part on auto's pick and the fused op of "
+                         "--pod-backend; --backend applies to the other workloads, and none is named")
 
 
 def cmd_bench(a) -> int:
@@ -331,6 +330,7 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    page_order = a.page_order or "shuffled"  # the default where it is used (--latency refuses it given)
     pinfo = None
     if pod_ids or a.pod_sweep or a.plot:  # POD workloads (issue 16): fused vs serial (vs FlashInfer)
         if a.plot and not (pod_ids or a.pod_sweep):
@@ -340,7 +340,7 @@ def cmd_bench(a) -> int:
                 bench_pod.check_plot()
             pinfo = bench_pod.run_pod_bench(pod_ids or None, sweep=a.pod_sweep, device=a.device,
                                             pod_backend=a.pod_backend, flashinfer=a.flashinfer, progress=progress,
-                                            page_order=a.page_order or "shuffled")
+                                            page_order=page_order)
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
@@ -351,7 +351,7 @@ def cmd_bench(a) -> int:
         if only_pod:
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
-                     device=a.device, page_order=a.page_order or "shuffled", flashinfer=a.flashinfer,
+                     device=a.device, page_order=page_order, flashinfer=a.flashinfer,
                      progress=progress)
     print(format_table(info))
     _write_json(a.json, info if pinfo is None else dict(info, pod=pinfo))  # one file: both runs' rows
