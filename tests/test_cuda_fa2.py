@@ -173,29 +173,35 @@ def test_prefill90_serves_d256_pod90_does_not_cpu():
         specs.Fa2Key("pod90", "bf16", "same", 256, "causal", ws=True).spec()
 
 
-@pytest.mark.parametrize("persistent, config, merge, graph, want", [
-    (True, "prefill90", 0, None, (40, 40 + 92)),  # the persistent grid: a CTA per SM of each share
-    (False, "prefill90", 0, None, (64 * 8, 64 * 8 + 2 * 92)),  # the one-unit grid: every unit, then two waves
-    (True, "prefill90", 3, None, None),  # a merge would run before the tail is done
-    (True, "prefill90", 0, object(), None),  # CUDA-graph mode
-    (False, "prefill", 0, None, None),  # the sm80 kernels take no shared units
+@pytest.mark.parametrize("persistent, config, merge, graph, sms, want", [
+    (True, "prefill90", 0, None, 40, (40, 40 + 92, 0)),  # the persistent grid: a CTA per SM of each share
+    # the one-unit grid: every unit, then two waves; item-major in pairs of kv heads where the model gains on the
+    # prefill's SMs (plan.launch_group: 512 causal units on 132 slots, not on 40)
+    (False, "prefill90", 0, None, 40, (64 * 8, 64 * 8 + 2 * 92, 0)),
+    (False, "prefill90", 0, None, 132, (64 * 8, 64 * 8 + 2 * 92, 2)),
+    (True, "prefill90", 3, None, 40, None),  # a merge would run before the tail is done
+    (True, "prefill90", 0, object(), 40, None),  # CUDA-graph mode
+    (False, "prefill", 0, None, 40, None),  # the sm80 kernels take no shared units
 ])
-def test_split_launches_share_the_units_of_prefill90_only_cpu(monkeypatch, persistent, config, merge, graph, want):
-    """CudaFa2Backend.split_launches: the first launch and the tail carry (sched_base, sched_ctas, 0 / 1), sized by
-    the grid kind; None where the two launches cannot share a run (the GPU test: test_pod_streams.py)."""
+def test_split_launches_share_the_units_of_prefill90_only_cpu(monkeypatch, persistent, config, merge, graph, sms,
+                                                              want):
+    """CudaFa2Backend.split_launches: the first launch and the tail carry (sched_base, sched_ctas, 0 / 1, head_group),
+    sized by the grid kind; None where the two launches cannot share a run (the GPU test: test_pod_streams.py)."""
     import dataclasses
     from types import SimpleNamespace
 
     from attncore.backends.cuda_fa2 import binding
     from attncore.backends.cuda_fa2.plan import Fa2Plan
+    from attncore.core import schedule as sched
 
     names = [f.name for f in dataclasses.fields(Fa2Plan) if f.default is dataclasses.MISSING
              and f.default_factory is dataclasses.MISSING]
     plan = Fa2Plan(**dict.fromkeys(names))
-    lib = SimpleNamespace(persistent=persistent, ctas_per_sm=1, key=SimpleNamespace(config=config))
+    lib = SimpleNamespace(persistent=persistent, ctas_per_sm=1, kv_tile=128, key=SimpleNamespace(config=config))
     plan.lib, plan.merge_grid, plan.graph, plan.work_grid = lib, merge, graph, 64
     plan.problem = SimpleNamespace(num_kv_heads=8)
-    pair = CudaFa2Backend().split_launches(plan, 40, 92)
+    plan.schedule = sched.build(sched.row_tiles([2048], [2048], 4, 128, causal=True), [2048], chunk=None)  # 64 items
+    pair = CudaFa2Backend().split_launches(plan, sms, 92)
     if want is None:
         assert pair is None
         return
@@ -204,7 +210,8 @@ def test_split_launches_share_the_units_of_prefill90_only_cpu(monkeypatch, persi
     first, tail = pair
     tail("args")
     first("args")
-    assert launched == [(plan, "args", want + (1,)), (plan, "args", want + (0,))]
+    base, ctas, group = want
+    assert launched == [(plan, "args", (base, ctas, 1, group)), (plan, "args", (base, ctas, 0, group))]
 
 
 def test_priority_ranks_prefill90_against_triton_as_measured():
@@ -269,9 +276,10 @@ class FakeLib:
     """A library's tile shape and launches, recorded (plan() and launch() on the CPU)."""
 
     launched: list = []
+    ctas_per_sm, persistent = 2, False
 
     def __init__(self, key, lib_shape=(128, 64), sms=132):
-        self.key, self.num_sms, self.ctas_per_sm = key, sms, 2
+        self.key, self.num_sms = key, sms
         self.cta_q, self.kv_tile = (16, 64) if key.config == "decode" else lib_shape
 
     def run(self, p, stream):
@@ -702,6 +710,75 @@ def test_prefill90(dtype, pipe, ws):
         run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.head_dim == 256
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("d", [128, 256])
+def test_prefill90_launch_groups(monkeypatch, d):
+    """The one-unit grid in item-major order within groups of kv heads (Fa2Params.head_group, forced here whatever
+    plan.launch_group would choose): every unit runs once, in the one launch and in two launches sharing the units
+    through the counters (CudaFa2Backend.split_launches)."""
+    from attncore.backends.cuda_fa2 import binding, plan as plan_mod
+
+    kw = dict(force_config="prefill90", sm90_pipe=True, sm90_ws=True, paged=False, d=d)
+    lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)]
+    for g in (2, 4, 8):
+        monkeypatch.setattr(plan_mod, "launch_group", lambda *a, g=g: g)
+        plan = run_case(Case(lens, hq=16, hkv=8, **kw))
+        assert not plan.lib.persistent and plan.base.head_group == g and not plan.needs_merge
+        run_case(Case(lens, hq=8, hkv=8, mask="none", **kw))
+    launch = binding.launch
+
+    def shared(plan, args, shared=None):  # the one launch as two sharing the units: half of them, then as many CTAs
+        if shared is not None:
+            return launch(plan, args, shared)
+        units = plan.work_grid * plan.problem.num_kv_heads
+        launch(plan, args, shared=(units // 2, units // 2 + units, 0, plan.head_group))
+        launch(plan, args, shared=(units // 2, units // 2 + units, 1, plan.head_group))
+    monkeypatch.setattr(binding, "launch", shared)
+    run_case(Case(lens, hq=16, hkv=8, **kw))
+
+
+def test_launch_group_model_cpu():
+    """plan.launch_group: groups where head-major order leaves a long last round (P2 d256: 16 heads of 32 causal
+    items), head-major where the model sees no 5% gain, equal items, one kv head, or many rounds."""
+    from attncore.backends.cuda_fa2.plan import MAX_WAVES, launch_group
+    from attncore.core import schedule as sched
+
+    def group(qo, g, hkv, kv_tile, causal=True, slots=132):
+        s = sched.build(sched.row_tiles([qo], [qo], g, 128, causal=causal), [qo], chunk=None)
+        return launch_group(tuple(s.costs), kv_tile, hkv, slots)
+
+    assert group(4096, 1, 16, 80) == 4  # P2 d256 (the model: 1.26x with 4 and 8, the smaller is kept)
+    assert group(2048, 1, 16, 80) == 8
+    assert group(4096, 4, 8, 128) == 0  # P1 causal: no gain in the model
+    assert group(4096, 1, 16, 80, causal=False) == 0  # equal items: every order is the same
+    assert group(4096, 16, 1, 80) == 0  # one kv head
+    assert group(4096, 1, 16, 80, slots=512 // MAX_WAVES - 1) == 0  # past MAX_WAVES units per slot
+    for hkv in (2, 4, 6, 12, 32):
+        assert hkv % max(group(2048, 1, hkv, 128), 1) == 0
+
+
+@pytest.mark.parametrize("persistent, graph", [(False, False), (True, False), (False, True)])
+def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
+    """make_plan gives the one-unit grid launch_group's group, and the persistent grid and CUDA-graph mode (a
+    capacity grid, captured once) head-major order."""
+    from attncore.backends.cuda_fa2 import plan as plan_mod
+
+    monkeypatch.setattr(FakeLib, "ctas_per_sm", 1)
+    monkeypatch.setattr(FakeLib, "persistent", persistent)
+    prob = _problem(op="single_prefill", page_size=None, num_qo_heads=16, num_kv_heads=16, head_dim_qk=256,
+                    head_dim_vo=256, mask="causal", cuda_graph=graph)
+    n = 4096
+    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, n], dtype=torch.int32), qo_indptr_host=[0, n],
+                     kv_indptr=torch.tensor([0, n], dtype=torch.int32), kv_indptr_host=[0, n], kv_lens_host=[n],
+                     params=AttnParams(sm_scale=0.1))
+    _, plan, _ = _cpu_plan(prob, meta, lib_shape=(128, 80))
+    assert plan.config == "prefill90"
+    want = 0 if persistent or graph else plan_mod.launch_group(tuple(plan.schedule.costs), 80, 16, 132)
+    assert plan.head_group == plan.base.head_group == want and (want == 4 or persistent or graph)
 
 
 @gpu

@@ -362,7 +362,8 @@ def test_split_decode_planned_for_its_sms_gpu(monkeypatch):
     from attncore.backends.xqa import plan as xplan
     from attncore.core import streams
 
-    monkeypatch.setattr(streams, "choose_split", lambda f, b, n, g=8: streams.SplitChoice(48, 0.0, 0.0, True, "x"))
+    monkeypatch.setattr(streams, "choose_split",
+                        lambda f, b, n, g=8, margin=None: streams.SplitChoice(48, 0.0, 0.0, True, "x"))
     # inputs of its own: no output an earlier test left in the allocator's cache can pass for this one's
     indptr, indices, last, cache, qp, kp, vp, qd = _pd(seed=5)
     w = attncore.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
@@ -401,7 +402,7 @@ def test_split_tail_takes_over_the_prefills_units_gpu(batch_pod, prefill_sms, mo
 
     monkeypatch.setattr(xqa_backend, "SHARE_SPLITS", False)  # the whole GPU's split count: the same bits
     monkeypatch.setattr(streams, "choose_split",
-                        lambda f, b, n, g=8: streams.SplitChoice(prefill_sms, 0.0, 0.0, True, "forced"))
+                        lambda f, b, n, g=8, margin=None: streams.SplitChoice(prefill_sms, 0.0, 0.0, True, "forced"))
     launch = binding.launch
 
     def spy(plan, args, shared=None):
@@ -434,6 +435,7 @@ def test_split_tail_takes_over_the_prefills_units_gpu(batch_pod, prefill_sms, mo
     tails = [sh for sh in launches if sh is not None]
     assert [sh[2] for sh in tails] == [0, 1], launches  # the first launch, then the tail
     assert tails[0][:2] == tails[1][:2] and tails[0][1] > tails[0][0] > 0
+    assert tails[0][3] == tails[1][3]  # both take the units in one order (Fa2Params.head_group)
     again = _flat(run())
     ws_serial, run_serial = make("serial")
     serial = _flat(run_serial())

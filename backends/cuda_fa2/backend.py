@@ -281,21 +281,24 @@ class CudaFa2Backend(Backend):
         """prefill90 without a merge, not in CUDA-graph mode: two launches sharing the units through the plan's
         counters (Fa2Params.sched_*).  The persistent grid: ``sms`` x the CTAs per SM, starting with units 0.., then
         a tail of ``tail_sms`` x as many, each taking units left until none is.  The one-unit grid: a CTA per unit,
-        then two waves of ``tail_sms``; every CTA of either takes the next unit not yet taken, if any."""
+        then two waves of ``tail_sms``; every CTA of either takes the next unit not yet taken, if any, in the order
+        plan.launch_group gives for ``sms`` SMs (the plan's is for the whole GPU)."""
         from attncore.backends.cuda_fa2 import binding
+        from attncore.backends.cuda_fa2.plan import launch_group
 
         if (not isinstance(plan, Fa2Plan) or plan.lib.key.config != "prefill90" or plan.needs_merge
                 or plan.graph is not None or plan.work_grid <= 0):
             return None
-        per_sm = plan.lib.ctas_per_sm
+        per_sm, hkv = plan.lib.ctas_per_sm, plan.problem.num_kv_heads
         if plan.lib.persistent:
-            base, tail = sms * per_sm, tail_sms * per_sm
+            base, tail, group = sms * per_sm, tail_sms * per_sm, 0
         else:
-            base, tail = plan.work_grid * plan.problem.num_kv_heads, 2 * tail_sms * per_sm
+            base, tail = plan.work_grid * hkv, 2 * tail_sms * per_sm
+            group = launch_group(tuple(plan.schedule.costs), plan.lib.kv_tile, hkv, sms * per_sm)
         if base <= 0 or tail <= 0:
             return None
-        return (lambda args: binding.launch(plan, args, shared=(base, base + tail, 0)),
-                lambda args: binding.launch(plan, args, shared=(base, base + tail, 1)))
+        return (lambda args: binding.launch(plan, args, shared=(base, base + tail, 0, group)),
+                lambda args: binding.launch(plan, args, shared=(base, base + tail, 1, group)))
 
     def relaunch(self, plan: Fa2Plan, args):
         from attncore.backends.cuda_fa2 import binding

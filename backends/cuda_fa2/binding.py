@@ -43,7 +43,8 @@ class Fa2Params(ctypes.Structure):
         ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
         ("k_row_unit", _i32), ("k_row_sp", _i32), ("k_row_sn", _i32),
         ("v_row_unit", _i32), ("v_row_sp", _i32), ("v_row_sn", _i32),
-        ("sched_base", _i32), ("sched_ctas", _i32), ("sched_steal", _i32), ("kv_rows", _i64),
+        ("sched_base", _i32), ("sched_ctas", _i32), ("sched_steal", _i32), ("head_group", _i32),
+        ("kv_rows", _i64),
     ]
 
 
@@ -209,6 +210,7 @@ def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     ps = p.page_size
     p.page_shift = ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
     p.num_work = plan.work_grid
+    p.head_group = plan.head_group
     p.window_left = ap.window_left if ap.window_left is not None and ap.window_left >= 0 else -1
     p.device = plan.device.index
     p.rope_rcp_scale = 1.0 / ap.rope_scale
@@ -335,16 +337,16 @@ def relaunch(plan, args):
     return go
 
 
-def launch(plan, args, shared: Optional[Tuple[int, int, int]] = None) -> None:
+def launch(plan, args, shared: Optional[Tuple[int, int, int, int]] = None) -> None:
     """Launch a plan (plan.Fa2Plan) on ``RunArgs``: the main kernel, then the merge of split partials.  ``shared``:
-    (sched_base, sched_ctas, sched_steal) of prefill90's grid sharing its units with a second launch
+    (sched_base, sched_ctas, sched_steal, head_group) of prefill90's grid sharing its units with a second launch
     (Fa2Params.sched_*; CudaFa2Backend.split_launches: a plan without a merge)."""
     p, mp = build_params(plan, args)
     if p is None:
         return
     if shared is not None:
         p = Fa2Params.from_buffer_copy(p)  # (the struct is kept per signature: leave it as it was)
-        p.sched_base, p.sched_ctas, p.sched_steal = shared
+        p.sched_base, p.sched_ctas, p.sched_steal, p.head_group = shared
     stream = current.stream(plan.device.index)
     plan.lib.run(p, stream)
     if mp is not None:

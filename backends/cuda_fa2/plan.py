@@ -17,6 +17,7 @@ that needs more is an error naming the capacity.
 from __future__ import annotations
 
 import functools
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
@@ -77,6 +78,7 @@ class Fa2Plan:
     mask_indptr: Optional[torch.Tensor]
     graph: Optional[GraphState] = None
     sm90_reasons: Any = None  # why the Hopper kernel (prefill90) was not used, [] when it was
+    head_group: int = 0  # Fa2Params.head_group: launch_group
     base: Any = None  # binding.Fa2Params with the plan-constant fields
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
@@ -137,6 +139,50 @@ def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_spl
                                    min_chunk=min_split_chunk)
     chunk = -(-chunk // lib.kv_tile) * lib.kv_tile if chunk else None
     return sched.build(tiles, qo_lens, chunk=chunk), tiles
+
+
+# launch_group's model: a unit costs its K/V tiles and this many more (a CTA's start and end: BENCHMARKS.md 2w,
+# ~2.7 tiles at d128; the model then gives the measured causal / non-causal ratios of P1 and P2 d256)
+UNIT_OVERHEAD_TILES = 2.5
+# a group must shorten the model's time by this much: item-major order spreads the CTAs at work over more heads'
+# K/V (H200, BENCHMARKS.md 2ag: where the model saw no gain, groups ran up to 9% slower: P1 causal, ragged 8 x 2k)
+GROUP_GAIN = 1.05
+MAX_WAVES = 8  # past this many units per slot the last round is a small part of the launch
+
+
+@functools.lru_cache(maxsize=256)
+def launch_group(costs: Tuple[int, ...], kv_tile: int, hkv: int, slots: int) -> int:
+    """Fa2Params.head_group of prefill90's one-unit grid: 0 (head-major), or the kv-head group whose item-major
+    launch order a greedy model finishes ``GROUP_GAIN`` x sooner (the smallest within 1% of the best group).
+
+    ``costs``: the items' KV extents, longest first (Schedule.costs).  The hardware starts CTAs in launch order as
+    slots free up, so head-major order starts the last heads' longest items last: P2 d256 causal (16 heads of 32
+    items on 132 SMs) finishes its busiest SM at 1.26x the mean head-major, at 1.00x in groups of 4."""
+    n = len(costs)
+    if hkv < 2 or n < 2 or costs[0] == costs[-1] or n * hkv > MAX_WAVES * slots:
+        return 0
+    units = [-(-c // kv_tile) + UNIT_OVERHEAD_TILES for c in costs]
+
+    def makespan(g: int) -> float:
+        ends, replace = [0.0] * slots, heapq.heapreplace  # a min-heap of the slots' finish times
+        for t in units * (hkv // g):
+            for _ in range(g):
+                replace(ends, ends[0] + t)
+        return max(ends)
+
+    bound = max(sum(units) * hkv / slots, units[0])  # no order finishes sooner
+    head_major = makespan(1)
+    if head_major < bound * GROUP_GAIN:
+        return 0
+    times = {}
+    for g in (g for g in range(2, hkv + 1) if hkv % g == 0):
+        times[g] = makespan(g)
+        if times[g] <= bound * 1.01:  # (host time: no group would be more than 1% better)
+            break
+    best = min(times.values())
+    if best * GROUP_GAIN > head_major:
+        return 0
+    return min(g for g, t in times.items() if t <= best * 1.01)
 
 
 @functools.lru_cache(maxsize=256)
@@ -220,6 +266,9 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     uploads.send_image(image, span)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
+    one_unit = lib.key.config == "prefill90" and not lib.persistent and graph is None
+    slots = lib.num_sms * lib.ctas_per_sm
+    group = launch_group(tuple(s.costs), lib.kv_tile, Hkv, slots) if one_unit else 0
     return Fa2Plan(
         problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=meta.page_size if paged else 0,
         nnz_q=nnz_q, config=config, schedule=s, num_items=n_items,
@@ -228,4 +277,4 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"], sched=tabs["sched"],
         part_o=parts.get("part_o"), part_lse=parts.get("part_lse"), alibi_slopes=tabs.get("alibi"),
         mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
-        graph=graph, sm90_reasons=why)
+        graph=graph, sm90_reasons=why, head_group=group)

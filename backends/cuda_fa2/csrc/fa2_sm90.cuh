@@ -103,6 +103,18 @@ struct Cfg90 {
 __device__ __forceinline__ unsigned live_items(const Fa2Params& p) {
   return (unsigned)(p.work_count != nullptr ? __ldg(p.work_count) : p.num_work);
 }
+// the one-unit grid's unit u (launch or counter order) -> (item, kv head): Fa2Params.head_group
+__device__ __forceinline__ void unit_of(const Fa2Params& p, unsigned u, unsigned& item, int& kvh) {
+  const unsigned n = (unsigned)p.num_work;
+  if (p.head_group > 1) {
+    const unsigned g = (unsigned)p.head_group, r = u % (n * g);
+    item = r / g;
+    kvh = (int)(u / (n * g) * g + r % g);
+  } else {
+    item = u % n;
+    kvh = (int)(u / n);
+  }
+}
 // PERSIST: the units handed out before the counter's (the first round: one per CTA of the first launch), and the
 // CTAs sharing the counters (Fa2Params.sched_ctas: a second launch takes over leftover units)
 __device__ __forceinline__ unsigned sched_first(const Fa2Params& p) {
@@ -833,10 +845,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
                                                                     const __grid_constant__ KvTma tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Counters shared with a second launch (Fa2Params.sched_*): the persistent grid's second launch takes its first
-  // unit from them too; the one-unit grid takes every CTA's unit u (item u % num_work of kv head u / num_work) from
-  // them, in both launches, and each CTA is done with the counters once it has taken one
+  // unit from them too; the one-unit grid takes every CTA's unit from them (in the order of unit_of),
+  // in both launches, and each CTA is done with the counters once it has taken one
   unsigned first = blockIdx.x;
   int kvh = blockIdx.y;
+  if (!Cfg::PERSIST && p.head_group > 1) unit_of(p, blockIdx.y * gridDim.x + blockIdx.x, first, kvh);
   if (p.sched_ctas && (p.sched_steal || !Cfg::PERSIST)) {
     __shared__ unsigned taken;
     if (threadIdx.x == 0) {
@@ -847,8 +860,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
     first = taken;
     if constexpr (!Cfg::PERSIST) {
       if (first >= (unsigned)(p.num_work * p.num_kv_heads)) return;
-      kvh = (int)(first / (unsigned)p.num_work);
-      first %= (unsigned)p.num_work;
+      unit_of(p, first, first, kvh);
     }
   }
   // CUDA-graph mode: a capacity grid; CTAs without work leave before any barrier or copy
