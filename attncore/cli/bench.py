@@ -171,7 +171,7 @@ def _bytes(w: Workload) -> float:
 
 
 def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: int,
-           page_order: str = "shuffled", api=None):
+           page_order: str = PAGE_ORDERS[0], api=None):
     """Plan the workload and return a list of run closures (one per input copy).  Paged caches
     get a shuffled page table (a fragmented cache, the default) or pages in order.  ``api``: the
     module to drive (default attncore; ``flashinfer`` for the comparison rows)."""
@@ -273,7 +273,7 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
 def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequence[str]] = None,
               device: Optional[str] = None, progress: Callable[[str], None] = print,
-              page_order: str = "shuffled", flashinfer: bool = False) -> Dict:
+              page_order: str = PAGE_ORDERS[0], flashinfer: bool = False) -> Dict:
     """``flashinfer``: also time the importable ``flashinfer`` package on each workload (a row
     named ``flashinfer``), in this run."""
     check_page_order(page_order)

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from attncore.cli.bench import _timer, check_page_order, page_ids
+from attncore.cli.bench import PAGE_ORDERS, _timer, check_page_order, page_ids
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _shrink(w: PODWorkload) -> PODWorkload:
     return replace(w, qo=min(w.qo, 32), batch=min(w.batch, 2), kv=min(w.kv, 64), hq=4, hkv=2, d=32, page=4)
 
 
-def _inputs(w: PODWorkload, device: str, dtype, page_order: str = "shuffled") -> dict:
+def _inputs(w: PODWorkload, device: str, dtype, page_order: str = PAGE_ORDERS[0]) -> dict:
     """The workload's tensors, made once and shared by every column (one KV cache: the sweep's largest point
     holds 8.6 GB of it); the decode's pages shuffled (a fragmented cache) or in order, as ``attncore bench``'s."""
     pages = (w.kv + w.page - 1) // w.page
@@ -115,7 +115,7 @@ ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per point (--pod-sweep's columns
 
 
 def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
-            time_fn: Optional[Callable] = None, rounds: Optional[int] = None, page_order: str = "shuffled") -> Dict:
+            time_fn: Optional[Callable] = None, rounds: Optional[int] = None, page_order: str = PAGE_ORDERS[0]) -> Dict:
     """One row: ms of fused / serial / streams / sm_split / auto (/ flashinfer) and the speedups over serial.
     Every column is planned first on the same inputs; then ``rounds`` rounds each time every column once, back
     to back, each round starting one column later than the one before, and a column's figure is the median of
@@ -178,7 +178,7 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
 
 def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
                   pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None,
-                  page_order: str = "shuffled") -> Dict:
+                  page_order: str = PAGE_ORDERS[0]) -> Dict:
     check_page_order(page_order)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     pod_backend = pod_backend or default_pod_backend(device)

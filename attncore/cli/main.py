@@ -309,7 +309,7 @@ def _bench_unused(a, pod_ids, only_pod: bool) -> None:
 
 def cmd_bench(a) -> int:
     from attncore.cli import bench_pod
-    from attncore.cli.bench import format_table, run_bench
+    from attncore.cli.bench import PAGE_ORDERS, format_table, run_bench
 
     _runnable_device(a.device)
     for n in a.backend or ():
@@ -330,7 +330,7 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    page_order = a.page_order or "shuffled"  # the default where it is used (--latency refuses it given)
+    page_order = a.page_order or PAGE_ORDERS[0]  # the default where it is used (--latency refuses it given)
     pinfo = None
     if pod_ids or a.pod_sweep or a.plot:  # POD workloads (issue 16): fused vs serial (vs FlashInfer)
         if a.plot and not (pod_ids or a.pod_sweep):
@@ -344,11 +344,10 @@ def cmd_bench(a) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
-        if only_pod:
-            _write_json(a.json, pinfo)
         if a.plot:
             bench_pod.plot(pinfo, a.plot)
         if only_pod:
+            _write_json(a.json, pinfo)
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
                      device=a.device, page_order=page_order, flashinfer=a.flashinfer,
