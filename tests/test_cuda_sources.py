@@ -115,8 +115,11 @@ def _entry_reports(log: str):
 KNOWN_SPILLS = {
     "cuda_fa2_prefill_bf16_d128_causal_sm80": (20, 20),
     "cuda_fa2_prefill_bf16_d128_causal_sm90": (52, 52),
-    "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm80": (8, 8),
-    "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm90": (4, 4),
+    # (8 / 8 at sm80 and 4 / 4 at sm90 until session 37's launch groups, the CTA's item and kv head computed from
+    # Fa2Params.head_group: 4 / 4 and 16 / 16 since; the groups gained 1.2-1.4x on few-wave causal prefills on the
+    # FA2 kernel, BENCHMARKS.md 2ag)
+    "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm80": (4, 4),
+    "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm90": (16, 16),
     # (8 / 8 until session 33's TMA copies of ragged K/V, whose build was faster on every ragged workload in the same
     # run's A/B; the d128 one-unit builds without the pipelined loop spill nothing since)
     "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws_sm90": (8, 20),

@@ -152,7 +152,7 @@ MAX_WAVES = 8  # past this many units per slot the last round is a small part of
 
 @functools.lru_cache(maxsize=256)
 def launch_group(costs: Tuple[int, ...], kv_tile: int, hkv: int, slots: int) -> int:
-    """Fa2Params.head_group of prefill90's one-unit grid: 0 (head-major), or the kv-head group whose item-major
+    """Fa2Params.head_group of a one-unit prefill grid: 0 (head-major), or the kv-head group whose item-major
     launch order a greedy model finishes ``GROUP_GAIN`` x sooner (the smallest within 1% of the best group).
 
     ``costs``: the items' KV extents, longest first (Schedule.costs).  The hardware starts CTAs in launch order as
@@ -266,7 +266,9 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     uploads.send_image(image, span)
     custom = lib.key.mask == "custom"
     paged = meta.kv_indices is not None
-    one_unit = lib.key.config == "prefill90" and not lib.persistent and graph is None
+    # a one-unit prefill grid (not the decode tile: many short items, bandwidth-bound)
+    one_unit = lib.key.config in ("prefill", "prefill64") or lib.key.config == "prefill90" and not lib.persistent
+    one_unit = one_unit and graph is None
     slots = lib.num_sms * lib.ctas_per_sm
     group = launch_group(tuple(s.costs), lib.kv_tile, Hkv, slots) if one_unit else 0
     return Fa2Plan(

@@ -70,6 +70,27 @@ __device__ __forceinline__ bool past_work_count(const Fa2Params& p) {
   return p.work_count != nullptr && (int)blockIdx.x >= __ldg(p.work_count);
 }
 
+// A one-unit grid's unit u (launch or counter order) -> (item, kv head): Fa2Params.head_group
+__device__ __forceinline__ void unit_of(const Fa2Params& p, unsigned u, unsigned& item, int& kvh) {
+  const unsigned n = (unsigned)p.num_work;
+  if (p.head_group > 1) {
+    const unsigned g = (unsigned)p.head_group, r = u % (n * g);
+    item = r / g;
+    kvh = (int)(u / (n * g) * g + r % g);
+  } else {
+    item = u % n;
+    kvh = (int)(u / n);
+  }
+}
+// this CTA's (item, kv head) in a one-unit grid (items, kv heads): blockIdx, or in head_group's order
+__device__ __forceinline__ uint2 grid_unit(const Fa2Params& p) {
+  if (p.head_group <= 1) return make_uint2(blockIdx.x, blockIdx.y);
+  unsigned item;
+  int kvh;
+  unit_of(p, blockIdx.y * gridDim.x + blockIdx.x, item, kvh);
+  return make_uint2(item, (unsigned)kvh);
+}
+
 // A CTA's work item (fa2_params.h: request, first packed row, KV range, partial slot) with its
 // request's lengths and the KV range cut to what the item's rows can see (causal; a sliding
 // window when window_left >= 0).  Both kernels (this one and fa2_sm90.cuh's) decode it here.
@@ -109,7 +130,7 @@ struct Cta {
   const int64_t mask_base;  // custom mask: the request's first byte
   __device__ __forceinline__ explicit Cta(const Fa2Params& p_)
       : p(p_), tid(threadIdx.x), lane(tid & 31), warp(tid >> 5), wq(warp % Cfg::NWQ), wkv(warp / Cfg::NWQ),
-        kvh(blockIdx.y), G(p.group), w(p, blockIdx.x, G, p.window_left), qg(reinterpret_cast<const T*>(p.q)),
+        kvh((int)grid_unit(p).y), G(p.group), w(p, grid_unit(p).x, G, p.window_left), qg(reinterpret_cast<const T*>(p.q)),
         kg(reinterpret_cast<const uint8_t*>(p.k)), vg(reinterpret_cast<const uint8_t*>(p.v)), page_size(p.page_size),
         kv_base(p.kv_indptr[w.req]), mask_base(MASK == kMaskCustom ? (int64_t)p.mask_indptr[w.req] : 0) {}
 };

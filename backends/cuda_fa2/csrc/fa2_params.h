@@ -89,10 +89,10 @@
   F(int32_t, sched_base)                                                                                  \
   F(int32_t, sched_ctas)                                                                                  \
   F(int32_t, sched_steal)                                                                                 \
-  /* prefill90's one-unit grid (not persistent, not graph mode): the order its units start in, launch or     \
-     counter order u.  0: head-major (unit u: item u % num_work of kv head u / num_work).  g > 1: item-major   \
-     within groups of g kv heads (g divides Hkv), so that every head's longest items start early             \
-     (backends/cuda_fa2/plan.py: launch_group). */                                                          \
+  /* a prefill one-unit grid (prefill90's not persistent, the FA2 kernel's; not graph mode): the order its  \
+     units start in, launch or counter order u.  0: head-major (unit u: item u % num_work of kv head         \
+     u / num_work).  g > 1: item-major within groups of g kv heads (g divides Hkv), so that every head's      \
+     longest items start early (backends/cuda_fa2/plan.py: launch_group). */                                \
   F(int32_t, head_group)                                                                                  \
   /* prefill90 ragged K/V: the rows (tokens) of K and V, the extent of the TMA tensor maps the launcher      \
      encodes (fa2_attention.cu: full tiles by TMA); 0 (paged): cp.async copies only */                      \

@@ -103,18 +103,6 @@ struct Cfg90 {
 __device__ __forceinline__ unsigned live_items(const Fa2Params& p) {
   return (unsigned)(p.work_count != nullptr ? __ldg(p.work_count) : p.num_work);
 }
-// the one-unit grid's unit u (launch or counter order) -> (item, kv head): Fa2Params.head_group
-__device__ __forceinline__ void unit_of(const Fa2Params& p, unsigned u, unsigned& item, int& kvh) {
-  const unsigned n = (unsigned)p.num_work;
-  if (p.head_group > 1) {
-    const unsigned g = (unsigned)p.head_group, r = u % (n * g);
-    item = r / g;
-    kvh = (int)(u / (n * g) * g + r % g);
-  } else {
-    item = u % n;
-    kvh = (int)(u / n);
-  }
-}
 // PERSIST: the units handed out before the counter's (the first round: one per CTA of the first launch), and the
 // CTAs sharing the counters (Fa2Params.sched_ctas: a second launch takes over leftover units)
 __device__ __forceinline__ unsigned sched_first(const Fa2Params& p) {
@@ -847,9 +835,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) fa2_sm90_kernel(const Fa2Par
   // Counters shared with a second launch (Fa2Params.sched_*): the persistent grid's second launch takes its first
   // unit from them too; the one-unit grid takes every CTA's unit from them (in the order of unit_of),
   // in both launches, and each CTA is done with the counters once it has taken one
-  unsigned first = blockIdx.x;
-  int kvh = blockIdx.y;
-  if (!Cfg::PERSIST && p.head_group > 1) unit_of(p, blockIdx.y * gridDim.x + blockIdx.x, first, kvh);
+  const uint2 unit = Cfg::PERSIST ? make_uint2(blockIdx.x, blockIdx.y) : grid_unit(p);
+  unsigned first = unit.x;
+  int kvh = (int)unit.y;
   if (p.sched_ctas && (p.sched_steal || !Cfg::PERSIST)) {
     __shared__ unsigned taken;
     if (threadIdx.x == 0) {
