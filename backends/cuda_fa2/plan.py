@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
@@ -161,16 +162,34 @@ def launch_group(costs: Tuple[int, ...], kv_tile: int, hkv: int, slots: int) -> 
     n = len(costs)
     if hkv < 2 or n < 2 or costs[0] == costs[-1] or n * hkv > MAX_WAVES * slots:
         return 0
-    units = [-(-c // kv_tile) + UNIT_OVERHEAD_TILES for c in costs]
+    runs = [(-(-c // kv_tile) + UNIT_OVERHEAD_TILES, len(list(r))) for c, r in itertools.groupby(costs)]
 
     def makespan(g: int) -> float:
-        ends, replace = [0.0] * slots, heapq.heapreplace  # a min-heap of the slots' finish times
-        for t in units * (hkv // g):
-            for _ in range(g):
-                replace(ends, ends[0] + t)
-        return max(ends)
+        # each unit goes to a slot that frees first; slots that free at the same time take a run of equal units
+        # together (host time): a min-heap of the distinct finish times, and how many slots finish at each
+        count, heap = {0.0: slots}, [0.0]
+        for t, k in runs * (hkv // g):
+            k *= g
+            while k:
+                f = heap[0]
+                c = count[f]
+                take = min(c, k)
+                k -= take
+                e = f + t
+                if take == c:
+                    del count[f]
+                    if e in count:
+                        heapq.heappop(heap)
+                    else:
+                        heapq.heapreplace(heap, e)
+                else:
+                    count[f] = c - take
+                    if e not in count:
+                        heapq.heappush(heap, e)
+                count[e] = count.get(e, 0) + take
+        return max(count)
 
-    bound = max(sum(units) * hkv / slots, units[0])  # no order finishes sooner
+    bound = max(sum(t * k for t, k in runs) * hkv / slots, runs[0][0])  # no order finishes sooner
     head_major = makespan(1)
     if head_major < bound * GROUP_GAIN:
         return 0
