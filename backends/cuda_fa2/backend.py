@@ -294,7 +294,7 @@ class CudaFa2Backend(Backend):
             base, tail, group = sms * per_sm, tail_sms * per_sm, 0
         else:
             base, tail = plan.work_grid * hkv, 2 * tail_sms * per_sm
-            group = launch_group(tuple(plan.schedule.costs), plan.lib.kv_tile, hkv, sms * per_sm)
+            group = launch_group(plan.schedule.costs, plan.lib.kv_tile, hkv, sms * per_sm)
         if base <= 0 or tail <= 0:
             return None
         return (lambda args: binding.launch(plan, args, shared=(base, base + tail, 0, group)),

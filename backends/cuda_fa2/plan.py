@@ -20,7 +20,7 @@ import functools
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -151,17 +151,23 @@ GROUP_GAIN = 1.05
 MAX_WAVES = 8  # past this many units per slot the last round is a small part of the launch
 
 
-@functools.lru_cache(maxsize=256)
-def launch_group(costs: Tuple[int, ...], kv_tile: int, hkv: int, slots: int) -> int:
+def launch_group(costs: Sequence[int], kv_tile: int, hkv: int, slots: int) -> int:
     """Fa2Params.head_group of a one-unit prefill grid: 0 (head-major), or the kv-head group whose item-major
     launch order a greedy model finishes ``GROUP_GAIN`` x sooner (the smallest within 1% of the best group).
 
     ``costs``: the items' KV extents, longest first (Schedule.costs).  The hardware starts CTAs in launch order as
     slots free up, so head-major order starts the last heads' longest items last: P2 d256 causal (16 heads of 32
-    items on 132 SMs) finishes its busiest SM at 1.26x the mean head-major, at 1.00x in groups of 4."""
+    items on 132 SMs) finishes its busiest SM at 1.26x the mean head-major, at 1.00x in groups of 4.  The cases
+    with nothing to model return before the costs are copied and hashed (POD's SM split asks on every run)."""
     n = len(costs)
     if hkv < 2 or n < 2 or costs[0] == costs[-1] or n * hkv > MAX_WAVES * slots:
         return 0
+    return _modelled_group(tuple(costs), kv_tile, hkv, slots)
+
+
+@functools.lru_cache(maxsize=256)
+def _modelled_group(costs: Tuple[int, ...], kv_tile: int, hkv: int, slots: int) -> int:
+    """launch_group where the model runs: cached by the items' extents (host time)."""
     runs = [(-(-c // kv_tile) + UNIT_OVERHEAD_TILES, len(list(r))) for c, r in itertools.groupby(costs)]
 
     def makespan(g: int) -> float:
@@ -289,7 +295,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     one_unit = lib.key.config in ("prefill", "prefill64") or lib.key.config == "prefill90" and not lib.persistent
     one_unit = one_unit and graph is None
     slots = lib.num_sms * lib.ctas_per_sm
-    group = launch_group(tuple(s.costs), lib.kv_tile, Hkv, slots) if one_unit else 0
+    group = launch_group(s.costs, lib.kv_tile, Hkv, slots) if one_unit else 0
     return Fa2Plan(
         problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=meta.page_size if paged else 0,
         nnz_q=nnz_q, config=config, schedule=s, num_items=n_items,
