@@ -100,6 +100,32 @@ def test_bench_sequential_pages(tmp_path):
         run_bench(ids=["D1"], device="cpu", page_order="random")
 
 
+def test_bench_rounds_interleave_the_columns(tmp_path):
+    """--rounds: every column of a workload timed once per round, each round starting one column later; a row's
+    figure is the median of its rounds (a backend named twice is one column)."""
+    from attncore.cli.bench import interleave
+
+    order = []
+    clock = iter([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 9.0, 7.0, 8.0])
+
+    def col(name):
+        return lambda: order.append(name) or next(clock)
+
+    times = interleave({"a": col("a"), "b": col("b"), "c": col("c")}, 3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert times == {"a": [5.0, 6.0, 7.0], "b": [1.0, 2.0, 8.0], "c": [3.0, 4.0, 9.0]}
+    assert interleave({}, 3) == {}  # every backend refused: nothing to time
+    j = tmp_path / "bench.json"
+    r = _run("bench", "--workload", "D1", "--backend", "reference", "--backend", "triton", "--backend", "reference",
+             "--rounds", "2", "--json", str(j), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "(each figure the median of 2 interleaved rounds)" in r.stdout
+    info = json.loads(j.read_text())
+    assert info["rounds"] == 2 and [x["backend"] for x in info["results"]] == ["reference", "triton"]
+    for x in info["results"]:
+        assert len(x["rounds_ms"]) == 2 and x["time_ms"] == pytest.approx(sum(x["rounds_ms"]) / 2)
+
+
 @pytest.mark.parametrize("wid", ["P1-causal", "P3-p16", "D1", "D5", "X1-q4"])
 def test_bench_drives_any_flashinfer_api_module(wid):
     """--flashinfer drives the comparison module through the FlashInfer API alone (no backend=,
@@ -194,7 +220,6 @@ def test_sdpa_plugin_is_listed_and_explained_when_installed():
     (["bench", "--latency", "--pod-sweep", "--page-order", "sequential"],
      "--pod-sweep, --page-order: not used with --latency"),
     (["bench", "--workload", "D1", "--calls", "5"], "--calls: not used without --latency"),
-    (["bench", "--rounds", "2"], "--rounds: not used without --latency"),
     (["bench", "--workload", "D1", "--pod-backend", "triton"], "--pod-backend: the backend of the POD rows"),
     (["bench", "--workload", "PD1", "--backend", "triton"], "--backend: the POD rows run each composed part"),
     (["build", "nosuch", "--list"], "known: cuda_fa2, xqa"),

@@ -2,14 +2,16 @@
 
 Ceilings (read-only bandwidth, device copy, bf16 matmul) and torch SDPA are measured in the same
 run; with ``--flashinfer`` so is FlashInfer (any importable ``flashinfer``), driven through the
-same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode inputs rotate among several
-caches so repeated runs do not measure L2.  On a CPU the shapes shrink and the figures only show
-that the path runs.
+same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode
+inputs rotate among several caches so repeated runs do not measure L2.  A workload's columns (backends, FlashInfer,
+torch SDPA) are planned first and then timed in interleaved rounds (``interleave``), each column's figure the median
+of its rounds.  On a CPU the shapes shrink and the figures only show that the path runs.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -112,6 +114,22 @@ def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = 3) -> 
         return sorted(ts)[len(ts) // 2]
 
     return cpu
+
+
+ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per workload (and POD point) unless --rounds says otherwise
+
+
+def interleave(columns: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, List[float]]:
+    """Each column's timings over ``rounds`` rounds: a round times every column once, back to back, each round
+    starting one column later than the one before.  A GPU whose speed drifts moves every column of a round alike
+    (timed a column at a time, two columns running the same kernel differed by 5%: P1 non-causal, H200,
+    2026-11-29; two POD columns of one path by 7%), and no column always follows the same one."""
+    names = list(columns)
+    times: Dict[str, List[float]] = {k: [] for k in names}
+    for r in range(rounds if names else 0):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            times[k].append(columns[k]())
+    return times
 
 
 def copies_for(w: Workload, device: str) -> int:
@@ -273,15 +291,16 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
 def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequence[str]] = None,
               device: Optional[str] = None, progress: Callable[[str], None] = print,
-              page_order: str = PAGE_ORDERS[0], flashinfer: bool = False) -> Dict:
+              page_order: str = PAGE_ORDERS[0], flashinfer: bool = False, rounds: Optional[int] = None) -> Dict:
     """``flashinfer``: also time the importable ``flashinfer`` package on each workload (a row
-    named ``flashinfer``), in this run."""
+    named ``flashinfer``), in this run.  ``rounds``: each workload's columns timed in that many interleaved
+    rounds (``interleave``; default ``ROUNDS``), a row's ``time_ms`` the median of its ``rounds_ms``."""
     check_page_order(page_order)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     fi = _import_flashinfer(device) if flashinfer else None
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    names = list(backends) if backends else ["auto"]
+    names = list(dict.fromkeys(backends)) if backends else ["auto"]  # a column per backend, named once
     wls = select_workloads(ids)
     if device != "cuda":
         progress("no CUDA GPU: running small shapes on the CPU; the figures only show the paths run")
@@ -291,41 +310,43 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
     if ceil:
         progress("ceilings: read %.2f TB/s, copy %.2f TB/s, bf16 matmul %.0f TFLOP/s" % (
             ceil["read_TBps"], ceil["copy_TBps"], ceil["bf16_matmul_TFLOPs"]))
+    rounds = rounds or ROUNDS.get(device, 1)
     rows, at_size = [], {}
     for w in wls:
         copies = copies_for(w, device)
         entries = [(n, None) for n in names] + ([("flashinfer", fi)] if fi else [])
-        sd = _sdpa(w, device, dtype) if device == "cuda" else None
+        planned: Dict[str, tuple] = {}  # column: (its row, the timing closure)
         for name, api in entries:
             row = {"workload": w.id, "backend": name}
+            rows.append(row)
             try:
                 runs, chosen = _setup(w, "auto" if api else name, device, dtype, copies, page_order, api=api)
-                ms = time_runs(t, runs)
-                row.update(time_ms=ms, chosen=chosen or name)
             except BackendSelectionError as e:
                 row.update(status="n/a", detail=str(e)[:160])
-                rows.append(row)
                 progress(f"{w.id:10s} {name:10s} n/a")
                 continue
             except Exception as e:
                 row.update(status="ERROR", detail=f"{type(e).__name__}: {e}"[:200])
-                rows.append(row)
                 progress(f"{w.id:10s} {name:10s} ERROR {row['detail']}")
                 continue
+            row["chosen"] = chosen or name
+            planned[name] = (row, lambda runs=runs: time_runs(t, runs))
+        sd = _sdpa(w, device, dtype) if device == "cuda" else None
+        if sd is not None:
+            row = {"workload": w.id, "backend": "torch-sdpa"}
+            rows.append(row)
+            planned["torch-sdpa"] = (row, lambda: t(sd))
+        times = interleave({k: fn for k, (_, fn) in planned.items()}, rounds)
+        for name, (row, _) in planned.items():
+            row.update(time_ms=statistics.median(times[name]), rounds_ms=times[name])
             _figures(row, w, ceil)
             if "TBps" in row and device == "cuda":
                 row["read_at_size_ms"] = read_at_size(_bytes(w), t, at_size)
                 row["frac_read_at_size"] = row["read_at_size_ms"] / row["time_ms"]
-            rows.append(row)
-            progress(_fmt_row(row))
-        if sd is not None:
-            row = {"workload": w.id, "backend": "torch-sdpa", "time_ms": t(sd)}
-            _figures(row, w, ceil)
-            rows.append(row)
             progress(_fmt_row(row))
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dtype": str(dtype),
-            "page_order": page_order, "ceilings": ceil, "results": rows}
+            "page_order": page_order, "rounds": rounds, "ceilings": ceil, "results": rows}
     if fi:
         info["flashinfer"] = getattr(fi, "__version__", "?")
     return info
@@ -371,8 +392,10 @@ def _fmt_row(row: Dict) -> str:
 
 
 def format_table(info: Dict) -> str:
+    rounds = info.get("rounds", 1)
     lines = [f"device: {info['device']}  date: {info['date']}  dtype: {info['dtype']}  "
-             f"pages: {info.get('page_order', 'shuffled')}"]
+             f"pages: {info.get('page_order', 'shuffled')}"
+             + (f"  (each figure the median of {rounds} interleaved rounds)" if rounds > 1 else "")]
     c = info.get("ceilings") or {}
     if c:
         lines.append("ceilings: read %.2f TB/s  copy %.2f TB/s  bf16 matmul %.0f TFLOP/s" % (

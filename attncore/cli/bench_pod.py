@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from attncore.cli.bench import PAGE_ORDERS, _timer, check_page_order, page_ids
+from attncore.cli.bench import PAGE_ORDERS, ROUNDS, _timer, check_page_order, interleave, page_ids
 
 
 @dataclass(frozen=True)
@@ -111,17 +111,12 @@ def default_pod_backend(device: str) -> str:
         return "triton"
 
 
-ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per point (--pod-sweep's columns interleave; see measure)
-
-
 def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None,
             time_fn: Optional[Callable] = None, rounds: Optional[int] = None, page_order: str = PAGE_ORDERS[0]) -> Dict:
     """One row: ms of fused / serial / streams / sm_split / auto (/ flashinfer) and the speedups over serial.
-    Every column is planned first on the same inputs; then ``rounds`` rounds each time every column once, back
-    to back, each round starting one column later than the one before, and a column's figure is the median of
-    its rounds: a GPU whose speed drifts during the point moves every column of a round alike (one column after
-    the other, two columns running the same path differed by 7%), and no column always follows the same one
-    (in one sweep auto, timed after the SM split in every round, ran the serial path 2.4% slower than serial)."""
+    Every column is planned first on the same inputs, then timed in ``rounds`` interleaved rounds (bench's
+    ``interleave``), a column's figure the median of its rounds (in one sweep before the rounds rotated, auto,
+    timed after the SM split in every round, ran the serial path 2.4% slower than serial)."""
     import attncore
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
@@ -160,13 +155,11 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
             runs["flashinfer"] = (_setup(w, x, dtype, fi, {})[0], contextlib.nullcontext)
         except Exception as e:
             row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:160]}"
-    times: Dict[str, list] = {k: [] for k in runs}
-    names = list(runs)
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:  # each round starts one column later
-            run, ctx = runs[k]
-            with ctx():
-                times[k].append(t(run))
+    def timed(run, ctx):
+        with ctx():
+            return t(run)
+
+    times = interleave({k: (lambda rc=rc: timed(*rc)) for k, rc in runs.items()}, rounds)
     for k, v in times.items():
         row[k] = statistics.median(v)
         row[f"{k}_rounds"] = v
@@ -178,7 +171,7 @@ def measure(w: PODWorkload, *, device: str, pod_backend: str = "triton", fi=None
 
 def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, device: Optional[str] = None,
                   pod_backend: Optional[str] = None, flashinfer: bool = False, progress=None,
-                  page_order: str = PAGE_ORDERS[0]) -> Dict:
+                  page_order: str = PAGE_ORDERS[0], rounds: Optional[int] = None) -> Dict:
     check_page_order(page_order)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     pod_backend = pod_backend or default_pod_backend(device)
@@ -198,7 +191,7 @@ def run_pod_bench(ids: Optional[List[str]] = None, *, sweep: bool = False, devic
         todo = [_shrink(w) for w in todo]
     rows = []
     for w in todo:
-        rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi, page_order=page_order))
+        rows.append(measure(w, device=device, pod_backend=pod_backend, fi=fi, page_order=page_order, rounds=rounds))
         if progress:  # each row as it is measured: a run cut short still shows what it measured
             progress("pod bench: " + _fmt_row(rows[-1]))
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pod_backend": pod_backend,

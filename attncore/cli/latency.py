@@ -27,6 +27,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from attncore.cli.bench import ROUNDS  # each cell timed this many times, the rows interleaved
+
 COLUMNS = ("single_prefill", "single_decode", "decode plan", "decode run", "paged prefill plan", "prefill run")
 
 
@@ -262,9 +264,6 @@ def default_backends(device: str) -> List[str]:
     return [n for n in want if n == "auto" or n in avail]
 
 
-ROUNDS = 3  # on a GPU: each cell timed this many times, the rows interleaved (one round on the CPU)
-
-
 def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[str] = None,
                 calls: Optional[int] = None, flashinfer: bool = False,
                 progress: Optional[Callable[[str], None]] = None,
@@ -280,7 +279,7 @@ def run_latency(backends: Optional[Sequence[str]] = None, *, device: Optional[st
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     calls = calls or (300 if device == "cuda" else 5)
-    rounds = rounds or (ROUNDS if device == "cuda" else 1)
+    rounds = rounds or ROUNDS.get(device, 1)
     names = list(backends) if backends else default_backends(device)
     timers: Dict[str, object] = {}
     for n in names:

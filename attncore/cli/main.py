@@ -297,7 +297,7 @@ def _bench_unused(a, pod_ids, only_pod: bool) -> None:
         _refuse_unused(_given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order"),
                        "with --latency (it times tiny problems of its own)")
         return
-    _refuse_unused(_given(a, "calls", "rounds"), "without --latency (options of its timing)")
+    _refuse_unused(_given(a, "calls"), "without --latency (an option of its timing)")
     pod = bool(pod_ids or a.pod_sweep)
     if a.pod_backend and not pod:
         raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
@@ -340,7 +340,7 @@ def cmd_bench(a) -> int:
                 bench_pod.check_plot()
             pinfo = bench_pod.run_pod_bench(pod_ids or None, sweep=a.pod_sweep, device=a.device,
                                             pod_backend=a.pod_backend, flashinfer=a.flashinfer, progress=progress,
-                                            page_order=page_order)
+                                            page_order=page_order, rounds=a.rounds)
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(bench_pod.format_pod_table(pinfo))
@@ -351,7 +351,7 @@ def cmd_bench(a) -> int:
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
                      device=a.device, page_order=page_order, flashinfer=a.flashinfer,
-                     progress=progress)
+                     progress=progress, rounds=a.rounds)
     print(format_table(info))
     _write_json(a.json, info if pinfo is None else dict(info, pod=pinfo))  # one file: both runs' rows
     return 0
@@ -536,7 +536,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--calls", type=arg_types.positive, metavar="N",
                    help="--latency: calls per cell (default 300, CPU 5)")
     b.add_argument("--rounds", type=arg_types.positive, metavar="N",
-                   help="--latency: timings per cell, the rows interleaved; the median is shown (default 3, CPU 1)")
+                   help="timings per figure, the columns (backends, FlashInfer, SDPA; --latency: the rows) "
+                        "interleaved; the median is shown (default 3, CPU 1)")
     b.add_argument("--pod-sweep", action="store_true",
                    help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
     b.add_argument("--pod-backend", help="the backend whose fused POD op is timed (default: the one auto ranks first "
