@@ -790,6 +790,25 @@ def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
     assert plan.head_group == plan.base.head_group == want and (want == 4 or persistent or graph)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_prefill64_for_causal_prefills_under_1_3_waves_cpu(d):
+    """The FA2 kernel's tile (here: a soft cap, which prefill90 refuses): 64 rows for a causal prefill of fewer
+    128-row CTAs than PREFILL64_WAVES waves (132 SMs x 2), 128 rows from there on, at d256 and without a mask always."""
+    from attncore.backends.cuda_fa2.backend import PREFILL64_WAVES
+
+    def config(n, mask="causal"):
+        prob = _problem(op="single_prefill", page_size=None, head_dim_qk=d, head_dim_vo=d, mask=mask, soft_cap=True)
+        meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, n], dtype=torch.int32), qo_indptr_host=[0, n],
+                         kv_indptr=torch.tensor([0, n], dtype=torch.int32), kv_indptr_host=[0, n], kv_lens_host=[n],
+                         params=AttnParams(sm_scale=0.1, logits_soft_cap=30.0))
+        return _cpu_plan(prob, meta)[1].config
+
+    below = int(PREFILL64_WAVES * 264) // 8 * 128 // 4 - 32  # the 128-row CTAs of 8 kv heads just under the bound
+    assert config(1024) == config(below) == ("prefill" if d == 256 else "prefill64")
+    assert config(below + 64) == config(1536) == config(4096) == "prefill"
+    assert config(1024, mask="none") == "prefill"
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])

@@ -80,6 +80,15 @@ def _kv_name(dt: torch.dtype, q: torch.dtype) -> str:
     return "same"
 
 
+# The FA2 kernel's 64-row tile (prefill64) for causal prefills of fewer 128-row CTAs than this many waves.  Until the
+# 128-row grid launched in kv-head groups (plan.launch_group) the bound was 6 waves (H100: P1 causal 255 against 234
+# TFLOP/s).  H200, 2026-11-29, 128 / 64 rows, same runs (1 x qo = kv, 32/8 heads, d128 unless stated; waves of 264
+# slots): 0.97 waves (1k) 0.0695 / 0.0524 ms, 1.21 (1280) 0.0819 / 0.0781, 1.45 (1536) 0.0928 / 0.1021, ragged 3 x 1k
+# 0.1265 / 0.1432, 1.94 (2k) 0.1348 / 0.1586, 3.9 (P1) 0.473 / 0.555; d64 0.97 0.0444 / 0.0347, 1.45 0.0585 / 0.0568,
+# 3.9 0.290 / 0.316 (BENCHMARKS.md 2ah)
+PREFILL64_WAVES = 1.3
+
+
 class CudaFa2Backend(Backend):
     name = "cuda_fa2"
     aliases = ("fa2",)
@@ -238,11 +247,9 @@ class CudaFa2Backend(Backend):
             config = "prefill90"
         lib = binding.get_library(self.key_for(problem, config, page_size, paged), dev)
         if config == "prefill" and problem.mask == "causal" and problem.head_dim_qk != 256 and not self.force_config:
-            # Causal prefill with few CTAs (< 6 waves of 128-row tiles): 64-row tiles balance the
-            # triangle better.  Measured on H100: P1 causal 255 vs 234 TFLOP/s, while P3/P4 (>= 2048
-            # CTAs) lose with 64-row tiles (153 vs 199, 166 vs 219).
+            # Causal prefill of under PREFILL64_WAVES waves of 128-row CTAs: 64-row tiles, twice the CTAs
             ctas = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv
-            if ctas < 6 * lib.num_sms * lib.ctas_per_sm:
+            if ctas < PREFILL64_WAVES * lib.num_sms * lib.ctas_per_sm:
                 config = "prefill64"
         same_family = (self.force_config == "decode") == (config == "decode")
         if self.force_config and same_family:

@@ -5,8 +5,9 @@ rounds on shared inputs (same process, same run), with Triton (and optionally Fl
         --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer] \
         [--config prefill]
 
-A variant is ``name:loop|pipe|:DEFINE=VALUE,...`` (the loop forced, or the plan's rule when empty; the defines
-are ``CudaFa2Backend.tune``; ``--config`` forces every variant's tile config, e.g. ``prefill``: the FA2 kernel).
+A variant is ``name:loop|pipe|:DEFINE=VALUE,...[:CONFIG]`` (the loop forced, or the plan's rule when empty; the
+defines are ``CudaFa2Backend.tune``; CONFIG forces its tile config, e.g. ``prefill``: the FA2 kernel, and
+``--config`` that of every variant without one).
 Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
 """
 
@@ -22,11 +23,12 @@ import torch
 
 def parse_variant(s: str):
     name, _, rest = s.partition(":")
-    loop, _, defs = rest.partition(":")
+    loop, _, rest = rest.partition(":")
+    defs, _, config = rest.partition(":")
     if loop not in ("", "loop", "pipe"):
         raise SystemExit(f"variant {s!r}: the loop is 'loop', 'pipe' or empty")
     tune = tuple(tuple(d.split("=", 1)) for d in defs.split(",") if d)
-    return name, {"": None, "loop": False, "pipe": True}[loop], tune
+    return name, {"": None, "loop": False, "pipe": True}[loop], tune, config or None
 
 
 def parse_workload(s: str, bench):
@@ -63,8 +65,8 @@ def main() -> int:
     for w in [w for spec in a.workload for w in parse_workload(spec, bench)]:
         copies = bench.copies_for(w, "cuda")
         runs = {}
-        for name, pipe, tune in variants:
-            be.sm90_pipe, be.tune, be.force_config = pipe, tune, a.config
+        for name, pipe, tune, config in variants:
+            be.sm90_pipe, be.tune, be.force_config = pipe, tune, config or a.config
             plan_cache.ONE_CALL_PLANS.clear()  # one-call workloads cache their plans by signature
             try:
                 runs[name], _ = bench._setup(w, "cuda_fa2", "cuda", dtype, copies, "shuffled")
@@ -74,10 +76,7 @@ def main() -> int:
         runs["triton"], _ = bench._setup(w, "triton", "cuda", dtype, copies, "shuffled")
         if fi is not None:
             runs["flashinfer"], _ = bench._setup(w, "auto", "cuda", dtype, copies, "shuffled", api=fi)
-        times = {k: [] for k in runs}
-        for _ in range(a.rounds):
-            for k, r in runs.items():
-                times[k].append(bench.time_runs(t, r))
+        times = bench.interleave({k: (lambda r=r: bench.time_runs(t, r)) for k, r in runs.items()}, a.rounds)
         flops = bench._flops(w)
         for k, ts in times.items():
             med = statistics.median(ts)
