@@ -125,6 +125,13 @@ def test_uri_naming_roundtrip():
     assert ("FA2_H_WS", "1") in kws.spec().defines
     with pytest.raises(ValueError):
         specs.Fa2Key("prefill", "bf16", "same", 128, "causal", ws=True).spec()
+    kpe = specs.Fa2Key("prefill90", "bf16", "same", 128, "none", pipe=True, ws=True, persist=True)
+    assert kpe.uri == "cuda_fa2_prefill90_bf16_d128_none_pipe_ws_persist"
+    assert specs.parse(kpe.uri + "_sm90").defines == kpe.spec().defines
+    assert {("FA2_H_PERSIST", "1"), ("FA2_H_STAGES", "2")} <= set(kpe.spec().defines)
+    for bad in (dict(pipe=False), dict(ws=False), dict(head_dim=64), dict(config="pod90")):
+        with pytest.raises(ValueError, match="_persist is a prefill90 _pipe_ws option at d128"):
+            specs.Fa2Key(**{**dict(config="prefill90", head_dim=128, pipe=True, ws=True, persist=True), **bad}).spec()
     for bad in (dict(mask="custom"), dict(head_dim=96), dict(kv="e4m3"), dict(softcap=True),
                 dict(config="pod90", ws=True, head_dim=256)):
         with pytest.raises(ValueError):
@@ -691,7 +698,10 @@ def test_prefill90(dtype, pipe, ws):
     # pages, V's rows on their own strides
     run_case(Case(lens, hq=32, hkv=8, page_size=1, **kw))
     run_case(Case([(300, 1200), (129, 129), (7, 40)], hq=8, hkv=2, page_size=1, split_v=True, **kw))
-    run_case(Case(lens, hq=32, hkv=8, paged=False, mask="none", **kw))
+    # ragged d128, 1,344 units: the pipelined loop with ws on the persistent grid (plan.PERSIST_UNITS: _persist)
+    for mask in ("none", "causal"):
+        plan = run_case(Case(lens, hq=32, hkv=8, paged=False, mask=mask, **kw))
+        assert plan.lib.key.persist == (pipe and ws and not plan.lib.key.tune)
     run_case(Case(lens, hq=32, hkv=8, paged=False, d=64, **kw))  # d64 contiguous: persistent pipelined with ws
     # ragged K / V with the token stride of a fused K V tensor (prefill90's TMA maps: whole tiles by TMA, a unit's
     # last by cp.async)
@@ -788,6 +798,37 @@ def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
     assert plan.config == "prefill90"
     want = 0 if persistent or graph else plan_mod.launch_group(tuple(plan.schedule.costs), 80, 16, 132)
     assert plan.head_group == plan.base.head_group == want and (want == 4 or persistent or graph)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_prefill90_persistent_past_8_units_per_slot_cpu(monkeypatch, d):
+    """prefill90's pipelined loop at d128 takes the persistent grid (_persist) for batches of more than PERSIST_UNITS
+    units (item, kv head) per slot, the one-unit grid below; never at d64 / d256 (d64's pipelined loop is persistent
+    in its one build), in CUDA-graph mode or with a tuning variant; CudaFa2Backend.sm90_persist forces it."""
+    from attncore.backends.cuda_fa2.plan import PERSIST_UNITS
+
+    monkeypatch.setattr(FakeLib, "ctas_per_sm", 1)
+
+    def key(n, graph=False, force=None, tune=()):
+        prob = _problem(op="batch_prefill_ragged", page_size=None, head_dim_qk=d, head_dim_vo=d, cuda_graph=graph)
+        qo = [i * n for i in range(9)]
+        meta = BatchMeta(batch_size=8, qo_indptr=torch.tensor(qo, dtype=torch.int32), qo_indptr_host=qo,
+                         kv_indptr=torch.tensor(qo, dtype=torch.int32), kv_indptr_host=qo, kv_lens_host=[n] * 8,
+                         params=AttnParams(sm_scale=0.1))
+        monkeypatch.setattr(CudaFa2Backend, "sm90_persist", force)
+        monkeypatch.setattr(CudaFa2Backend, "tune", tune)
+        plan = _cpu_plan(prob, meta, lib_shape=(128, 128))[1]
+        assert plan.config == "prefill90" and plan.lib.key.pipe
+        units = plan.num_items * 8
+        return plan.lib.key, units
+
+    k, units = key(2048)  # 8 x 2k, 32/8 heads: 8 x 64 items of 8 kv heads
+    assert units > PERSIST_UNITS * 132 and k.persist == (d == 128)
+    k, units = key(512)
+    assert units <= PERSIST_UNITS * 132 and not k.persist
+    assert key(512, force=True)[0].persist == (d == 128) and not key(2048, force=False)[0].persist
+    assert not key(2048, graph=True)[0].persist
+    assert not key(2048, tune=(("FA2_H_PREG", "56"),))[0].persist
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

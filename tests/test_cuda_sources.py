@@ -138,6 +138,7 @@ def test_representative_specs_compile_sm80_sm90_without_spills():
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True),
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", ws=True),
               fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "causal", pipe=True, ws=True),
+              fa2_specs.Fa2Key("prefill90", "bf16", "same", 128, "none", pipe=True, ws=True, persist=True),
               fa2_specs.Fa2Key("prefill90", "fp16", "same", 64, "none", pipe=True, ws=True),
               fa2_specs.Fa2Key("pod90", "bf16", "same", 128, "causal", pipe=True, ws=True),
               fa2_specs.Fa2Key("pod90", "fp16", "same", 64, "none", ws=True)]

@@ -3,7 +3,7 @@
 URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
     cuda_fa2_<prefill|prefill64|prefill90|pod90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
-             [_softcap][_alibi][_rope][_pf][_pipe][_ws]
+             [_softcap][_alibi][_rope][_pf][_pipe][_ws][_persist]
 
 ``prefill`` is the 128-row (64 for d256) Q tile with 4 warps along Q; ``prefill64`` the 64-row tile
 (one m16 tile per warp), chosen for causal problems whose diagonal dominates (qo_len ~ kv_len);
@@ -24,6 +24,9 @@ V tile on its own barriers), and the two consumer warpgroups (224 registers) onl
 (``CudaFa2Backend.sm90_ws``).  Without ``_pipe``, and with it at d64, the grid is persistent: one CTA per SM runs
 (item, kv head) units one after the other, taking the next from a counter in the int workspace, the ring running on
 across units.
+``_persist`` (prefill90 ``_pipe_ws`` at d128): the pipelined loop on that persistent grid, in two stages with K and V
+on their own barriers (three do not fit beside the ring's hand-over); the plan takes it for batches of more than
+``plan.PERSIST_UNITS`` units per SM (many short units: ragged 8 x 2k 6% faster on an H200, BENCHMARKS.md 2ah).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time
@@ -66,6 +69,7 @@ class Fa2Key:
     prefetch: bool = False  # decode: page ids fetched a tile ahead into registers (small pages)
     pipe: bool = False  # prefill90: software-pipelined main loop
     ws: bool = False  # prefill90: warp-specialized (producer warpgroup)
+    persist: bool = False  # prefill90 _pipe_ws d128: on the persistent grid, two stages
     tune: Tuple[Tuple[str, str], ...] = ()  # tile-shape overrides (tuning experiments only)
 
     @property
@@ -83,6 +87,8 @@ class Fa2Key:
             parts.append("pipe")
         if self.ws:
             parts.append("ws")
+        if self.persist:
+            parts.append("persist")
         if self.tune:
             parts.append("t" + "".join(f"{k.lower().replace('fa2_', '')}{v}" for k, v in self.tune))
         return "_".join(parts)
@@ -101,6 +107,8 @@ class Fa2Key:
             raise ValueError("cuda_fa2: warp specialization (_ws) is a prefill90 / pod90 option")
         if self.config == "pod90" and not self.ws:
             raise ValueError("cuda_fa2: pod90 is warp-specialized (_ws)")
+        if self.persist and not (self.config == "prefill90" and self.pipe and self.ws and self.head_dim == 128):
+            raise ValueError("cuda_fa2: _persist is a prefill90 _pipe_ws option at d128")
         dims = PREFILL90_HEAD_DIMS if self.config == "prefill90" else POD90_HEAD_DIMS
         if self.config in SM90_CONFIGS and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
                                             or self.rope or self.head_dim not in dims):
@@ -113,6 +121,7 @@ class Fa2Key:
             ("FA2_ALIBI", str(int(self.alibi))), ("FA2_ROPE", str(int(self.rope))),
         ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
             + ((("FA2_H_WS", "1"),) if self.ws else ()) \
+            + ((("FA2_H_PERSIST", "1"), ("FA2_H_STAGES", "2")) if self.persist else ()) \
             + tuple(self.tune)
         return jit.Spec("cuda_fa2", self.uri, (SOURCE,), defines=defines, include_dirs=INCLUDE_DIRS,
                         description=self.uri.replace("_", " ").replace("cuda fa2", "cuda_fa2"),
@@ -121,16 +130,16 @@ class Fa2Key:
 
 _URI_RE = re.compile(
     r"^cuda_fa2_(prefill64|prefill90|pod90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
-    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)((?:_ws)?)(?:_sm\d+)?$")
+    r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)((?:_ws)?)((?:_persist)?)(?:_sm\d+)?$")
 
 
 def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not a cuda_fa2 specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    cfg, dt, kv, d, mask, sc, al, ro, pf, pi, ws = m.groups()
+    cfg, dt, kv, d, mask, sc, al, ro, pf, pi, ws, pe = m.groups()
     return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf), bool(pi),
-                  bool(ws)).spec()
+                  bool(ws), bool(pe)).spec()
 
 
 def common_keys() -> List[Fa2Key]:
@@ -147,10 +156,12 @@ def common_keys() -> List[Fa2Key]:
 
 
 def sm90_keys() -> List[Fa2Key]:
-    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256) and its POD kernel (d64/d128), both
-    dtypes, masks none/causal."""
+    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256; _persist at d128) and its POD kernel
+    (d64/d128), both dtypes, masks none/causal."""
     return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16")
             for d in PREFILL90_HEAD_DIMS for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
+        [Fa2Key("prefill90", dt, "same", 128, m, pipe=True, ws=True, persist=True) for dt in ("bf16", "fp16")
+         for m in ("none", "causal")] + \
         [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in POD90_HEAD_DIMS
          for m in ("none", "causal") for pi in (False, True)]
 

@@ -5,9 +5,10 @@ rounds on shared inputs (same process, same run), with Triton (and optionally Fl
         --variant default: --variant sepkv3:pipe:FA2_H_SEPKV=1 --variant plain:loop: [--rounds 3] [--flashinfer] \
         [--config prefill]
 
-A variant is ``name:loop|pipe|:DEFINE=VALUE,...[:CONFIG]`` (the loop forced, or the plan's rule when empty; the
-defines are ``CudaFa2Backend.tune``; CONFIG forces its tile config, e.g. ``prefill``: the FA2 kernel, and
-``--config`` that of every variant without one).
+A variant is ``name:loop|pipe|unit|persist|:DEFINE=VALUE,...[:CONFIG]`` (the loop forced, or the plan's rule when
+empty; ``unit`` / ``persist``: the pipelined loop at d128 on the one-unit or the persistent grid,
+``CudaFa2Backend.sm90_persist``; the defines are ``CudaFa2Backend.tune``; CONFIG forces its tile config, e.g.
+``prefill``: the FA2 kernel, and ``--config`` that of every variant without one).
 Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
 """
 
@@ -25,10 +26,12 @@ def parse_variant(s: str):
     name, _, rest = s.partition(":")
     loop, _, rest = rest.partition(":")
     defs, _, config = rest.partition(":")
-    if loop not in ("", "loop", "pipe"):
-        raise SystemExit(f"variant {s!r}: the loop is 'loop', 'pipe' or empty")
+    forms = {"": (None, None), "loop": (False, None), "pipe": (True, None), "unit": (True, False),
+             "persist": (True, True)}
+    if loop not in forms:
+        raise SystemExit(f"variant {s!r}: the loop is one of {', '.join(map(repr, forms))}")
     tune = tuple(tuple(d.split("=", 1)) for d in defs.split(",") if d)
-    return name, {"": None, "loop": False, "pipe": True}[loop], tune, config or None
+    return (name, *forms[loop], tune, config or None)
 
 
 def parse_workload(s: str, bench):
@@ -65,14 +68,14 @@ def main() -> int:
     for w in [w for spec in a.workload for w in parse_workload(spec, bench)]:
         copies = bench.copies_for(w, "cuda")
         runs = {}
-        for name, pipe, tune, config in variants:
-            be.sm90_pipe, be.tune, be.force_config = pipe, tune, config or a.config
+        for name, pipe, persist, tune, config in variants:
+            be.sm90_pipe, be.sm90_persist, be.tune, be.force_config = pipe, persist, tune, config or a.config
             plan_cache.ONE_CALL_PLANS.clear()  # one-call workloads cache their plans by signature
             try:
                 runs[name], _ = bench._setup(w, "cuda_fa2", "cuda", dtype, copies, "shuffled")
             except Exception as e:  # report and go on
                 print(f"{w.id} {name}: setup failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        be.sm90_pipe, be.tune, be.force_config = None, (), None
+        be.sm90_pipe, be.sm90_persist, be.tune, be.force_config = None, None, (), None
         runs["triton"], _ = bench._setup(w, "triton", "cuda", dtype, copies, "shuffled")
         if fi is not None:
             runs["flashinfer"], _ = bench._setup(w, "auto", "cuda", dtype, copies, "shuffled", api=fi)
