@@ -126,6 +126,32 @@ def test_bench_rounds_interleave_the_columns(tmp_path):
         assert len(x["rounds_ms"]) == 2 and x["time_ms"] == pytest.approx(sum(x["rounds_ms"]) / 2)
 
 
+def test_bench_a_column_that_fails_while_timed_is_an_error_row(monkeypatch):
+    """A column whose run raises in a timing round gets an ERROR row with the reason; the others are timed."""
+    from attncore.cli import bench
+
+    setup = bench._setup
+
+    def flaky(w, name, *a, **k):
+        runs, chosen = setup(w, name, *a, **k)
+        if name != "triton":
+            return runs, chosen
+        calls = [0]
+
+        def run():
+            calls[0] += 1
+            if calls[0] > 1:  # the warm-up inside _setup passed; the timed calls fail
+                raise RuntimeError("launch failed")
+        return [run], chosen
+
+    monkeypatch.setattr(bench, "_setup", flaky)
+    info = bench.run_bench(["reference", "triton"], ids=["D1"], device="cpu", rounds=2, progress=lambda s: None)
+    ref, tri = info["results"]
+    assert len(ref["rounds_ms"]) == 2 and ref["time_ms"] > 0
+    assert tri["status"] == "ERROR" and tri["detail"] == "RuntimeError: launch failed" and "time_ms" not in tri
+    assert "triton     ERROR RuntimeError: launch failed" in bench.format_table(info)
+
+
 @pytest.mark.parametrize("wid", ["P1-causal", "P3-p16", "D1", "D5", "X1-q4"])
 def test_bench_drives_any_flashinfer_api_module(wid):
     """--flashinfer drives the comparison module through the FlashInfer API alone (no backend=,

@@ -336,8 +336,25 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
             row = {"workload": w.id, "backend": "torch-sdpa"}
             rows.append(row)
             planned["torch-sdpa"] = (row, lambda: t(sd))
-        times = interleave({k: fn for k, (_, fn) in planned.items()}, rounds)
+        failed: Dict[str, str] = {}  # column: why a timing raised (its row says so; the other columns go on)
+
+        def guarded(name, fn):
+            def timed():
+                if name not in failed:
+                    try:
+                        return fn()
+                    except Exception as e:
+                        failed[name] = f"{type(e).__name__}: {e}"[:200]
+                return math.nan
+            return timed
+
+        times = interleave({k: guarded(k, fn) for k, (_, fn) in planned.items()}, rounds)
         for name, (row, _) in planned.items():
+            if name in failed:
+                row.pop("chosen", None)
+                row.update(status="ERROR", detail=failed[name])
+                progress(f"{w.id:10s} {name:10s} ERROR {row['detail']}")
+                continue
             row.update(time_ms=statistics.median(times[name]), rounds_ms=times[name])
             _figures(row, w, ceil)
             if "TBps" in row and device == "cuda":
