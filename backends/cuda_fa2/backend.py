@@ -110,7 +110,7 @@ class CudaFa2Backend(Backend):
     # producer, and the pipelined loop holds two of the three stages).
     sm90_pipe: Optional[bool] = None
     # prefill90's pipelined loop at d128 on the persistent grid (`_persist`): True / False forced, None = the plan's
-    # rule (plan.PERSIST_UNITS: past 8 units per SM; not in CUDA-graph mode)
+    # rule (plan.PERSIST_UNITS: past 8 units per SM).  Neither in CUDA-graph mode nor with a tuning variant (`tune`)
     sm90_persist: Optional[bool] = None
     # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,

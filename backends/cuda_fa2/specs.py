@@ -25,8 +25,9 @@ V tile on its own barriers), and the two consumer warpgroups (224 registers) onl
 (item, kv head) units one after the other, taking the next from a counter in the int workspace, the ring running on
 across units.
 ``_persist`` (prefill90 ``_pipe_ws`` at d128): the pipelined loop on that persistent grid, in two stages with K and V
-on their own barriers (three do not fit beside the ring's hand-over); the plan takes it for batches of more than
-``plan.PERSIST_UNITS`` units per SM (many short units: ragged 8 x 2k 6% faster on an H200, BENCHMARKS.md 2ah).
+on their own barriers (the form measured; with three stages it was level on P1); the plan takes it for batches of
+more than ``plan.PERSIST_UNITS`` units per SM (many short units: ragged 8 x 2k 4-6% faster on an H200, BENCHMARKS.md
+2ah).
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time
