@@ -780,6 +780,14 @@ def test_launch_group_model_cpu():
         assert hkv % max(group(2048, 1, hkv, 128), 1) == 0
 
 
+def _equal_meta(batch: int, n: int, **params) -> BatchMeta:
+    """A batch of ``batch`` requests of n query rows over n keys each (contiguous K/V) for plan() on the CPU."""
+    ind = [i * n for i in range(batch + 1)]
+    return BatchMeta(batch_size=batch, qo_indptr=torch.tensor(ind, dtype=torch.int32), qo_indptr_host=ind,
+                     kv_indptr=torch.tensor(ind, dtype=torch.int32), kv_indptr_host=ind, kv_lens_host=[n] * batch,
+                     params=AttnParams(sm_scale=0.1, **params))
+
+
 @pytest.mark.parametrize("persistent, graph", [(False, False), (True, False), (False, True)])
 def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
     """make_plan gives the one-unit grid launch_group's group, and the persistent grid and CUDA-graph mode (a
@@ -790,11 +798,7 @@ def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
     monkeypatch.setattr(FakeLib, "persistent", persistent)
     prob = _problem(op="single_prefill", page_size=None, num_qo_heads=16, num_kv_heads=16, head_dim_qk=256,
                     head_dim_vo=256, mask="causal", cuda_graph=graph)
-    n = 4096
-    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, n], dtype=torch.int32), qo_indptr_host=[0, n],
-                     kv_indptr=torch.tensor([0, n], dtype=torch.int32), kv_indptr_host=[0, n], kv_lens_host=[n],
-                     params=AttnParams(sm_scale=0.1))
-    _, plan, _ = _cpu_plan(prob, meta, lib_shape=(128, 80))
+    _, plan, _ = _cpu_plan(prob, _equal_meta(1, 4096), lib_shape=(128, 80))
     assert plan.config == "prefill90"
     want = 0 if persistent or graph else plan_mod.launch_group(tuple(plan.schedule.costs), 80, 16, 132)
     assert plan.head_group == plan.base.head_group == want and (want == 4 or persistent or graph)
@@ -811,13 +815,9 @@ def test_prefill90_persistent_past_8_units_per_slot_cpu(monkeypatch, d):
 
     def key(n, graph=False, force=None, tune=()):
         prob = _problem(op="batch_prefill_ragged", page_size=None, head_dim_qk=d, head_dim_vo=d, cuda_graph=graph)
-        qo = [i * n for i in range(9)]
-        meta = BatchMeta(batch_size=8, qo_indptr=torch.tensor(qo, dtype=torch.int32), qo_indptr_host=qo,
-                         kv_indptr=torch.tensor(qo, dtype=torch.int32), kv_indptr_host=qo, kv_lens_host=[n] * 8,
-                         params=AttnParams(sm_scale=0.1))
         monkeypatch.setattr(CudaFa2Backend, "sm90_persist", force)
         monkeypatch.setattr(CudaFa2Backend, "tune", tune)
-        plan = _cpu_plan(prob, meta, lib_shape=(128, 128))[1]
+        plan = _cpu_plan(prob, _equal_meta(8, n), lib_shape=(128, 128))[1]
         assert plan.config == "prefill90" and plan.lib.key.pipe
         units = plan.num_items * 8
         return plan.lib.key, units
@@ -839,10 +839,7 @@ def test_prefill64_for_causal_prefills_under_1_3_waves_cpu(d):
 
     def config(n, mask="causal"):
         prob = _problem(op="single_prefill", page_size=None, head_dim_qk=d, head_dim_vo=d, mask=mask, soft_cap=True)
-        meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, n], dtype=torch.int32), qo_indptr_host=[0, n],
-                         kv_indptr=torch.tensor([0, n], dtype=torch.int32), kv_indptr_host=[0, n], kv_lens_host=[n],
-                         params=AttnParams(sm_scale=0.1, logits_soft_cap=30.0))
-        return _cpu_plan(prob, meta)[1].config
+        return _cpu_plan(prob, _equal_meta(1, n, logits_soft_cap=30.0))[1].config
 
     below = int(PREFILL64_WAVES * 264) // 8 * 128 // 4 - 32  # the 128-row CTAs of 8 kv heads just under the bound
     assert config(1024) == config(below) == ("prefill" if d == 256 else "prefill64")

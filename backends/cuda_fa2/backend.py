@@ -7,6 +7,7 @@ first use by :mod:`attncore.build.jit` (or ahead with ``attncore build cuda_fa2`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional
 
 import torch
@@ -15,7 +16,7 @@ from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.problem import DECODE_OPS, POD_OPS, AttentionProblem
 
-from attncore.backends.cuda_fa2.plan import Fa2Plan, make_plan
+from attncore.backends.cuda_fa2.plan import PERSIST_UNITS, Fa2Plan, make_plan
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
@@ -234,8 +235,9 @@ class CudaFa2Backend(Backend):
 
     def choose_library(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device):
         """(library, config, sm90 reasons) for this batch: the decode tile when every request has at most
-        16 packed rows, else prefill90 where it serves, else the 128-row (or, causal with few CTAs, the
-        64-row) FA2 prefill tile; ``force_config`` overrides within the family."""
+        16 packed rows, else prefill90 where it serves (its pipelined loop at d128 on the persistent grid past
+        PERSIST_UNITS units per slot), else the 128-row (or, causal with few CTAs, the 64-row) FA2 prefill tile;
+        ``force_config`` overrides within the family."""
         from attncore.backends.cuda_fa2 import binding
 
         qo_lens = meta.qo_lens_host
@@ -249,15 +251,23 @@ class CudaFa2Backend(Backend):
         if not sm90_why:
             config = "prefill90"
         lib = binding.get_library(self.key_for(problem, config, page_size, paged), dev)
+        # the waves of this tile's CTAs (units: row tile, kv head) on the GPU
+        waves = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv / max(1, lib.num_sms * lib.ctas_per_sm)
         if config == "prefill" and problem.mask == "causal" and problem.head_dim_qk != 256 and not self.force_config:
             # Causal prefill of under PREFILL64_WAVES waves of 128-row CTAs: 64-row tiles, twice the CTAs
-            ctas = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv
-            if ctas < PREFILL64_WAVES * lib.num_sms * lib.ctas_per_sm:
+            if waves < PREFILL64_WAVES:
                 config = "prefill64"
         same_family = (self.force_config == "decode") == (config == "decode")
         if self.force_config and same_family:
             config = self.force_config
         key = self.key_for(problem, config, page_size, paged)
+        if (key.config == "prefill90" and key.pipe and key.ws and key.head_dim == 128 and not key.tune
+                and not problem.cuda_graph):
+            persist = self.sm90_persist
+            if persist is None:
+                persist = waves > PERSIST_UNITS
+            if persist:  # (the same tile: lib's shape above stands)
+                key = dataclasses.replace(key, persist=True)
         if key != lib.key:
             lib = binding.get_library(key, dev)
         return lib, config, sm90_why

@@ -16,7 +16,6 @@ that needs more is an error naming the capacity.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import heapq
 import itertools
@@ -150,12 +149,12 @@ UNIT_OVERHEAD_TILES = 2.5
 # K/V (H200, BENCHMARKS.md 2ag: where the model saw no gain, groups ran up to 9% slower: P1 causal, ragged 8 x 2k)
 GROUP_GAIN = 1.05
 MAX_WAVES = 8  # past this many units per slot the last round is a small part of the launch
-# prefill90's pipelined loop at d128 runs on the persistent grid (specs: _persist) past this many units per slot, where
-# a unit's start and end weigh most and launch_group keeps head-major order anyway.  H200, BENCHMARKS.md 2ah, same
-# runs, persistent / one unit per CTA: ragged 8 x 2k causal (31 units per slot) 0.556 / 0.592 ms and 0.559 / 0.591,
-# 16k x 1k (31) 0.540 / 0.548, 8k causal (15.5) and ragged 16 x 512 on 4k (15.5) level; below it P1 causal (7.8) 1%
-# faster, P1 non-causal level, and where the one-unit grid's kv-head groups pay slower: MHA 2k (3.9) 0.085 / 0.076,
-# MHA 4k (7.8) 0.270 / 0.261, 1 x 1k (1.9) 0.035 / 0.029
+# prefill90's pipelined loop at d128 runs on the persistent grid (specs: _persist; CudaFa2Backend.choose_library) past
+# this many units per slot, where a unit's start and end weigh most and launch_group keeps head-major order anyway.
+# H200, BENCHMARKS.md 2ah, same runs, persistent / one unit per CTA: ragged 8 x 2k causal (31 units per slot) 0.556 /
+# 0.592 ms and 0.559 / 0.591, 16k x 1k (31) 0.540 / 0.548, 8k causal (15.5) and ragged 16 x 512 on 4k (15.5) level;
+# below it P1 causal (7.8) 1% faster, P1 non-causal level, and where the one-unit grid's kv-head groups pay slower:
+# MHA 2k (3.9) 0.085 / 0.076, MHA 4k (7.8) 0.270 / 0.261, 1 x 1k (1.9) 0.035 / 0.029
 PERSIST_UNITS = MAX_WAVES
 
 
@@ -303,16 +302,6 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
     one_unit = lib.key.config in ("prefill", "prefill64") or lib.key.config == "prefill90" and not lib.persistent
     one_unit = one_unit and graph is None
     slots = lib.num_sms * lib.ctas_per_sm
-    if one_unit and lib.key.config == "prefill90" and lib.key.pipe and lib.key.head_dim == 128 and lib.key.ws \
-            and not lib.key.tune:
-        persist = backend.sm90_persist
-        if persist is None:
-            persist = n_items * Hkv > PERSIST_UNITS * slots
-        if persist:  # the same tile, so the schedule stands
-            from attncore.backends.cuda_fa2 import binding
-
-            lib = binding.get_library(dataclasses.replace(lib.key, persist=True), dev)
-            one_unit = False
     group = launch_group(s.costs, lib.kv_tile, Hkv, slots) if one_unit else 0
     return Fa2Plan(
         problem=problem, meta=meta, lib=lib, device=dev, paged=paged, page_size=meta.page_size if paged else 0,
