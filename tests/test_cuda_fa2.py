@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -786,6 +787,50 @@ def _equal_meta(batch: int, n: int, **params) -> BatchMeta:
     return BatchMeta(batch_size=batch, qo_indptr=torch.tensor(ind, dtype=torch.int32), qo_indptr_host=ind,
                      kv_indptr=torch.tensor(ind, dtype=torch.int32), kv_indptr_host=ind, kv_lens_host=[n] * batch,
                      params=AttnParams(sm_scale=0.1, **params))
+
+
+def _kernel_range(group, cta_q, qo, kv, row0, kv_begin, kv_end, causal):
+    """fa2_kernel_traits.cuh's WorkItem (no window): an item's KV range cut to what its rows see -> (lo, hi, rows)."""
+    rows = min(cta_q, qo * group - row0)
+    hi = min(kv_end, kv, (row0 + rows - 1) // group + kv - qo + 1) if causal else min(kv_end, kv)
+    return (kv_begin, hi, rows) if hi > kv_begin else (0, 0, rows)
+
+
+@pytest.mark.parametrize("mask, qo, kv", [("causal", 4096, 4096), ("none", 4096, 4096), ("causal", 300, 1000),
+                                          ("causal", 1000, 300), ("none", 700, 900)])
+def test_one_request_items_come_from_their_index_cpu(mask, qo, kv):
+    """One request, unsplit, not in CUDA-graph mode (Fa2Params.one_req): the kernels take item i from its index, row
+    tile i (-1: causal, row tile n - 1 - i) over [0, kv) cut to what its rows see, and the request's offsets from the
+    params.  The table's items are those, longest first; a batch, a split, a window (whose last, partial row tile
+    sees fewer keys) or graph mode keep the table (one_req 0)."""
+    prob = _problem(op="single_prefill", page_size=None, mask=mask)
+    ind = [0, qo]
+    meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor(ind, dtype=torch.int32), qo_indptr_host=ind,
+                     kv_indptr=torch.tensor([0, kv], dtype=torch.int32), kv_indptr_host=[0, kv], kv_lens_host=[kv],
+                     params=AttnParams(sm_scale=0.1, causal=mask == "causal"), disable_split_kv=True)
+    _, plan, _ = _cpu_plan(prob, meta)
+    want = -1 if mask == "causal" else 1
+    p = plan.base
+    assert plan.one_req == p.one_req == want
+    assert (p.one_qo_start, p.one_qo_len, p.one_kv_len, p.one_kv_base) == (0, qo, kv, 0)
+    n, cta_q, G = plan.num_items, plan.lib.cta_q, prob.group_size
+    assert n == -(-qo * G // cta_q) and p.num_work == n
+    for i, (req, row0, lo, hi, part) in enumerate(plan.schedule.items):
+        direct_row0 = (i if want > 0 else n - 1 - i) * cta_q
+        assert (req, row0, part) == (0, direct_row0, -1)
+        args = (G, cta_q, qo, kv, row0)
+        assert _kernel_range(*args, lo, hi, mask == "causal") == _kernel_range(*args, 0, kv, mask == "causal")
+    assert plan.schedule.costs == sorted(plan.schedule.costs, reverse=True)  # longest first
+    # what keeps the table: two requests, CUDA-graph mode, a split request
+    assert _cpu_plan(prob, _equal_meta(2, 1024))[1].one_req == 0
+    graph = _problem(op="single_prefill", page_size=None, mask=mask, cuda_graph=True)
+    assert _cpu_plan(graph, _equal_meta(1, 1024))[1].one_req == 0
+    split = dataclasses.replace(meta, disable_split_kv=False, fixed_split_size=64)
+    _, plan, _ = _cpu_plan(prob, split)
+    assert plan.schedule.part_rows > 0 and plan.one_req == plan.base.one_req == 0
+    windowed = _problem(op="single_prefill", page_size=None, mask=mask, window_left=100)
+    meta = dataclasses.replace(meta, params=dataclasses.replace(meta.params, window_left=100))
+    assert _cpu_plan(windowed, meta)[1].one_req == 0
 
 
 @pytest.mark.parametrize("persistent, graph", [(False, False), (True, False), (False, True)])

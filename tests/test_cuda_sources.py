@@ -213,7 +213,7 @@ def _mirror(struct, edit):
 @needs_toolchain
 @pytest.mark.parametrize("edit,field", [
     (lambda f: [(n, ctypes.c_int64 if n == "num_qo_heads" else t) for n, t in f], "num_kv_heads"),  # retyped: the next moves
-    (lambda f: [x for x in f if x[0] != "causal_override"], "scale_log2"),  # dropped: the next one is off
+    (lambda f: [x for x in f if x[0] != "one_kv_base"], "scale_log2"),  # dropped: the next one is off
     (lambda f: [x if x[0] != "group" else ("grp", x[1]) for x in f], "grp"),  # renamed, same offset
     (lambda f: f[:-1], "kv_rows"),  # C has one more
 ])

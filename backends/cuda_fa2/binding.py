@@ -38,7 +38,8 @@ class Fa2Params(ctypes.Structure):
         ("v_stride_p", _i64), ("v_stride_n", _i64), ("v_stride_h", _i64),
         ("o_stride_n", _i64), ("o_stride_h", _i64),
         ("num_qo_heads", _i32), ("num_kv_heads", _i32), ("group", _i32), ("page_size", _i32),
-        ("num_work", _i32), ("window_left", _i32), ("device", _i32), ("causal_override", _i32),
+        ("num_work", _i32), ("window_left", _i32), ("device", _i32),
+        ("one_req", _i32), ("one_qo_start", _i32), ("one_qo_len", _i32), ("one_kv_len", _i32), ("one_kv_base", _i32),
         ("scale_log2", _f32), ("softcap_pre", _f32), ("softcap_post", _f32), ("out_scale", _f32),
         ("rope_rcp_scale", _f32), ("rope_log2_theta", _f32), ("page_shift", _i32), ("kv_same_strides", _i32),
         ("k_row_unit", _i32), ("k_row_sp", _i32), ("k_row_sn", _i32),
@@ -211,6 +212,10 @@ def base_params(plan) -> Tuple[Fa2Params, Optional[Fa2MergeParams]]:
     p.page_shift = ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
     p.num_work = plan.work_grid
     p.head_group = plan.head_group
+    p.one_req = plan.one_req
+    if plan.one_req:
+        p.one_qo_start, p.one_qo_len = meta.qo_indptr_host[0], meta.qo_lens_host[0]
+        p.one_kv_len, p.one_kv_base = meta.kv_lens_host[0], meta.kv_indptr_host[0]
     p.window_left = ap.window_left if ap.window_left is not None and ap.window_left >= 0 else -1
     p.device = plan.device.index
     p.rope_rcp_scale = 1.0 / ap.rope_scale

@@ -16,6 +16,7 @@ that needs more is an error naming the capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -80,6 +81,7 @@ class Fa2Plan:
     graph: Optional[GraphState] = None
     sm90_reasons: Any = None  # why the Hopper kernel (prefill90) was not used, [] when it was
     head_group: int = 0  # Fa2Params.head_group: launch_group
+    one_req: int = 0  # Fa2Params.one_req (build_schedule): one request's items, 1 in tile order, -1 reversed
     base: Any = None  # binding.Fa2Params with the plan-constant fields
     merge_base: Any = None
     checked_sig: Any = None  # signature of the last run() tensors that passed the checks
@@ -126,10 +128,13 @@ def fit_schedule(s: sched.Schedule, tiles, qo_lens, st: GraphState) -> sched.Sch
 
 
 def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_split_chunk: int):
-    """(the work items of this batch on ``lib``'s tile, its row tiles): attncore.core.schedule, the
-    schedule the Triton backend uses too.  The caller's split-KV hints first (``disable_split_kv``; a
+    """(the work items of this batch on ``lib``'s tile, its row tiles, Fa2Params.one_req): attncore.core.schedule,
+    the schedule the Triton backend uses too.  The caller's split-KV hints first (``disable_split_kv``; a
     ``fixed_split_size`` in pages, tokens for ragged KV, rounded up to whole K/V tiles), else the chunk that
-    fills the GPU."""
+    fills the GPU.  One request, unsplit, without a window, not in CUDA-graph mode (a captured launch keeps the params
+    struct, where the request's offsets and lengths would go stale): its row tiles in order, reversed when causal,
+    the longest-first order schedule.build's sort gives (row tile k sees every key, or when causal a range that grows
+    with k), fixed so that the kernels derive each CTA's item from its index (one_req 1 / -1)."""
     qo_lens = meta.qo_lens_host
     tiles = sched.row_tiles(qo_lens, meta.kv_lens_host, problem.group_size, lib.cta_q,
                             causal=key.mask == "causal", window_left=meta.params.window_left)
@@ -139,7 +144,14 @@ def build_schedule(lib, problem: AttentionProblem, meta: BatchMeta, key, min_spl
                                    slots=lib.num_sms * lib.ctas_per_sm, kv_tile=lib.kv_tile,
                                    min_chunk=min_split_chunk)
     chunk = -(-chunk // lib.kv_tile) * lib.kv_tile if chunk else None
-    return sched.build(tiles, qo_lens, chunk=chunk), tiles
+    wl = meta.params.window_left
+    if (len(qo_lens) == 1 and not problem.cuda_graph and meta.kv_indptr_host is not None and (wl is None or wl < 0)
+            and (chunk is None or max((t.kv_hi - t.kv_lo for t in tiles), default=0) <= chunk)):
+        s = sched.build(tiles, qo_lens, chunk=None, sort=False)
+        if key.mask != "causal":
+            return s, tiles, 1
+        return dataclasses.replace(s, items=s.items[::-1], costs=s.costs[::-1]), tiles, -1
+    return sched.build(tiles, qo_lens, chunk=chunk), tiles, 0
 
 
 # launch_group's model: a unit costs its K/V tiles and this many more (a CTA's start and end: BENCHMARKS.md 2w,
@@ -256,7 +268,7 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         lib, config, why = binding.get_library(graph.key, dev), graph.config, graph.sm90_reasons
     else:
         lib, config, why = choose_lib()
-    s, tiles = build_schedule(lib, problem, meta, lib.key, backend.min_split_chunk)
+    s, tiles, one_req = build_schedule(lib, problem, meta, lib.key, backend.min_split_chunk)
     if graph is not None:
         s = fit_schedule(s, tiles, meta.qo_lens_host, graph)
     merge = s.merge_table(qo)
@@ -311,4 +323,4 @@ def make_plan(backend, problem: AttentionProblem, meta: BatchMeta, dev: torch.de
         work=tabs["work"], merge_table=tabs.get("merge"), counts=tabs["counts"], sched=tabs["sched"],
         part_o=parts.get("part_o"), part_lse=parts.get("part_lse"), alibi_slopes=tabs.get("alibi"),
         mask=meta.packed_mask if custom else None, mask_indptr=meta.mask_indptr if custom else None,
-        graph=graph, sm90_reasons=why, head_group=group)
+        graph=graph, sm90_reasons=why, head_group=group, one_req=one_req)

@@ -94,17 +94,27 @@ __device__ __forceinline__ uint2 grid_unit(const Fa2Params& p) {
 // A CTA's work item (fa2_params.h: request, first packed row, KV range, partial slot) with its
 // request's lengths and the KV range cut to what the item's rows can see (causal; a sliding
 // window when window_left >= 0).  Both kernels (this one and fa2_sm90.cuh's) decode it here.
+// One request (Fa2Params.one_req): from the item's index and the params alone, so that a CTA starts without
+// two dependent loads (~1.5% of a one-unit CTA of P1 non-causal, H200: bench/cuda_fa2.md, session 38).
 template <int CTA_Q, int KVT, int MASK>
 struct WorkItem {
   int req, row0, slot, qo_start, qo_len, kv_len, delta, rows_here, tok_lo, tok_hi, kv_lo, kv_hi, n_tiles;
   __device__ __forceinline__ WorkItem(const Fa2Params& p, unsigned item, int G, int window_left) {
-    const int* wi = p.work + 5 * item;
-    req = wi[0], row0 = wi[1];
-    const int kv_begin = wi[2], kv_end = wi[3];
-    slot = wi[4];
-    qo_start = p.qo_indptr[req];
-    qo_len = p.qo_indptr[req + 1] - qo_start;
-    kv_len = p.kv_lens[req];
+    int kv_begin, kv_end;
+    if (p.one_req != 0) {  // (the causal / window cuts below make [0, kv_len) the row tile's own range)
+      req = 0;
+      row0 = (p.one_req > 0 ? (int)item : p.num_work - 1 - (int)item) * CTA_Q;
+      qo_start = p.one_qo_start, qo_len = p.one_qo_len, kv_len = p.one_kv_len;
+      kv_begin = 0, kv_end = kv_len, slot = -1;
+    } else {
+      const int* wi = p.work + 5 * item;
+      req = wi[0], row0 = wi[1];
+      kv_begin = wi[2], kv_end = wi[3];
+      slot = wi[4];
+      qo_start = p.qo_indptr[req];
+      qo_len = p.qo_indptr[req + 1] - qo_start;
+      kv_len = p.kv_lens[req];
+    }
     delta = kv_len - qo_len;  // query token t sits at key position t + delta
     rows_here = min(CTA_Q, qo_len * G - row0);
     tok_lo = row0 / G, tok_hi = (row0 + rows_here - 1) / G;
@@ -114,6 +124,11 @@ struct WorkItem {
     n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KVT - 1) / KVT : 0;
   }
 };
+
+// request `req`'s first K/V page (paged) or token (ragged)
+__device__ __forceinline__ int kv_base_of(const Fa2Params& p, int req) {
+  return p.one_req != 0 ? p.one_kv_base : p.kv_indptr[req];
+}
 
 // One CTA's coordinates (thread, warp, kv head) and its work item, with the request's pointers and
 // offsets every stage of the kernel uses, read once at the top of the kernel (in this order).
@@ -133,7 +148,7 @@ struct Cta {
         kvh((int)grid_unit(p).y), G(p.group), w(p, grid_unit(p).x, G, p.window_left),
         qg(reinterpret_cast<const T*>(p.q)), kg(reinterpret_cast<const uint8_t*>(p.k)),
         vg(reinterpret_cast<const uint8_t*>(p.v)), page_size(p.page_size),
-        kv_base(p.kv_indptr[w.req]), mask_base(MASK == kMaskCustom ? (int64_t)p.mask_indptr[w.req] : 0) {}
+        kv_base(kv_base_of(p, w.req)), mask_base(MASK == kMaskCustom ? (int64_t)p.mask_indptr[w.req] : 0) {}
 };
 
 }  // namespace fa2

@@ -184,7 +184,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   const uint8_t* vg = reinterpret_cast<const uint8_t*>(p.v);
   // ---- the unit's request base and, per thread, the tokens of rows h2 = 0 / 1 (local rows wg*64 + wq*16 + lane/4
   // (+ 8))
-  int kv_base = p.kv_indptr[req], row_tok[2];
+  int kv_base = kv_base_of(p, req), row_tok[2];
   auto unit_rows = [&]() {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) row_tok[h2] = (row0 + wrow + wq * 16 + (lane >> 2) + h2 * 8) / G;
@@ -202,7 +202,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         const Item wi(p, u % items, G, -1);
         memcpy(d, &wi, sizeof(Item));
         d[Cfg::UNIT_INTS - 3] = (int)(u / items);
-        d[Cfg::UNIT_INTS - 2] = p.kv_indptr[wi.req];
+        d[Cfg::UNIT_INTS - 2] = kv_base_of(p, wi.req);
       }
       d[Cfg::UNIT_INTS - 1] = (int)u;
     }
