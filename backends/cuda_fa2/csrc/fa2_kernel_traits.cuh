@@ -101,7 +101,7 @@ struct WorkItem {
   int req, row0, slot, qo_start, qo_len, kv_len, delta, rows_here, tok_lo, tok_hi, kv_lo, kv_hi, n_tiles;
   __device__ __forceinline__ WorkItem(const Fa2Params& p, unsigned item, int G, int window_left) {
     int kv_begin, kv_end;
-    if (p.one_req != 0) {  // (the causal / window cuts below make [0, kv_len) the row tile's own range)
+    if (p.one_req != 0) {  // (the causal cut below makes [0, kv_len) the row tile's own range)
       req = 0;
       row0 = (p.one_req > 0 ? (int)item : p.num_work - 1 - (int)item) * CTA_Q;
       qo_start = p.one_qo_start, qo_len = p.one_qo_len, kv_len = p.one_kv_len;

@@ -63,9 +63,10 @@
   F(int32_t, num_work)                                                                                    \
   F(int32_t, window_left)                                                                                 \
   F(int32_t, device)                                                                                      \
-  /* one request, unsplit, not graph mode (backends/cuda_fa2/plan.py: build_schedule): a CTA's item from its    \
-     index, no table read.  one_req 1: item i is the request's row tile i; -1: row tile num_work - 1 - i      \
-     (causal: the longest first); 0: items from `work` and the request's offsets from the index tables. */   \
+  /* one request, unsplit, without a window, not graph mode (backends/cuda_fa2/plan.py: build_schedule): a     \
+     CTA's item from its index, no table read.  one_req 1: item i is the request's row tile i; -1: row tile    \
+     num_work - 1 - i (causal: the longest first); 0: items from `work`, the request's offsets from the index  \
+     tables. */                                                                                            \
   F(int32_t, one_req)                                                                                     \
   F(int32_t, one_qo_start)       /* its first query token (qo_indptr[0]) */                               \
   F(int32_t, one_qo_len)                                                                                  \
