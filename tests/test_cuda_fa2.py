@@ -9,10 +9,10 @@ in the backend dtype - golden| + a rounding atol, the same for the LSE).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
-import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -821,7 +821,7 @@ def test_one_request_items_come_from_their_index_cpu(mask, qo, kv):
         args = (G, cta_q, qo, kv, row0)
         assert _kernel_range(*args, lo, hi, mask == "causal") == _kernel_range(*args, 0, kv, mask == "causal")
     assert plan.schedule.costs == sorted(plan.schedule.costs, reverse=True)  # longest first
-    # what keeps the table: two requests, CUDA-graph mode, a split request
+    # what keeps the table: two requests, CUDA-graph mode, a split request, a window
     assert _cpu_plan(prob, _equal_meta(2, 1024))[1].one_req == 0
     graph = _problem(op="single_prefill", page_size=None, mask=mask, cuda_graph=True)
     assert _cpu_plan(graph, _equal_meta(1, 1024))[1].one_req == 0
