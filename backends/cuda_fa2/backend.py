@@ -16,7 +16,7 @@ from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.problem import DECODE_OPS, POD_OPS, AttentionProblem
 
-from attncore.backends.cuda_fa2.plan import PERSIST_UNITS, Fa2Plan, make_plan
+from attncore.backends.cuda_fa2.plan import PERSIST_UNITS, Fa2Plan, launch_group, make_plan
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
 _KV = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
@@ -304,7 +304,6 @@ class CudaFa2Backend(Backend):
         then two waves of ``tail_sms``; every CTA of either takes the next unit not yet taken, if any, in the order
         plan.launch_group gives for ``sms`` SMs (the plan's is for the whole GPU)."""
         from attncore.backends.cuda_fa2 import binding
-        from attncore.backends.cuda_fa2.plan import launch_group
 
         if (not isinstance(plan, Fa2Plan) or plan.lib.key.config != "prefill90" or plan.needs_merge
                 or plan.graph is not None or plan.work_grid <= 0):

@@ -136,6 +136,7 @@ template <typename Cfg, typename T, int MASK>
 struct Cta {
   const Fa2Params& p;
   const int tid, lane, warp, wq, wkv;  // wq: warp index along Q rows, wkv: along keys
+  const uint2 unit;                    // (item, kv head): grid_unit
   const int kvh, G;
   const WorkItem<Cfg::CTA_Q, Cfg::KVT, MASK> w;
   const T* qg;
@@ -145,7 +146,7 @@ struct Cta {
   const int64_t mask_base;  // custom mask: the request's first byte
   __device__ __forceinline__ explicit Cta(const Fa2Params& p_)
       : p(p_), tid(threadIdx.x), lane(tid & 31), warp(tid >> 5), wq(warp % Cfg::NWQ), wkv(warp / Cfg::NWQ),
-        kvh((int)grid_unit(p).y), G(p.group), w(p, grid_unit(p).x, G, p.window_left),
+        unit(grid_unit(p)), kvh((int)unit.y), G(p.group), w(p, unit.x, G, p.window_left),
         qg(reinterpret_cast<const T*>(p.q)), kg(reinterpret_cast<const uint8_t*>(p.k)),
         vg(reinterpret_cast<const uint8_t*>(p.v)), page_size(p.page_size),
         kv_base(kv_base_of(p, w.req)), mask_base(MASK == kMaskCustom ? (int64_t)p.mask_indptr[w.req] : 0) {}
