@@ -853,7 +853,8 @@ def test_plan_sets_head_group_cpu(monkeypatch, persistent, graph):
 def test_prefill90_persistent_past_8_units_per_slot_cpu(monkeypatch, d):
     """prefill90's pipelined loop at d128 takes the persistent grid (_persist) for batches of more than PERSIST_UNITS
     units (item, kv head) per slot, the one-unit grid below; never at d64 / d256 (d64's pipelined loop is persistent
-    in its one build), in CUDA-graph mode or with a tuning variant; CudaFa2Backend.sm90_persist forces it."""
+    in its one build) or in CUDA-graph mode, and with a tuning variant only where CudaFa2Backend.sm90_persist forces
+    it (which it does with or without one: variants_bench's `persist` form)."""
     from attncore.backends.cuda_fa2.plan import PERSIST_UNITS
 
     monkeypatch.setattr(FakeLib, "ctas_per_sm", 1)
@@ -873,7 +874,12 @@ def test_prefill90_persistent_past_8_units_per_slot_cpu(monkeypatch, d):
     assert units <= PERSIST_UNITS * 132 and not k.persist
     assert key(512, force=True)[0].persist == (d == 128) and not key(2048, force=False)[0].persist
     assert not key(2048, graph=True)[0].persist
-    assert not key(2048, tune=(("FA2_H_PREG", "56"),))[0].persist
+    tune = (("FA2_H_PREG", "56"),)
+    assert not key(2048, tune=tune)[0].persist
+    forced = key(512, force=True, tune=tune)[0]
+    assert forced.persist == (d == 128) and forced.tune == tune
+    if d == 128:
+        assert dict(forced.spec().defines)["FA2_H_STAGES"] == "2" and "_persist_t" in forced.uri
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

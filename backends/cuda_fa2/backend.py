@@ -111,7 +111,9 @@ class CudaFa2Backend(Backend):
     # producer, and the pipelined loop holds two of the three stages).
     sm90_pipe: Optional[bool] = None
     # prefill90's pipelined loop at d128 on the persistent grid (`_persist`): True / False forced, None = the plan's
-    # rule (plan.PERSIST_UNITS: past 8 units per SM).  Neither in CUDA-graph mode nor with a tuning variant (`tune`)
+    # rule (plan.PERSIST_UNITS: past 8 units per SM).  Never in CUDA-graph mode; with a tuning variant (`tune`) only
+    # forced (the rule was measured on the shipped builds; until session 40 a forced True was dropped with a tune, so
+    # variants_bench's `persist` variants with defines ran the one-unit grid)
     sm90_persist: Optional[bool] = None
     # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
@@ -261,11 +263,10 @@ class CudaFa2Backend(Backend):
         if self.force_config and same_family:
             config = self.force_config
         key = self.key_for(problem, config, page_size, paged)
-        if (key.config == "prefill90" and key.pipe and key.ws and key.head_dim == 128 and not key.tune
-                and not problem.cuda_graph):
+        if key.config == "prefill90" and key.pipe and key.ws and key.head_dim == 128 and not problem.cuda_graph:
             persist = self.sm90_persist
             if persist is None:
-                persist = waves > PERSIST_UNITS
+                persist = waves > PERSIST_UNITS and not key.tune
             if persist:  # (the same tile: lib's shape above stands)
                 key = dataclasses.replace(key, persist=True)
         if key != lib.key:

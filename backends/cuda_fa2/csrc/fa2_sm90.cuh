@@ -71,6 +71,12 @@ struct Cfg90 {
   // 2026-11-29, same run: P2 d64 0.181 ms against 0.191 with Q first (one unit per CTA: 0.186); in the plain loop
   // (P3 0.729 against 0.715, P4 1.177 against 1.149) and the one-unit grids (P1 0.292 against 0.278) it lost.
   static constexpr bool QLATE = PERSIST && PIPE;
+  // HANDOVER (the persistent ping-pong loop): warpgroup 1 hands the turn to warpgroup 0 at its last P V of a unit, as
+  // at every other turn, and not at its start of the next unit (after its epilogue): warpgroup 0's first S of the next
+  // unit no longer waits for warpgroup 1's epilogue.  H200 2026-11-30, same run, 9 rounds (with / without): 16k x 1k
+  // 0.518 / 0.526 ms; P1 non-causal, P1 causal and ragged 8 x 2k level; P2 d64 level (7 rounds, 0.1640 / 0.1643).
+  // The turn it opens when no unit follows is never taken (a named barrier's phase left open at exit).
+  static constexpr bool HANDOVER = PP && PERSIST;
   // UWG: the consumer warpgroup's index broadcast from lane 0, so that ptxas knows it is warp-uniform and keeps the
   // Q operand's wgmma descriptors in uniform registers (4 instructions per k-step of S instead of 7).  On at d64,
   // where it removes the pipelined loop's 60 bytes of spills; at d128 the producer spills 10 more instructions.
@@ -343,13 +349,14 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // Ping-pong turns (Cfg::PP): warpgroup w waits on named barrier 1 + w before its GEMMs and arrives on
   // the other's after issuing them.  Turns: S of tile 0, then one per pipe_step, then P V of the last tile
   // (turn n_tiles); warpgroup 1 opens turn 0 for warpgroup 0 and skips its last hand-over, so that every
-  // barrier phase completes (both warpgroups of a CTA run the same n_tiles).
+  // barrier phase completes (both warpgroups of a CTA run the same n_tiles).  Cfg::HANDOVER (the persistent grid):
+  // warpgroup 1 opens turn 0 of the CTA's first unit with keys only, and its last hand-over of a unit opens the next's.
   auto turn_begin = [&]() {
     if constexpr (Cfg::PP) named_sync(1 + wg, 256);
   };
   auto turn_end = [&](int turn) {
     if constexpr (Cfg::PP) {
-      if (wg == 0 || turn < n_tiles) named_arrive(2 - wg, 256);
+      if (wg == 0 || turn < n_tiles || Cfg::HANDOVER) named_arrive(2 - wg, 256);
     }
   };
   // PERSIST: every S of the unit has run (the consumers, each once per unit with keys): the producer may copy the
@@ -664,7 +671,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           }
         }
         if constexpr (Cfg::PP) {
-          if (wg == 1 && n_tiles > 0) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+          if (wg == 1 && n_tiles > 0 && (!Cfg::HANDOVER || nq == 0)) named_arrive(1, 256);  // warpgroup 0 goes first
         }
         if (n_tiles > 0) {
           if constexpr (Cfg::PIPE) {
