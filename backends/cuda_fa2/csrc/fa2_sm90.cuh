@@ -423,42 +423,80 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // transpose over the quad per four blocks gives each lane one whole block, stored as 16 bytes: a quarter of the stores
   // (with one 4-byte store per pair of columns the epilogue took ~3,700 clocks per unit at d128; with these and the
   // lean row / LSE / scale below ~2,600; nothing else runs on the tensor cores meanwhile: sessions 32-33's timelines)
+  // RP rows per pass: at d128 both rows' scales first, then their packs, transposes and stores interleaved (two
+  // independent chains; H200 2026-11-30, same run, 15 rounds: P1 non-causal 0.4467 ms against 0.4537 one row after
+  // the other, P3 page 16 0.6235 / 0.6271; 9 rounds: P1 causal, P4 level); d64 one row at a time (P2 d64 0.1644
+  // against 0.1667 with both), d256 likewise (not measured; its O takes 128 registers).
+  constexpr int RP = D == 128 ? 2 : 1;
   auto epilogue = [&]() {
     const bool final_out = slot < 0;
   #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      float L = ac::quad_sum(l[h2]);
-      const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
-      const bool live = lr < rows_here;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
-      // (row_tok[h2] is pr / G: unit_rows() divided once per unit.  L >= 1 where a key was seen, the largest term
-      // being 2^0: a fast log2 and division are exact enough, and a NaN still goes through both)
-      const int pr = row0 + lr, tok = row_tok[h2], h = kvh * G + (pr - tok * G);
-      float Mu = m[h2] == kNegInf ? 0.f : m[h2];
-      float lse_v = kNegInf, scale = 0.f;
-      if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
-        float f = 1.f;
-        if (final_out && live && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h] * kLog2e);
-        lse_v = Mu + ac::lg2(L);
-        scale = __fdividef((final_out ? p.out_scale : 1.f) * f, L);
+    for (int h0 = 0; h0 < 2; h0 += RP) {
+      float scale[RP], lse_v[RP];
+      int tok[RP], h[RP];
+      bool live[RP];
+  #pragma unroll
+      for (int r = 0; r < RP; ++r) {
+        const int h2 = h0 + r;
+        float L = ac::quad_sum(l[h2]);
+        const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
+        live[r] = lr < rows_here;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
+        // (row_tok[h2] is pr / G: unit_rows() divided once per unit.  L >= 1 where a key was seen, the largest term
+        // being 2^0: a fast log2 and division are exact enough, and a NaN still goes through both)
+        tok[r] = row_tok[h2];
+        h[r] = kvh * G + (row0 + lr - tok[r] * G);
+        float Mu = m[h2] == kNegInf ? 0.f : m[h2];
+        lse_v[r] = kNegInf;
+        scale[r] = 0.f;
+        if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
+          float f = 1.f;
+          if (final_out && live[r] && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h[r]] * kLog2e);
+          lse_v[r] = Mu + ac::lg2(L);
+          scale[r] = __fdividef((final_out ? p.out_scale : 1.f) * f, L);
+        }
       }
       if (final_out) {
-        T* dst = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok) * p.o_stride_n + (int64_t)h * p.o_stride_h;
+        T* dst[RP];
+  #pragma unroll
+        for (int r = 0; r < RP; ++r)
+          dst[r] = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok[r]) * p.o_stride_n +
+                   (int64_t)h[r] * p.o_stride_h;
   #pragma unroll
         for (int k = 0; k < D / 32; ++k) {
-          uint32_t w[4];
+          uint32_t w[RP][4];
   #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            w[i] = ac::pack2<T>(o[(4 * k + i) * 4 + 2 * h2] * scale, o[(4 * k + i) * 4 + 2 * h2 + 1] * scale);
-          ac::quad_transpose(w);
-          if (live) *reinterpret_cast<uint4*>(dst + (4 * k + (lane & 3)) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+          for (int r = 0; r < RP; ++r) {
+            const int h2 = h0 + r;
+  #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float* oi = o + (4 * k + i) * 4 + 2 * h2;
+              w[r][i] = ac::pack2<T>(oi[0] * scale[r], oi[1] * scale[r]);
+            }
+          }
+  #pragma unroll
+          for (int r = 0; r < RP; ++r) ac::quad_transpose(w[r]);
+  #pragma unroll
+          for (int r = 0; r < RP; ++r)
+            if (live[r])
+              *reinterpret_cast<uint4*>(dst[r] + (4 * k + (lane & 3)) * 8) =
+                  make_uint4(w[r][0], w[r][1], w[r][2], w[r][3]);
         }
-        if (live && (lane & 3) == 0 && p.lse != nullptr) p.lse[(int64_t)(qo_start + tok) * p.num_qo_heads + h] = lse_v;
-      } else if (live) {
-        float* dst = p.o_part + ((int64_t)(slot + tok) * p.num_qo_heads + h) * D + 2 * (lane & 3);
   #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j * 4 + 2 * h2] * scale, o[j * 4 + 2 * h2 + 1] * scale);
-        if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok) * p.num_qo_heads + h] = lse_v;
+        for (int r = 0; r < RP; ++r)
+          if (live[r] && (lane & 3) == 0 && p.lse != nullptr)
+            p.lse[(int64_t)(qo_start + tok[r]) * p.num_qo_heads + h[r]] = lse_v[r];
+      } else {
+  #pragma unroll
+        for (int r = 0; r < RP; ++r) {
+          if (!live[r]) continue;
+          const int h2 = h0 + r;
+          float* dst = p.o_part + ((int64_t)(slot + tok[r]) * p.num_qo_heads + h[r]) * D + 2 * (lane & 3);
+  #pragma unroll
+          for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<float2*>(dst + j * 8) =
+                make_float2(o[j * 4 + 2 * h2] * scale[r], o[j * 4 + 2 * h2 + 1] * scale[r]);
+          if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok[r]) * p.num_qo_heads + h[r]] = lse_v[r];
+        }
       }
     }
   };
