@@ -112,8 +112,7 @@ class CudaFa2Backend(Backend):
     sm90_pipe: Optional[bool] = None
     # prefill90's pipelined loop at d128 on the persistent grid (`_persist`): True / False forced, None = the plan's
     # rule (plan.PERSIST_UNITS: past 8 units per SM).  Never in CUDA-graph mode; with a tuning variant (`tune`) only
-    # forced (the rule was measured on the shipped builds; until session 40 a forced True was dropped with a tune, so
-    # variants_bench's `persist` variants with defines ran the one-unit grid)
+    # forced (the rule was measured on the shipped builds; variants_bench's `persist` form forces it)
     sm90_persist: Optional[bool] = None
     # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
