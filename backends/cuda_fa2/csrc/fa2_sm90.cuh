@@ -28,6 +28,10 @@
 #include "fa2_sm90_trace.cuh"
 #include "fa2_sm90_wgmma.h"
 
+#ifndef FA2_H_OSMEM
+#define FA2_H_OSMEM 1  // 0: every epilogue from registers (Cfg90::OSMEM)
+#endif
+
 namespace fa2 {
 namespace sm90 {
 
@@ -83,6 +87,15 @@ struct Cfg90 {
   // H200 2026-11-29, same run: P2 d64 0.176 ms against 0.186; d128 P1 non-causal 0.500 against 0.482, P4 1.137
   // against 1.099 (P1 causal 0.270 against 0.277); d256 0.290 against 0.289.
   static constexpr bool UWG = D == 64;
+  // OSMEM: the final epilogue's 16-bit O goes out through shared memory (sm90_cta's epilogue_staged): the one-unit
+  // grid stages it in the warpgroup's own rows of the Q tile (its S are done; nothing copies Q again), the persistent
+  // grid in the K tile of the unit's last stage (free once every S of the unit has run, bar_qempty), whose release
+  // to the producer then follows the epilogue.  SEPKV frees K after each S, and d256's K tile is too small: off there.
+  // The register epilogue's quad transposes (shuffles and selects) go: 354 instructions from the last P V to the exit
+  // at d128 against 433.  H200 2026-11-30, same run, 9 rounds, against FA2_H_OSMEM=0: P1 non-causal 0.435 ms against
+  // 0.445, causal 0.238 / 0.241, P3 page 16 0.605 / 0.617, page 1 0.606 / 0.625, P2 d64 and P4 level; with the paged
+  // copies' full-tile path (fa2_sm90_load.cuh) in both, 11 rounds: P3 page 16 0.599 / 0.605, paged d64 and P4 level.
+  static constexpr bool OSMEM = FA2_H_OSMEM && (!PERSIST || (!SEPKV && KVT >= 128));
   static constexpr int CTA_Q = 64 * NWG, NTHREADS = 128 * (NWG + (WS ? 1 : 0));
   // setmaxnreg moves registers within what the CTA got at launch (the 1-CTA cap, 168 for 384
   // threads): an increase beyond that pool never returns (a hang), so the consumers get the rest.
@@ -419,48 +432,106 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     FA2_TR(base + nx, 5);
   };
 
-  // ---- epilogue from registers.  16-bit out: a quad's four lanes hold 4 bytes each of every 8-column block; a 4 x 4
-  // transpose over the quad per four blocks gives each lane one whole block, stored as 16 bytes: a quarter of the stores
+  // ---- epilogue.  A row's scale (1 / l, + sink, out_scale), LSE, token and head first (h2: this thread's rows lane / 4
+  // + 8 h2 of its warp; row_tok[h2] is pr / G: unit_rows() divided once per unit.  L >= 1 where a key was seen, the
+  // largest term being 2^0: a fast log2 and division are exact enough, and a NaN still goes through both)
+  struct OutRow {
+    float scale, lse;
+    int tok, h;
+    bool live;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
+  };
+  auto out_row = [&](int h2, bool final_out) {
+    OutRow r;
+    float L = ac::quad_sum(l[h2]);
+    const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
+    r.live = lr < rows_here;
+    r.tok = row_tok[h2];
+    r.h = kvh * G + (row0 + lr - r.tok * G);
+    float Mu = m[h2] == kNegInf ? 0.f : m[h2];  // (fold_sink updates L and Mu)
+    r.lse = kNegInf;
+    r.scale = 0.f;
+    if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
+      float f = 1.f;
+      if (final_out && r.live && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[r.h] * kLog2e);
+      r.lse = Mu + ac::lg2(L);
+      r.scale = __fdividef((final_out ? p.out_scale : 1.f) * f, L);
+    }
+    return r;
+  };
+  auto out_ptr = [&](const OutRow& r) {
+    return reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + r.tok) * p.o_stride_n + (int64_t)r.h * p.o_stride_h;
+  };
+  auto store_lse = [&](const OutRow& r) {
+    if (r.live && (lane & 3) == 0 && p.lse != nullptr)
+      p.lse[(int64_t)(qo_start + r.tok) * p.num_qo_heads + r.h] = r.lse;
+  };
+  // Staged (Cfg90::OSMEM): the warp's 16 rows of 16-bit O go to shared memory by stmatrix, straight from the
+  // accumulator layout, into a 128B-swizzled tile (this warpgroup's row 0 at ob; column blocks OCB bytes apart: 64
+  // rows of the last stage's K tile on the persistent grid, the Q tile's CTA_Q rows otherwise), and come back as
+  // 16-byte chunks of whole rows: no shuffles.  Pass k: a lane reads chunk 4 (k ^ b) + lane % 4 of its two rows, b the
+  // row's parity (the two rows of a quarter-warp then fall in different banks), so every address is one of two
+  // registers plus an immediate.
+  constexpr uint32_t OCB = Cfg::PERSIST ? 64 * 128 : CTA_Q * 128;
+  auto epilogue_staged = [&](uint32_t ob) {
+    const OutRow r0 = out_row(0, true), r1 = out_row(1, true);
+    {
+      const int sr = lane & 15;  // the row this lane addresses (lanes 16-31: the odd column block's matrices)
+      const uint32_t srow = ob + (wq * 16 + sr) * 128;
+      const int sx = ((lane >> 4) ^ sr) & 7;
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {  // n8 blocks 2 j and 2 j + 1, rows 0-7 and 8-15 of each
+        uint32_t w[4];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float* oi = o + (2 * j + b) * 4;
+          w[2 * b] = ac::pack2<T>(oi[0] * r0.scale, oi[1] * r0.scale);
+          w[2 * b + 1] = ac::pack2<T>(oi[2] * r1.scale, oi[3] * r1.scale);
+        }
+        stmatrix_x4(srow + (j >> 2) * OCB + ((((2 * j) & 7) ^ sx) << 4), w);
+      }
+    }
+    __syncwarp();
+    const int q = lane & 3, b = (lane >> 2) & 1;
+    const uint32_t rb = ob + (wq * 16 + (lane >> 2)) * 128;       // row lane / 4; row + 8 is 1024 bytes on
+    const uint32_t x0 = ((4 * b) ^ q ^ ((lane >> 2) & 7)) << 4;  // the physical chunk of even passes (odd: ^ 4)
+    const OutRow* rw[2] = {&r0, &r1};
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      T* const dst = out_ptr(*rw[h2]);
+      T* const ge = dst + (q + 4 * b) * 8;  // pass k even: chunk 4 k + q + 4 b; odd: 4 k + q - 4 b
+      T* const go = dst + (q - 4 * b) * 8;
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) {
+        const uint4 v = lds128(rb + h2 * 1024 + (k >> 1) * OCB + ((k & 1) ? (x0 ^ 64) : x0));
+        if (rw[h2]->live) stg128(((k & 1) ? go : ge) + 32 * k, v);
+      }
+      store_lse(*rw[h2]);
+    }
+  };
+  // From registers.  16-bit out: a quad's four lanes hold 4 bytes each of every 8-column block; a 4 x 4 transpose
+  // over the quad per four blocks gives each lane one whole block, stored as 16 bytes: a quarter of the stores
   // (with one 4-byte store per pair of columns the epilogue took ~3,700 clocks per unit at d128; with these and the
-  // lean row / LSE / scale below ~2,600; nothing else runs on the tensor cores meanwhile: sessions 32-33's timelines)
+  // lean row / LSE / scale ~2,600; nothing else runs on the tensor cores meanwhile: sessions 32-33's timelines)
   // RP rows per pass: at d128 both rows' scales first, then their packs, transposes and stores interleaved (two
   // independent chains; H200 2026-11-30, same run, 15 rounds: P1 non-causal 0.4467 ms against 0.4537 one row after
   // the other, P3 page 16 0.6235 / 0.6271; 9 rounds: P1 causal, P4 level); d64 one row at a time (P2 d64 0.1644
   // against 0.1667 with both), d256 likewise (not measured; its O takes 128 registers).
   constexpr int RP = D == 128 ? 2 : 1;
-  auto epilogue = [&]() {
+  auto epilogue = [&](bool staged, uint32_t ob) {
     const bool final_out = slot < 0;
+    if (Cfg::OSMEM && staged && final_out) {
+      epilogue_staged(ob);
+      return;
+    }
   #pragma unroll
     for (int h0 = 0; h0 < 2; h0 += RP) {
-      float scale[RP], lse_v[RP];
-      int tok[RP], h[RP];
-      bool live[RP];
+      OutRow rw[RP];
   #pragma unroll
-      for (int r = 0; r < RP; ++r) {
-        const int h2 = h0 + r;
-        float L = ac::quad_sum(l[h2]);
-        const int lr = wrow + wq * 16 + (lane >> 2) + h2 * 8;
-        live[r] = lr < rows_here;  // (a quad's lanes share their row: the transpose's shuffles run in every lane)
-        // (row_tok[h2] is pr / G: unit_rows() divided once per unit.  L >= 1 where a key was seen, the largest term
-        // being 2^0: a fast log2 and division are exact enough, and a NaN still goes through both)
-        tok[r] = row_tok[h2];
-        h[r] = kvh * G + (row0 + lr - tok[r] * G);
-        float Mu = m[h2] == kNegInf ? 0.f : m[h2];
-        lse_v[r] = kNegInf;
-        scale[r] = 0.f;
-        if (L != 0.f) {  // 0: no key; NaN (a NaN query row) must reach out and LSE (fa2_attention.cuh)
-          float f = 1.f;
-          if (final_out && live[r] && p.sinks != nullptr) f = fold_sink(L, Mu, p.sinks[h[r]] * kLog2e);
-          lse_v[r] = Mu + ac::lg2(L);
-          scale[r] = __fdividef((final_out ? p.out_scale : 1.f) * f, L);
-        }
-      }
+      for (int r = 0; r < RP; ++r) rw[r] = out_row(h0 + r, final_out);
       if (final_out) {
         T* dst[RP];
   #pragma unroll
-        for (int r = 0; r < RP; ++r)
-          dst[r] = reinterpret_cast<T*>(p.o) + (int64_t)(qo_start + tok[r]) * p.o_stride_n +
-                   (int64_t)h[r] * p.o_stride_h;
+        for (int r = 0; r < RP; ++r) dst[r] = out_ptr(rw[r]);
   #pragma unroll
         for (int k = 0; k < D / 32; ++k) {
           uint32_t w[RP][4];
@@ -470,32 +541,28 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const float* oi = o + (4 * k + i) * 4 + 2 * h2;
-              w[r][i] = ac::pack2<T>(oi[0] * scale[r], oi[1] * scale[r]);
+              w[r][i] = ac::pack2<T>(oi[0] * rw[r].scale, oi[1] * rw[r].scale);
             }
           }
   #pragma unroll
           for (int r = 0; r < RP; ++r) ac::quad_transpose(w[r]);
   #pragma unroll
           for (int r = 0; r < RP; ++r)
-            if (live[r])
-              *reinterpret_cast<uint4*>(dst[r] + (4 * k + (lane & 3)) * 8) =
-                  make_uint4(w[r][0], w[r][1], w[r][2], w[r][3]);
+            if (rw[r].live) stg128(dst[r] + (4 * k + (lane & 3)) * 8, make_uint4(w[r][0], w[r][1], w[r][2], w[r][3]));
         }
   #pragma unroll
-        for (int r = 0; r < RP; ++r)
-          if (live[r] && (lane & 3) == 0 && p.lse != nullptr)
-            p.lse[(int64_t)(qo_start + tok[r]) * p.num_qo_heads + h[r]] = lse_v[r];
+        for (int r = 0; r < RP; ++r) store_lse(rw[r]);
       } else {
   #pragma unroll
         for (int r = 0; r < RP; ++r) {
-          if (!live[r]) continue;
+          if (!rw[r].live) continue;
           const int h2 = h0 + r;
-          float* dst = p.o_part + ((int64_t)(slot + tok[r]) * p.num_qo_heads + h[r]) * D + 2 * (lane & 3);
+          float* dst = p.o_part + ((int64_t)(slot + rw[r].tok) * p.num_qo_heads + rw[r].h) * D + 2 * (lane & 3);
   #pragma unroll
           for (int j = 0; j < D / 8; ++j)
             *reinterpret_cast<float2*>(dst + j * 8) =
-                make_float2(o[j * 4 + 2 * h2] * scale[r], o[j * 4 + 2 * h2 + 1] * scale[r]);
-          if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + tok[r]) * p.num_qo_heads + h[r]] = lse_v[r];
+                make_float2(o[j * 4 + 2 * h2] * rw[r].scale, o[j * 4 + 2 * h2 + 1] * rw[r].scale);
+          if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + rw[r].tok) * p.num_qo_heads + rw[r].h] = rw[r].lse;
         }
       }
     }
@@ -749,7 +816,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             }
             pv_step(stg(n_tiles - 1));
             FA2_TR(it0 + n_tiles - 1, 8);
-            if constexpr (Cfg::PERSIST) {  // the last tile's stage, for the producer's next unit
+            if constexpr (Cfg::PERSIST && !Cfg::OSMEM) {  // the last tile's stage, for the producer's next unit
               mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stg(n_tiles - 1));
             }
           } else {
@@ -778,7 +845,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               }
               pv_step(stage);
               FA2_TR(it0 + tile, 5);
-              mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
+              if (!(Cfg::PERSIST && Cfg::OSMEM) || tile < n_tiles - 1)  // (OSMEM: the last after the epilogue)
+                mbar_arrive((Cfg::SEPKV ? bar_empty_v : bar_empty) + 8 * stage);
             }
           }
         }
@@ -786,7 +854,18 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (split) merge_halves();
           if (split && wg == 1) return;
         }
-        epilogue();
+        if constexpr (!Cfg::OSMEM) {
+          epilogue(false, 0u);
+        } else if constexpr (!Cfg::PERSIST) {
+          epilogue(true, qbase);
+        } else if (n_tiles > 0) {  // the last stage's K tile, once every S of the unit has run; then the stage is free
+          mbar_wait(bar_qempty, nq & 1);
+          const uint32_t last = sKVa + stg(n_tiles - 1) * Cfg::stage_bytes;
+          epilogue(true, last + wg * (64 * D * 2));
+          mbar_arrive(bar_empty + 8 * stg(n_tiles - 1));
+        } else {
+          epilogue(false, 0u);  // no keys: no stage of its own (and the next unit's Q may be landing in the Q tile)
+        }
         if (n_tiles > 0) FA2_TR(it0 + n_tiles - 1, 9);
         it0 += n_tiles;
         nq += n_tiles > 0;
@@ -869,7 +948,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       }
     }
     ac::cp_async_wait<0>();
-    epilogue();
+    // (without keys no barrier has passed since the Q copy, whose rows other threads' cp.async may still be filling)
+    epilogue(n_tiles > 0, qbase);
   }
 }
 

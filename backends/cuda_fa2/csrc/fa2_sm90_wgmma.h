@@ -1,5 +1,6 @@
 // attncore cuda_fa2: the sm_90a instruction wrappers fa2_sm90.cuh uses: wgmma and its fences, shared-
-// memory matrix descriptors (128-byte swizzle), mbarriers, TMA tile loads, named barriers and setmaxnreg.
+// memory matrix descriptors (128-byte swizzle), mbarriers, TMA tile loads, named barriers, setmaxnreg, stmatrix
+// and the epilogue's 16-byte shared loads / global stores.
 //
 // wgmma: one warpgroup (128 threads) issues each; accumulators d[] are fp32 in the m64nN register layout
 // (n8 block j, element e: row 16 * warp + lane / 4 + 8 * (e / 2), column 8 j + 2 (lane % 4) + e % 2).
@@ -37,6 +38,23 @@ template <int N> __device__ __forceinline__ void reg_fence(float* r) {
 // byte offset of 16-byte chunk c of row r in a 128B-swizzled [ROWS][cols] 16-bit tile
 template <int ROWS> __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return (uint32_t)((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+// four 8 x 8 16-bit matrices to shared memory (stmatrix .x4): r[i] holds this lane's pair of matrix i in the
+// mma fragment layout (row lane / 4, columns 2 (lane % 4), + 1); lanes 8 i .. 8 i + 7 give matrix i's row addresses
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
+// a 16-byte global store (nvcc's front end split the first of the epilogue's unrolled uint4 stores into four)
+__device__ __forceinline__ void stg128(void* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 // smem matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
