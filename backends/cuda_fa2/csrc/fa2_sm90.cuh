@@ -473,7 +473,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // registers plus an immediate.
   constexpr uint32_t OCB = Cfg::PERSIST ? 64 * 128 : CTA_Q * 128;
   auto epilogue_staged = [&](uint32_t ob) {
-    const OutRow r0 = out_row(0, true), r1 = out_row(1, true);
+    const OutRow rw[2] = {out_row(0, true), out_row(1, true)};
     {
       const int sr = lane & 15;  // the row this lane addresses (lanes 16-31: the odd column block's matrices)
       const uint32_t srow = ob + (wq * 16 + sr) * 128;
@@ -484,8 +484,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const float* oi = o + (2 * j + b) * 4;
-          w[2 * b] = ac::pack2<T>(oi[0] * r0.scale, oi[1] * r0.scale);
-          w[2 * b + 1] = ac::pack2<T>(oi[2] * r1.scale, oi[3] * r1.scale);
+          w[2 * b] = ac::pack2<T>(oi[0] * rw[0].scale, oi[1] * rw[0].scale);
+          w[2 * b + 1] = ac::pack2<T>(oi[2] * rw[1].scale, oi[3] * rw[1].scale);
         }
         stmatrix_x4(srow + (j >> 2) * OCB + ((((2 * j) & 7) ^ sx) << 4), w);
       }
@@ -494,18 +494,17 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     const int q = lane & 3, b = (lane >> 2) & 1;
     const uint32_t rb = ob + (wq * 16 + (lane >> 2)) * 128;       // row lane / 4; row + 8 is 1024 bytes on
     const uint32_t x0 = ((4 * b) ^ q ^ ((lane >> 2) & 7)) << 4;  // the physical chunk of even passes (odd: ^ 4)
-    const OutRow* rw[2] = {&r0, &r1};
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      T* const dst = out_ptr(*rw[h2]);
+      T* const dst = out_ptr(rw[h2]);
       T* const ge = dst + (q + 4 * b) * 8;  // pass k even: chunk 4 k + q + 4 b; odd: 4 k + q - 4 b
       T* const go = dst + (q - 4 * b) * 8;
 #pragma unroll
       for (int k = 0; k < D / 32; ++k) {
         const uint4 v = lds128(rb + h2 * 1024 + (k >> 1) * OCB + ((k & 1) ? (x0 ^ 64) : x0));
-        if (rw[h2]->live) stg128(((k & 1) ? go : ge) + 32 * k, v);
+        if (rw[h2].live) stg128(((k & 1) ? go : ge) + 32 * k, v);
       }
-      store_lse(*rw[h2]);
+      store_lse(rw[h2]);
     }
   };
   // From registers.  16-bit out: a quad's four lanes hold 4 bytes each of every 8-column block; a 4 x 4 transpose
