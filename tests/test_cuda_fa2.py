@@ -883,6 +883,29 @@ def test_prefill90_persistent_past_8_units_per_slot_cpu(monkeypatch, d):
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
+def test_prefill90_paged_loop_cpu(monkeypatch, d):
+    """Paged K/V: prefill90's pipelined loop at d128, on the one-unit grid however many units there are (the
+    persistent pipelined loop's producer has no lean paged copies, Cfg90::LEAN), the plain loop at d64 / d256;
+    CudaFa2Backend.sm90_pipe still forces either."""
+    from attncore.backends.cuda_fa2.plan import PERSIST_UNITS
+
+    monkeypatch.setattr(FakeLib, "ctas_per_sm", 1)
+    batch, n, pages = 8, 2048, 2048 // 16
+    qo, kv = [i * n for i in range(batch + 1)], [i * pages for i in range(batch + 1)]
+    meta = BatchMeta(batch_size=batch, qo_indptr=torch.tensor(qo, dtype=torch.int32), qo_indptr_host=qo,
+                     kv_indptr=torch.tensor(kv, dtype=torch.int32), kv_indptr_host=kv,
+                     kv_indices=torch.arange(batch * pages, dtype=torch.int32), kv_lens_host=[n] * batch,
+                     page_size=16, params=AttnParams(sm_scale=0.1))
+    prob = _problem(head_dim_qk=d, head_dim_vo=d)
+    plan = _cpu_plan(prob, meta, lib_shape=(128, 128))[1]
+    assert plan.config == "prefill90" and plan.num_items * 8 > PERSIST_UNITS * 132
+    assert plan.lib.key.pipe == (d == 128) and not plan.lib.key.persist
+    for forced in (False, True):
+        monkeypatch.setattr(CudaFa2Backend, "sm90_pipe", forced)
+        assert _cpu_plan(prob, meta, lib_shape=(128, 128))[1].lib.key.pipe == forced
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_prefill64_for_causal_prefills_under_1_3_waves_cpu(d):
     """The FA2 kernel's tile (here: a soft cap, which prefill90 refuses): 64 rows for a causal prefill of fewer
     128-row CTAs than PREFILL64_WAVES waves (132 SMs x 2), 128 rows from there on, at d256 and without a mask always."""

@@ -120,13 +120,9 @@ KNOWN_SPILLS = {
     # FA2 kernel, BENCHMARKS.md 2ag)
     "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm80": (4, 4),
     "cuda_fa2_prefill_fp16_kve4m3_d256_custom_softcap_alibi_sm90": (16, 16),
-    # (8 / 8 until session 33's TMA copies of ragged K/V, whose build was faster on every ragged workload in the same
-    # run's A/B; the d128 one-unit builds without the pipelined loop spill nothing since)
-    "cuda_fa2_prefill90_bf16_d128_causal_pipe_ws_sm90": (4, 4),
     # (the persistent pipelined loop at d64 spilled 64 / 84 bytes from session 28 until its warpgroup index was
-    # made warp-uniform, Cfg90::UWG, session 30: none since)
-    "cuda_fa2_pod90_bf16_d128_causal_pipe_ws_sm90": (8, 8),  # the two loops' producer paths
-    # (8 / 20 and 16 / 20 until session 41's paged copies by one wide multiply-add each, fa2_sm90_load.cuh row_addr)
+    # made warp-uniform, Cfg90::UWG, session 30: none since.  prefill90 d128 _pipe_ws and pod90 d128 _pipe_ws spilled
+    # 4 / 4 and 8 / 8 bytes until session 42 gave their producers the lean paged copies, Cfg90::LEAN: none since)
 }
 
 

@@ -170,8 +170,11 @@ def test_cuda_fa2_key_for_memo_follows_every_knob(monkeypatch):
     assert b.key_for(p.replace(q_dtype=torch.float16, kv_dtype=torch.float16), "decode", 16).dtype == "fp16"
     pf = p.replace(op="batch_prefill_paged", mask="causal")
     assert b.key_for(pf, "prefill90", 16).ws
-    # the loop rule: pipelined (ping-pong) for contiguous K/V, plain for paged; the memo keeps them apart
-    assert b.key_for(pf, "prefill90", 16, True).pipe is False and b.key_for(pf, "prefill90", 0, False).pipe is True
+    # the loop rule: pipelined (ping-pong) for contiguous K/V and paged d128, plain for paged d64; the memo keeps them
+    # apart
+    pf64 = pf.replace(head_dim_qk=64, head_dim_vo=64)
+    assert b.key_for(pf64, "prefill90", 16, True).pipe is False and b.key_for(pf64, "prefill90", 0, False).pipe is True
+    assert b.key_for(pf, "prefill90", 16, True).pipe is True
     monkeypatch.setattr(CudaFa2Backend, "sm90_ws", False)
     assert not b.key_for(pf, "prefill90", 0, False).pipe
     assert not b.key_for(pf, "prefill90", 16).ws

@@ -105,14 +105,18 @@ class CudaFa2Backend(Backend):
     # ATTNCORE_FA2_SM90=0 turns it off (then every prefill takes the FA2 kernel).
     sm90 = True
     # prefill90 main loop: True = the pipelined loop (`_pipe`; warp-specialized: with ping-pong turns), False = the
-    # plain loop, None = the rule: pipelined for contiguous K/V (ragged, single), plain for paged K/V.
+    # plain loop, None = the rule: pipelined for contiguous K/V (ragged, single) and for paged K/V at d128 (on the
+    # one-unit grid), plain for paged K/V at d64 / d256.
     # Measured on H100, 2026-11-25 (session 18, warp-specialized): P1 non-causal 0.476 vs 0.519 ms, causal 0.276 vs
-    # 0.295, P2 d64 0.196 vs 0.213; paged P3 0.764 vs 0.772, P4 1.217 vs 1.175 (the page gather slows the
-    # producer, and the pipelined loop holds two of the three stages).
+    # 0.295, P2 d64 0.196 vs 0.213.  Paged d128 with the lean paged producer (Cfg90::LEAN), H200 2026-11-30, same
+    # run, 7 rounds (pipelined / plain): P4 0.992 / 1.062 ms, 8 x 1k on 4k 0.901 / 0.963, 32 x 128 on 8k 1.057 /
+    # 1.194, 4 x 4k 1.073 / 1.116, 8 x 2k non-causal 1.030 / 1.099, P4 page 1 1.023 / 1.050, P3 level (0.613 /
+    # 0.610); paged d64 (P3 shape) 0.375 / 0.371.  (Before that producer, on H100: P4 1.217 / 1.175.)
     sm90_pipe: Optional[bool] = None
     # prefill90's pipelined loop at d128 on the persistent grid (`_persist`): True / False forced, None = the plan's
-    # rule (plan.PERSIST_UNITS: past 8 units per SM).  Never in CUDA-graph mode; with a tuning variant (`tune`) only
-    # forced (the rule was measured on the shipped builds; variants_bench's `persist` form forces it)
+    # rule (contiguous K/V past plan.PERSIST_UNITS units per SM; paged K/V never: P4 1.118 ms against the one-unit
+    # grid's 0.992, the persistent loop's producer not lean).  Never in CUDA-graph mode; with a tuning variant
+    # (`tune`) only forced (the rule was measured on the shipped builds; variants_bench's `persist` form forces it)
     sm90_persist: Optional[bool] = None
     # prefill90 warp specialization (`_ws`: producer warpgroup + 3-stage mbarrier ring; see specs.py), the
     # default: measured on H100 2026-11-22 (run 4) P1 causal 439 vs 377 TFLOP/s, P3 page16 273 vs 268,
@@ -216,15 +220,15 @@ class CudaFa2Backend(Backend):
                       softcap=problem.soft_cap, alibi=problem.pos_encoding == "ALIBI",
                       rope=problem.pos_encoding == "ROPE_LLAMA",
                       prefetch=prefetch,
-                      pipe=config == "prefill90" and self._sm90_pipe(paged),
+                      pipe=config == "prefill90" and self._sm90_pipe(paged, problem.head_dim_qk),
                       ws=config == "prefill90" and bool(self.sm90_ws),
                       tune=tuple(self.tune))
 
-    def _sm90_pipe(self, paged: bool) -> bool:
+    def _sm90_pipe(self, paged: bool, head_dim: int) -> bool:
         """Whether prefill90 runs its pipelined loop (``sm90_pipe``; None: the rule there)."""
         if self.sm90_pipe is not None:
             return bool(self.sm90_pipe)
-        return bool(self.sm90_ws) and not paged
+        return bool(self.sm90_ws) and (not paged or head_dim == 128)
 
     def sm90_reasons(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device) -> List[str]:
         """Why the Hopper prefill kernel (prefill90) cannot take this prefill problem ([] if it can)."""
@@ -237,8 +241,8 @@ class CudaFa2Backend(Backend):
     def choose_library(self, problem: AttentionProblem, meta: BatchMeta, dev: torch.device):
         """(library, config, sm90 reasons) for this batch: the decode tile when every request has at most
         16 packed rows, else prefill90 where it serves (its pipelined loop at d128 on the persistent grid past
-        PERSIST_UNITS units per slot), else the 128-row (or, causal with few CTAs, the 64-row) FA2 prefill tile;
-        ``force_config`` overrides within the family."""
+        PERSIST_UNITS units per slot on contiguous K/V), else the 128-row (or, causal with few CTAs, the 64-row) FA2
+        prefill tile; ``force_config`` overrides within the family."""
         from attncore.backends.cuda_fa2 import binding
 
         qo_lens = meta.qo_lens_host
@@ -265,7 +269,7 @@ class CudaFa2Backend(Backend):
         if key.config == "prefill90" and key.pipe and key.ws and key.head_dim == 128 and not problem.cuda_graph:
             persist = self.sm90_persist
             if persist is None:
-                persist = waves > PERSIST_UNITS and not key.tune
+                persist = waves > PERSIST_UNITS and not key.tune and not paged
             if persist:  # (the same tile: lib's shape above stands)
                 key = dataclasses.replace(key, persist=True)
         if key != lib.key:

@@ -17,7 +17,8 @@ for contiguous K/V) and of a decode part (paged, the plain loop, causal, each it
 the two consumer warpgroups) in one grid; always ``_ws``.
 ``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages, 2 at d256 with ``_ws``; S of the next
 tile on the tensor cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
-(ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V, plain for paged.
+(ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V and for paged K/V at d128,
+plain for paged K/V at d64 / d256.
 ``_ws`` (prefill90 and pod90): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers (d256: 2 stages, each K and
 V tile on its own barriers), and the two consumer warpgroups (224 registers) only compute
@@ -26,8 +27,8 @@ V tile on its own barriers), and the two consumer warpgroups (224 registers) onl
 across units.
 ``_persist`` (prefill90 ``_pipe_ws`` at d128): the pipelined loop on that persistent grid, in two stages with K and V
 on their own barriers (the form measured; with three stages it was level on P1); the plan takes it for batches of
-more than ``plan.PERSIST_UNITS`` units per SM (many short units: ragged 8 x 2k 4-6% faster on an H200, BENCHMARKS.md
-2ah).
+more than ``plan.PERSIST_UNITS`` units per SM on contiguous K/V (many short units: ragged 8 x 2k 4-6% faster on an
+H200, BENCHMARKS.md 2ah); paged K/V keeps the one-unit grid.
 ``_pf`` (decode only) prefetches page ids a tile ahead into registers: chosen for page sizes <= 4,
 where it measured 2.67 vs 1.96 TB/s on D1 at page 1 (H100), while it lost at page 16 (2.74 vs 2.86).
 Everything else (paged/ragged, NHD/HND, window, sinks, LSE, scales, split-KV) is a run-time

@@ -75,6 +75,11 @@ struct Cfg90 {
   // 2026-11-29, same run: P2 d64 0.181 ms against 0.191 with Q first (one unit per CTA: 0.186); in the plain loop
   // (P3 0.729 against 0.715, P4 1.177 against 1.149) and the one-unit grids (P1 0.292 against 0.278) it lost.
   static constexpr bool QLATE = PERSIST && PIPE;
+  // LEAN: the paged producer's lean copies (fa2_sm90_load.cuh's KvTileCopy) in the plain loop and in the pipelined
+  // loop at d128 on the one-unit grid, which the plan gives paged K/V at d128 (CudaFa2Backend.sm90_pipe).  Not in the
+  // persistent pipelined loop (its producer spills with them, 84 / 104 bytes at d128; paged K/V never takes it) nor
+  // in d256's (paged K/V takes the plain loop there; its build is left as measured).
+  static constexpr bool LEAN = !PIPE || (D == 128 && !PERSIST);
   // HANDOVER (the persistent ping-pong loop): warpgroup 1 hands the turn to warpgroup 0 at its last P V of a unit, as
   // at every other turn, and not at its start of the next unit (after its epilogue): warpgroup 0's first S of the next
   // unit no longer waits for warpgroup 1's epilogue.  H200 2026-11-30, same run, 9 rounds (with / without): 16k x 1k
@@ -682,7 +687,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
             copy_q();  // joins the first K/V group
           }
-          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, !Cfg::PIPE> kv(p, reinterpret_cast<const T*>(kg),
+          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, Cfg::LEAN> kv(p, reinterpret_cast<const T*>(kg),
                                                             reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
                                                             kv_lo, kv_hi);
           for (int tile = 0; tile < n_tiles; ++tile) {

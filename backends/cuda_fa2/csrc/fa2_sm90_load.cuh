@@ -48,10 +48,9 @@ __device__ __forceinline__ const char* row_addr(const void* base, uint32_t off, 
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
 // plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
 // multiply-add and a cp.async per chunk.
-// LEAN (the plain loop's producer, bound by its instruction count on paged K/V): page 16's ids loaded from one base
+// LEAN (Cfg90::LEAN: the producer of paged K/V, bound by its instruction count): page 16's ids loaded from one base
 // (rows_fixed), one page-id load for two rows where they share a page of another size, the page table's pointer held
-// for the tile, and no select in the copies.  Off in the pipelined loop, whose producer copies paged K/V only when
-// forced (CudaFa2Backend.sm90_pipe) and spills with it.
+// for the tile, and no select in the copies.
 template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false>
 struct KvTileCopy {
   static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
@@ -109,7 +108,7 @@ struct KvTileCopy {
     if constexpr (LEAN) asm volatile("" : "+l"(pt));
     if (page_size == 1) {
       rows_fixed<1>(pt, t0, sp, rs);
-    } else if (LEAN && page_size == 16 && (kv_lo & 15) == 0) {  // the pipelined loop's producer spills with it
+    } else if (LEAN && page_size == 16 && (kv_lo & 15) == 0) {  // LEAN only (the persistent pipelined loop spills)
       rows_fixed<16>(pt, t0, sp, rs);
     } else if (LEAN && N % 2 == 0 && page_shift >= 0 && ((page_size | kv_lo) & (2 * STEP - 1)) == 0) {
       // Pages of a multiple of 2 STEP slots, tiles starting at one: rows it and it + 1 of a thread (r0 < STEP,
