@@ -9,8 +9,9 @@
 # own process, ~200 s; a warm in another process did not carry over).
 # Carry .anchors (../shared/anchors/README.md).  Logs and JSON under $OUT; each step has its own time limit
 # and the last one stops at the call's deadline, so a slow step costs the steps after it, not the output.
+# TESTS="pytest arguments" runs those GPU tests in place of the POD ones (one step, 300 s at most).
 # Usage on the device machine:  [SKIP_SETUP=1] [WORKLOADS="P1 P2 ..."] [BACKENDS="auto cuda_fa2 ..."] [END=590] \
-#   bash scripts/gpu_baseline.sh
+#   [TESTS="tests/test_x.py -k y"] bash scripts/gpu_baseline.sh
 source scripts/gpu_common.sh
 WORKLOADS=${WORKLOADS:-"P1 P2 P3-p16 P4 D1 D2 D5"}
 BACKENDS=${BACKENDS:-"auto cuda_fa2 triton xqa"}
@@ -26,7 +27,12 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
   warm=$!
   timeout 200 python3 -m attncore.cli build cuda_fa2 > "$OUT/build.txt" 2>&1
   stamp "installed, cuda_fa2 built (rc $?)"
-  pod_gpu_checks
+  if [ -n "${TESTS:-}" ]; then
+    eval "timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS" > "$OUT/tests.txt" 2>&1  # (its quotes)
+    stamp "GPU tests (rc $?)"
+  else
+    pod_gpu_checks
+  fi
   wait $warm; stamp "FlashInfer warm"
 fi
 a=""; for b in $BACKENDS; do a="$a --backend $b"; done
@@ -37,7 +43,7 @@ PYTHONPATH="$FI_ROOT" timeout "$(left)" python3 -m attncore.cli bench $a --flash
 stamp "bench (rc $?)"
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
   echo "== FlashInfer warm =="; cat "$OUT/fi_warm.txt"
-  echo "== POD GPU tests =="; tail -3 "$OUT/tests.txt"
-  echo "== POD graph conformance (triton) =="; tail -3 "$OUT/pod_graph_conformance.txt"
+  echo "== GPU tests =="; tail -25 "$OUT/tests.txt"
+  [ -z "${TESTS:-}" ] && { echo "== POD graph conformance (triton) =="; tail -3 "$OUT/pod_graph_conformance.txt"; }
 fi
 echo "== bench =="; cat "$OUT/bench.txt"

@@ -98,6 +98,30 @@ def test_capabilities_claim_and_refuse():
     for axis, p in refused.items():
         rs = b.reasons(p)
         assert any(r.axis == axis for r in rs), (axis, rs)
+    # head dims qk / vo 192 / 128 (prefill90): ragged (CUDA graphs too) and single prefill on sm90, 16-bit K/V
+    pair = dict(head_dim_qk=192, head_dim_vo=128, page_size=None)
+    for op in ("batch_prefill_ragged", "single_prefill"):
+        assert b.reasons(_problem(op=op, sinks=True, return_lse=True, mask="none", **pair)) == []
+    assert b.reasons(_problem(op="batch_prefill_ragged", cuda_graph=True, **pair)) == []
+    ragged = dict(op="batch_prefill_ragged", page_size=None)
+    refused = [
+        ("head_dim", _problem(head_dim_qk=192, head_dim_vo=128)),  # paged
+        ("head_dim_vo", _problem(head_dim_qk=192, head_dim_vo=192, **ragged)),
+        ("head_dim_vo", _problem(head_dim_qk=128, head_dim_vo=192, **ragged)),
+        ("compute_capability", _problem(op="batch_prefill_ragged", compute_capability=(8, 0), **pair)),
+        ("mask", _problem(op="batch_prefill_ragged", mask="custom", **pair)),
+        ("feature:window", _problem(op="batch_prefill_ragged", window_left=8, **pair)),
+        ("kv_dtype", _problem(op="batch_prefill_ragged", kv_dtype=torch.float8_e4m3fn, **pair)),
+    ]
+    for axis, p in refused:
+        rs = b.reasons(p)
+        assert any(r.axis == axis for r in rs), (axis, rs)
+    rs = b.reasons(_problem(head_dim_qk=192, head_dim_vo=192, **ragged))
+    assert "192 / 128 (prefill90" in str(rs), rs
+    off = CudaFa2Backend()
+    off.sm90_ws = False  # (or ATTNCORE_FA2_SM90=0): no prefill90 build for the pair
+    rs = off.reasons(_problem(**{**ragged, **pair}))
+    assert [r.axis for r in rs] == ["head_dim_vo"] and "warp-specialized pipelined loop only" in str(rs), rs
 
 
 def test_uri_naming_roundtrip():
@@ -137,6 +161,17 @@ def test_uri_naming_roundtrip():
                 dict(config="pod90", ws=True, head_dim=256)):
         with pytest.raises(ValueError):
             specs.Fa2Key(**{**dict(config="prefill90", dtype="bf16", head_dim=128, mask="causal"), **bad}).spec()
+    k192 = specs.Fa2Key("prefill90", "fp16", "same", 192, "none", pipe=True, ws=True, head_dim_vo=128)
+    assert k192.uri == "cuda_fa2_prefill90_fp16_d192x128_none_pipe_ws"
+    assert specs.parse(k192.uri + "_sm90").defines == k192.spec().defines
+    assert ("FA2_HEAD_DIM_VO", "128") in k192.spec().defines and ("FA2_HEAD_DIM", "192") in k192.spec().defines
+    assert not any(n == "FA2_HEAD_DIM_VO" for n, _ in kws.spec().defines)  # (the other builds as they were)
+    for bad in (dict(pipe=False), dict(ws=False), dict(persist=True), dict(config="pod90")):
+        with pytest.raises(ValueError, match="are a prefill90 _pipe_ws build"):
+            dataclasses.replace(k192, **bad).spec()
+    for bad in (dict(head_dim_vo=64), dict(head_dim=128), dict(head_dim=256, head_dim_vo=128)):
+        with pytest.raises(ValueError, match="invalid cuda_fa2 specialization"):
+            dataclasses.replace(k192, **bad).spec()
 
 
 @pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found")
@@ -475,6 +510,7 @@ class Case:
     hq: int = 8
     hkv: int = 2
     d: int = 128
+    dv: int = 0  # V's and the output's head dim where it differs from d (contiguous K/V, not fused)
     dtype: torch.dtype = torch.bfloat16
     kv_dtype: Optional[torch.dtype] = None
     layout: str = "NHD"
@@ -509,6 +545,8 @@ def run_case(c: Case, seed: int = 0):
     kv_lens = [b for _, b in c.lens]
     nnz_q, nnz_kv = sum(qo_lens), sum(kv_lens)
     qo_indptr = offsets(qo_lens)
+    dv = c.dv or c.d
+    assert dv == c.d or not (c.paged or c.fused_kv), "head_dim_vo: contiguous K / V tensors of their own"
     if c.noncontig_q:
         q = torch.randn(nnz_q, c.hq * 2, c.d, device=dev, dtype=c.dtype)[:, ::2]
     else:
@@ -551,13 +589,13 @@ def run_case(c: Case, seed: int = 0):
             kv = mk((nnz_kv, 2, c.hkv, c.d))
             k_arg, v_arg = kn, vn = kv[:, 0], kv[:, 1]
         elif c.layout == "NHD":
-            k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, c.d))
+            k_arg, v_arg = mk((nnz_kv, c.hkv, c.d)), mk((nnz_kv, c.hkv, dv))
             if c.k_ramp:
                 ramp = torch.cat([1 + c.k_ramp * torch.arange(n, device=dev) / n for n in kv_lens])
                 k_arg = (k_arg.float() * ramp[:, None, None]).to(kv_dtype)
             kn, vn = k_arg, v_arg
         else:
-            k_arg, v_arg = mk((c.hkv, nnz_kv, c.d)), mk((c.hkv, nnz_kv, c.d))
+            k_arg, v_arg = mk((c.hkv, nnz_kv, c.d)), mk((c.hkv, nnz_kv, dv))
             kn, vn = k_arg.transpose(0, 1), v_arg.transpose(0, 1)
         for i in range(B):
             per_req_k.append(kn[kv_indptr[i]:kv_indptr[i + 1]])
@@ -581,7 +619,7 @@ def run_case(c: Case, seed: int = 0):
     problem = AttentionProblem(
         op=op, device_type="cuda", compute_capability=torch.cuda.get_device_capability(dev), q_dtype=c.dtype,
         kv_dtype=kv_dtype, out_dtype=c.dtype, num_qo_heads=c.hq, num_kv_heads=c.hkv, head_dim_qk=c.d,
-        head_dim_vo=c.d, page_size=c.page_size if c.paged else None, kv_layout=c.layout, mask=c.mask,
+        head_dim_vo=dv, page_size=c.page_size if c.paged else None, kv_layout=c.layout, mask=c.mask,
         window_left=c.window_left, soft_cap=c.soft_cap > 0, pos_encoding=c.pos, sinks=c.sinks,
         fp8_scales=c.scales != (1.0, 1.0, 1.0), return_lse=c.lse,
         q_len_per_req=qo_lens[0] if op == "batch_decode" else 1)
@@ -606,7 +644,7 @@ def run_case(c: Case, seed: int = 0):
                           window_left=c.window_left, pos_encoding_mode=c.pos),
         q_len_per_req=problem.q_len_per_req, device=dev)
     plan = backend.plan(problem, meta)
-    out = torch.full((nnz_q, c.hq, c.d), float("nan"), device=dev, dtype=c.dtype)
+    out = torch.full((nnz_q, c.hq, dv), float("nan"), device=dev, dtype=c.dtype)
     lse = torch.full((nnz_q, c.hq), float("nan"), device=dev, dtype=torch.float32) if c.lse else None
     sinks = (torch.randn(c.hq, device=dev) * 2).float() if c.sinks else None
     backend.run(plan, RunArgs(q=q, k=k_arg, v=v_arg, out=out, lse=lse, sinks=sinks, q_scale=q_scale,
@@ -721,6 +759,30 @@ def test_prefill90(dtype, pipe, ws):
         run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, mask="causal", paged=False, **kw))
     assert plan.needs_merge and plan.config == "prefill90" and plan.lib.key.head_dim == 256
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_prefill90_d192x128(dtype):
+    """Head dims qk / vo 192 / 128 (DeepSeek's prefill): prefill90's warp-specialized pipelined loop, two stages of K
+    (three 64-column blocks) and V (two) on their own barriers; ragged (NHD / HND, whole tiles by TMA, a unit's last
+    by cp.async) and single prefill, GQA and MHA, rows of a decode's size (the 128-row tile: no decode tile serves
+    these dims), LSE, sinks, split-KV (the merge over V's head dim), more units than CTAs at once."""
+    kw = dict(dtype=dtype, d=192, dv=128, paged=False)
+    for mask in ("causal", "none"):
+        plan = run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
+                             mask=mask, **kw))
+        assert plan.config == "prefill90" and plan.lib.key.uri.startswith(f"cuda_fa2_prefill90_{plan.lib.key.dtype}"
+                                                                          "_d192x128")
+    run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, layout="HND", mask="none", **kw))
+    run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, noncontig_q=True, sinks=True, **kw))
+    run_case(Case([(3, 900)], hq=16, hkv=16, **kw))  # a decode-sized batch
+    run_case(Case([(300, 300)], hq=8, hkv=2, op="single_prefill", **kw))
+    plan = run_case(Case([(20, 4000)], hq=4, hkv=1, **kw))
+    assert plan.needs_merge and plan.config == "prefill90"
+    run_case(Case([(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3, hq=32, hkv=8, **kw))
 
 
 @gpu
@@ -903,6 +965,28 @@ def test_prefill90_paged_loop_cpu(monkeypatch, d):
     for forced in (False, True):
         monkeypatch.setattr(CudaFa2Backend, "sm90_pipe", forced)
         assert _cpu_plan(prob, meta, lib_shape=(128, 128))[1].lib.key.pipe == forced
+
+
+def test_prefill90_d192x128_plan_cpu(monkeypatch):
+    """Head dims 192 / 128: prefill90's pipelined warp-specialized build for every batch (rows of a decode's size too:
+    no decode tile has these dims) and ``d192x128`` in the key; where prefill90 cannot take the batch, a ValueError
+    naming why, not another kernel's build."""
+    prob = _problem(op="batch_prefill_ragged", page_size=None, head_dim_qk=192, head_dim_vo=128, mask="none")
+    for qo in (1, 300):
+        qh, kh = [0, qo], [0, 700]
+        meta = BatchMeta(batch_size=1, qo_indptr=torch.tensor(qh, dtype=torch.int32), qo_indptr_host=qh,
+                         kv_indptr=torch.tensor(kh, dtype=torch.int32), kv_indptr_host=kh, kv_lens_host=[700],
+                         params=AttnParams(sm_scale=0.1))
+        plan = _cpu_plan(prob, meta, lib_shape=(128, 128))[1]
+        k = plan.lib.key
+        assert plan.config == "prefill90" and (k.pipe, k.ws, k.persist, k.head_dim_vo) == (True, True, False, 128)
+        assert plan.part_o is None or plan.part_o.shape[-1] == 128
+    for attr, value, why in (("sm90_pipe", False, "the warp-specialized pipelined loop only"),
+                             ("force_config", "prefill", "force_config prefill")):
+        monkeypatch.setattr(CudaFa2Backend, attr, value)
+        with pytest.raises(ValueError, match=f"192 / 128 run on prefill90 only.*{why}"):
+            _cpu_plan(prob, meta, lib_shape=(128, 128))
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -38,6 +38,11 @@ class Workload:
     kv_fp8: bool = False
     q_len: int = 1
     sinks: bool = False
+    dv: int = 0  # V's and the output's head dim where it differs from d (prefill only; 0: d)
+
+    @property
+    def vo(self) -> int:
+        return self.dv or self.d
 
 
 WORKLOADS = [
@@ -57,6 +62,7 @@ WORKLOADS = [
     Workload("P3-p16", "paged_prefill", 8, 2048, 2048),
     Workload("P3-p1", "paged_prefill", 8, 2048, 2048, page=1),
     Workload("P4", "paged_prefill", 16, 512, 4096),
+    Workload("P5-d192", "prefill", 1, 4096, 4096, hq=32, hkv=32, d=192, dv=128),  # DeepSeek's prefill head dims
 ]
 
 
@@ -93,7 +99,7 @@ def _shrink(w: Workload) -> Workload:
 
     return replace(w, batch=min(w.batch, CPU_SCALE["batch"]), qo=min(w.qo, CPU_SCALE["qo"] if w.qo > 4 else w.qo),
                    kv=min(w.kv, CPU_SCALE["kv"]), hq=min(w.hq, 8), hkv=min(w.hkv, 2) if w.hkv < w.hq else min(w.hq, 8),
-                   d=min(w.d, 64))
+                   d=min(w.d, 64), dv=min(w.dv, 32))
 
 
 def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = 3) -> Callable[[Callable[[], None]], float]:
@@ -180,7 +186,7 @@ def read_at_size(nbytes: float, t: Callable[[Callable[[], None]], float], memo: 
 
 def _flops(w: Workload) -> float:
     pairs = w.qo * w.kv - (w.qo * (w.qo - 1) / 2 if w.causal else 0)
-    return 4.0 * pairs * w.hq * w.d * w.batch
+    return 2.0 * pairs * w.hq * (w.d + w.vo) * w.batch
 
 
 def _bytes(w: Workload) -> float:
@@ -204,8 +210,8 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     if w.op == "prefill" and api is not None:  # the one-call function (plan + run each call)
         runs = []
         for _ in range(copies):
-            q, k, v = (torch.randn(n, h, w.d, device=device, dtype=dtype)
-                       for n, h in ((w.qo, w.hq), (w.kv, w.hkv), (w.kv, w.hkv)))
+            q, k, v = (torch.randn(n, h, d, device=device, dtype=dtype)
+                       for n, h, d in ((w.qo, w.hq, w.d), (w.kv, w.hkv, w.d), (w.kv, w.hkv, w.vo)))
             ac.single_prefill_with_kv_cache(q, k, v, causal=w.causal)
             runs.append(lambda q=q, k=k, v=v: ac.single_prefill_with_kv_cache(q, k, v, causal=w.causal))
         return runs, None
@@ -216,7 +222,7 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
         for _ in range(copies):
             q = torch.randn(w.qo, w.hq, w.d, device=device, dtype=dtype)
             k = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
-            v = torch.randn(w.kv, w.hkv, w.d, device=device, dtype=dtype)
+            v = torch.randn(w.kv, w.hkv, w.vo, device=device, dtype=dtype)
             planned, args = plan_single(q=q, k=k, v=v, custom_mask=None, packed_custom_mask=None, causal=w.causal,
                                         kv_layout="NHD", pos_encoding_mode="NONE", sm_scale=None, window_left=-1,
                                         logits_soft_cap=None, rope_scale=None, rope_theta=None, return_lse=False,
@@ -230,10 +236,11 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
         wr = ac.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", **({} if api else {"backend": backend}))
         qo = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.qo
         kvp = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.kv
-        wr.plan(qo, kvp, w.hq, w.hkv, w.d, causal=w.causal, q_data_type=dtype, kv_data_type=kv_dtype)
+        wr.plan(qo, kvp, w.hq, w.hkv, w.d, causal=w.causal, q_data_type=dtype, kv_data_type=kv_dtype,
+                **({"head_dim_vo": w.dv} if w.dv else {}))
         q = torch.randn(w.batch * w.qo, w.hq, w.d, device=device, dtype=dtype)
-        kvs = [tuple(torch.randn(w.batch * w.kv, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
-                     for _ in range(2)) for _ in range(copies)]
+        kvs = [tuple(torch.randn(w.batch * w.kv, w.hkv, d, device=device, dtype=dtype).to(kv_dtype)
+                     for d in (w.d, w.vo)) for _ in range(copies)]
         wr.run(q, *kvs[0])
         return [lambda kv=kv: wr.run(q, *kv) for kv in kvs], None if api else wr.backend
     pages = (w.kv + w.page - 1) // w.page
@@ -283,7 +290,7 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
     q = torch.randn(1, w.hq, w.qo, w.d, device=device, dtype=dtype)
     k = torch.randn(1, w.hkv, w.kv, w.d, device=device, dtype=dtype)
-    v = torch.randn(1, w.hkv, w.kv, w.d, device=device, dtype=dtype)
+    v = torch.randn(1, w.hkv, w.kv, w.vo, device=device, dtype=dtype)
     if w.causal and w.qo != w.kv:
         return None
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=w.causal, enable_gqa=w.hkv != w.hq)

@@ -47,10 +47,17 @@ POD_CAPABILITIES = Capabilities(
     ops=frozenset(POD_OPS), features=frozenset({"sinks", "fp8_scales", "return_lse"}),
     **{**_BASE, "min_compute_capability": (9, 0), "max_compute_capability": (9, 0), "kv_dtypes": _F16,
        "head_dims": frozenset({64, 128}), "masks": frozenset({"none", "causal"})})
+# head dims qk / vo that differ (specs.PREFILL90_QK_VO: 192 / 128, DeepSeek's prefill): prefill90 only, so what it
+# serves, on contiguous K/V (ragged and single prefill); extra_reasons refuses other pairs of these dims
+_QK_VO = dict(_BASE, min_compute_capability=(9, 0), max_compute_capability=(9, 0), kv_dtypes=_F16,
+              head_dims=frozenset({192, 128}), same_head_dim_vo=False, masks=frozenset({"none", "causal"}))
+_QK_VO_FEATURES = frozenset({"sinks", "fp8_scales", "return_lse"})
 CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
     POD_CAPABILITIES,
+    Capabilities(ops=frozenset({"batch_prefill_ragged"}), features=_QK_VO_FEATURES | {"cuda_graph"}, **_QK_VO),
+    Capabilities(ops=frozenset({"single_prefill"}), features=_QK_VO_FEATURES, **_QK_VO),
 )
 
 
@@ -151,7 +158,16 @@ class CudaFa2Backend(Backend):
         return r
 
     def extra_reasons(self, problem: AttentionProblem) -> List[Reason]:
+        from attncore.backends.cuda_fa2.specs import PREFILL90_QK_VO
+
         r = []
+        qk, vo = problem.head_dim_qk, problem.head_dim_vo
+        if (qk != vo or qk not in _BASE["head_dims"]) and (qk, vo) not in PREFILL90_QK_VO:
+            r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)",
+                            "equal to head_dim_qk, or 192 / 128 (prefill90: ragged and single prefill, sm90)"))
+        elif qk != vo and problem.op not in POD_OPS:  # prefill90 alone serves the pair
+            r += [Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"prefill90, which cannot serve it: {why}")
+                  for why in self._problem_sm90_reasons(problem)]
         if problem.op in ("batch_prefill_paged", "batch_decode") and problem.page_size is not None \
                 and problem.page_size < 1:
             r.append(Reason("page_size", str(problem.page_size), ">= 1"))
@@ -176,9 +192,10 @@ class CudaFa2Backend(Backend):
         table), the problem's selection key."""
         import os
 
-        from attncore.backends.cuda_fa2.specs import POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS
+        from attncore.backends.cuda_fa2.specs import POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS, PREFILL90_QK_VO
 
         dims = POD90_HEAD_DIMS if pod else PREFILL90_HEAD_DIMS
+        pair = (problem.head_dim_qk, problem.head_dim_vo)
         r = []
         if not self.sm90 or os.environ.get("ATTNCORE_FA2_SM90", "1") == "0":
             r.append("turned off")
@@ -186,7 +203,12 @@ class CudaFa2Backend(Backend):
             r.append(f"kv dtype {problem.kv_dtype} (16-bit KV only)")
         if problem.mask not in ("none", "causal"):
             r.append(f"mask {problem.mask}")
-        if problem.head_dim_qk not in dims:
+        if pair[0] != pair[1]:
+            if pod or pair not in PREFILL90_QK_VO:
+                r.append(f"head dims {pair[0]} / {pair[1]} (qk / vo)")
+            elif not self.sm90_ws or self.sm90_pipe is False:
+                r.append(f"head dims {pair[0]} / {pair[1]}: the warp-specialized pipelined loop only")
+        elif problem.head_dim_qk not in dims:
             r.append(f"head dim {problem.head_dim_qk} ({', '.join(map(str, dims))})")
         if problem.soft_cap:
             r.append("soft cap")
@@ -222,7 +244,8 @@ class CudaFa2Backend(Backend):
                       prefetch=prefetch,
                       pipe=config == "prefill90" and self._sm90_pipe(paged, problem.head_dim_qk),
                       ws=config == "prefill90" and bool(self.sm90_ws),
-                      tune=tuple(self.tune))
+                      tune=tuple(self.tune),
+                      head_dim_vo=problem.head_dim_vo if problem.head_dim_vo != problem.head_dim_qk else 0)
 
     def _sm90_pipe(self, paged: bool, head_dim: int) -> bool:
         """Whether prefill90 runs its pipelined loop (``sm90_pipe``; None: the rule there)."""
@@ -249,12 +272,17 @@ class CudaFa2Backend(Backend):
         G, Hkv = problem.group_size, problem.num_kv_heads
         paged = meta.kv_indices is not None
         page_size = meta.page_size if paged else 0
-        config = "decode" if max(qo_lens, default=0) * G <= 16 else "prefill"
+        # head dims qk != vo: prefill90 alone has them, whatever the rows (its 128-row tile for decode-sized batches)
+        pair = problem.head_dim_qk != problem.head_dim_vo
+        config = "decode" if max(qo_lens, default=0) * G <= 16 and not pair else "prefill"
         sm90_why = ["decode tile"] if config == "decode" else self.sm90_reasons(problem, meta, dev)
         if self.force_config and self.force_config != "prefill90":
             sm90_why = sm90_why + [f"force_config {self.force_config}"]
         if not sm90_why:
             config = "prefill90"
+        elif pair:
+            raise ValueError(f"cuda_fa2: head dims {problem.head_dim_qk} / {problem.head_dim_vo} run on prefill90 only, "
+                             f"which cannot take this batch: {'; '.join(sm90_why)}")
         lib = binding.get_library(self.key_for(problem, config, page_size, paged), dev)
         # the waves of this tile's CTAs (units: row tile, kv head) on the GPU
         waves = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv / max(1, lib.num_sms * lib.ctas_per_sm)

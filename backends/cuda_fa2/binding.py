@@ -173,7 +173,8 @@ def check_run_tensors(plan, args) -> None:
     _need(out.dtype == pr.q_dtype, f"out dtype {out.dtype}, expected {pr.q_dtype}")
     _need(q.dim() == 3 and q.shape[0] == plan.nnz_q and q.shape[1] == pr.num_qo_heads and q.shape[2] == pr.head_dim_qk,
           f"q shape {tuple(q.shape)}, plan expects [{plan.nnz_q}, {pr.num_qo_heads}, {pr.head_dim_qk}]")
-    _need(tuple(out.shape) == tuple(q.shape), f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+    want = (plan.nnz_q, pr.num_qo_heads, pr.head_dim_vo)
+    _need(tuple(out.shape) == want, f"out shape {tuple(out.shape)}, plan expects {list(want)}")
     _need(k.shape[-1] == pr.head_dim_qk and v.shape[-1] == pr.head_dim_vo, "k/v head dim mismatch")
     for name, t in (("q", q), ("out", out)):
         _need(t.stride(1) % 8 == 0 and t.stride(0) % 8 == 0, f"{name} strides must be multiples of 8 elements")

@@ -2,8 +2,8 @@
 
 URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GPU arch)::
 
-    cuda_fa2_<prefill|prefill64|prefill90|pod90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256>_<none|causal|custom>
-             [_softcap][_alibi][_rope][_pf][_pipe][_ws][_persist]
+    cuda_fa2_<prefill|prefill64|prefill90|pod90|decode>_<fp16|bf16>[_kv<e4m3|e5m2>]_d<64|128|256|192x128>
+             _<none|causal|custom>[_softcap][_alibi][_rope][_pf][_pipe][_ws][_persist]
 
 ``prefill`` is the 128-row (64 for d256) Q tile with 4 warps along Q; ``prefill64`` the 64-row tile
 (one m16 tile per warp), chosen for causal problems whose diagonal dominates (qo_len ~ kv_len);
@@ -11,7 +11,8 @@ URI grammar (``attncore build cuda_fa2 <uri>``; ``_sm<arch>`` is appended per GP
 at most 16 packed rows.
 ``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles, 192 at d64,
 80 at d256 in two stages), built for sm_90a only; it serves 16-bit KV, d64/d128/d256, masks none/causal and no soft
-cap / ALiBi / RoPE (plan() checks the rest: no window).
+cap / ALiBi / RoPE (plan() checks the rest: no window); and head dims qk / vo 192 / 128 (``_d192x128``, DeepSeek's
+prefill shape: ``_pipe_ws`` only, as d256 in two stages with K and V on their own barriers, 128-key tiles).
 ``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
 for contiguous K/V) and of a decode part (paged, the plain loop, causal, each item's K/V tiles shared between
 the two consumer warpgroups) in one grid; always ``_ws``.
@@ -56,6 +57,8 @@ SM90_CONFIGS = ("prefill90", "pod90")  # built for sm_90a only
 POD90_HEAD_DIMS = (64, 128)
 PREFILL90_HEAD_DIMS = POD90_HEAD_DIMS + (256,)
 HEAD_DIMS = (64, 128, 256)
+# head dims qk / vo that differ: prefill90's warp-specialized pipelined loop only (Fa2Key.head_dim_vo)
+PREFILL90_QK_VO = ((192, 128),)
 
 
 @dataclass(frozen=True)
@@ -73,13 +76,18 @@ class Fa2Key:
     ws: bool = False  # prefill90: warp-specialized (producer warpgroup)
     persist: bool = False  # prefill90 _pipe_ws d128: on the persistent grid, two stages
     tune: Tuple[Tuple[str, str], ...] = ()  # tile-shape overrides (tuning experiments only)
+    head_dim_vo: int = 0  # V's and the output's head dim where it differs from head_dim (PREFILL90_QK_VO); 0: the same
+
+    @property
+    def dims(self) -> str:
+        return f"d{self.head_dim}" + (f"x{self.head_dim_vo}" if self.head_dim_vo else "")
 
     @property
     def uri(self) -> str:
         parts = ["cuda_fa2", self.config, self.dtype]
         if self.kv != "same":
             parts.append("kv" + self.kv)
-        parts += [f"d{self.head_dim}", self.mask]
+        parts += [self.dims, self.mask]
         for f in ("softcap", "alibi", "rope"):
             if getattr(self, f):
                 parts.append(f)
@@ -96,9 +104,12 @@ class Fa2Key:
         return "_".join(parts)
 
     def spec(self) -> jit.Spec:
+        pair = (self.head_dim, self.head_dim_vo)
         if self.config not in CONFIGS or self.dtype not in DTYPES or self.kv not in KVS or self.mask not in MASKS \
-                or self.head_dim not in HEAD_DIMS:
+                or (self.head_dim not in HEAD_DIMS if not self.head_dim_vo else pair not in PREFILL90_QK_VO):
             raise ValueError(f"invalid cuda_fa2 specialization {self}")
+        if self.head_dim_vo and not (self.config == "prefill90" and self.pipe and self.ws and not self.persist):
+            raise ValueError(f"cuda_fa2: head dims {self.dims[1:]} are a prefill90 _pipe_ws build (no _persist): {self}")
         if self.alibi and self.rope:
             raise ValueError("cuda_fa2: alibi and rope are exclusive")
         if self.prefetch and self.config != "decode":
@@ -113,7 +124,7 @@ class Fa2Key:
             raise ValueError("cuda_fa2: _persist is a prefill90 _pipe_ws option at d128")
         dims = PREFILL90_HEAD_DIMS if self.config == "prefill90" else POD90_HEAD_DIMS
         if self.config in SM90_CONFIGS and (self.kv != "same" or self.mask == "custom" or self.softcap or self.alibi
-                                            or self.rope or self.head_dim not in dims):
+                                            or self.rope or (self.head_dim not in dims and not self.head_dim_vo)):
             raise ValueError(f"cuda_fa2: {self.config} serves 16-bit KV, d{'/d'.join(map(str, dims))}, mask "
                              f"none/causal, no features: {self}")
         defines = (
@@ -121,7 +132,8 @@ class Fa2Key:
             ("FA2_KV", str(KVS[self.kv])), ("FA2_HEAD_DIM", str(self.head_dim)),
             ("FA2_MASK", str(MASKS[self.mask])), ("FA2_SOFTCAP", str(int(self.softcap))),
             ("FA2_ALIBI", str(int(self.alibi))), ("FA2_ROPE", str(int(self.rope))),
-        ) + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
+        ) + ((("FA2_HEAD_DIM_VO", str(self.head_dim_vo)),) if self.head_dim_vo else ()) \
+            + ((("FA2_D_PF", "1"),) if self.prefetch else ()) + ((("FA2_H_PIPE", "1"),) if self.pipe else ()) \
             + ((("FA2_H_WS", "1"),) if self.ws else ()) \
             + ((("FA2_H_PERSIST", "1"), ("FA2_H_STAGES", "2")) if self.persist else ()) \
             + tuple(self.tune)
@@ -131,7 +143,8 @@ class Fa2Key:
 
 
 _URI_RE = re.compile(
-    r"^cuda_fa2_(prefill64|prefill90|pod90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)_(none|causal|custom)"
+    r"^cuda_fa2_(prefill64|prefill90|pod90|prefill|decode)_(fp16|bf16)(?:_kv(e4m3|e5m2))?_d(\d+)(?:x(\d+))?"
+    r"_(none|causal|custom)"
     r"((?:_softcap)?)((?:_alibi)?)((?:_rope)?)((?:_pf)?)((?:_pipe)?)((?:_ws)?)((?:_persist)?)(?:_sm\d+)?$")
 
 
@@ -139,9 +152,9 @@ def parse(uri: str) -> jit.Spec:
     m = _URI_RE.match(uri)
     if not m:
         raise ValueError(f"not a cuda_fa2 specialization URI: {uri!r} (grammar: {__doc__.split('::')[1].strip()})")
-    cfg, dt, kv, d, mask, sc, al, ro, pf, pi, ws, pe = m.groups()
+    cfg, dt, kv, d, dv, mask, sc, al, ro, pf, pi, ws, pe = m.groups()
     return Fa2Key(cfg, dt, kv or "same", int(d), mask, bool(sc), bool(al), bool(ro), bool(pf), bool(pi),
-                  bool(ws), bool(pe)).spec()
+                  bool(ws), bool(pe), head_dim_vo=int(dv or 0)).spec()
 
 
 def common_keys() -> List[Fa2Key]:
@@ -158,14 +171,16 @@ def common_keys() -> List[Fa2Key]:
 
 
 def sm90_keys() -> List[Fa2Key]:
-    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256; _persist at d128) and its POD kernel
-    (d64/d128), both dtypes, masks none/causal."""
+    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256; _persist at d128; d192x128 _pipe_ws)
+    and its POD kernel (d64/d128), both dtypes, masks none/causal."""
     return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16")
             for d in PREFILL90_HEAD_DIMS for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
         [Fa2Key("prefill90", dt, "same", 128, m, pipe=True, ws=True, persist=True) for dt in ("bf16", "fp16")
          for m in ("none", "causal")] + \
         [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in POD90_HEAD_DIMS
-         for m in ("none", "causal") for pi in (False, True)]
+         for m in ("none", "causal") for pi in (False, True)] + \
+        [Fa2Key("prefill90", dt, "same", d, m, pipe=True, ws=True, head_dim_vo=dv) for dt in ("bf16", "fp16")
+         for d, dv in PREFILL90_QK_VO for m in ("none", "causal")]
 
 
 def selftest_spec() -> jit.Spec:

@@ -2,7 +2,8 @@
 //
 // Notation: see fa2_attention.cuh.  Specialization defines (set by specs.py):
 //   FA2_DTYPE    0 fp16, 1 bf16 (q and out)       FA2_KV     0 same as q, 1 e4m3, 2 e5m2
-//   FA2_HEAD_DIM 64 / 128 / 256                    FA2_MASK   0 none, 1 causal, 2 custom
+//   FA2_HEAD_DIM 64 / 128 / 256 (192: prefill90)   FA2_MASK   0 none, 1 causal, 2 custom
+//   FA2_HEAD_DIM_VO  V's and the output's head dim: FA2_HEAD_DIM, or 128 under 192 (prefill90, DeepSeek's shape)
 //   FA2_SOFTCAP, FA2_ALIBI, FA2_ROPE   0 / 1       FA2_CONFIG 0 prefill tile (CTA_Q 128; 64 at d256),
 //                                                             1 decode tile (CTA_Q 16, 4 warps on KV),
 //                                                             2 prefill64 tile (CTA_Q 64: causal, qo ~ kv)
@@ -40,6 +41,9 @@
 #endif
 #ifndef FA2_HEAD_DIM
 #define FA2_HEAD_DIM 128
+#endif
+#ifndef FA2_HEAD_DIM_VO
+#define FA2_HEAD_DIM_VO FA2_HEAD_DIM
 #endif
 #ifndef FA2_MASK
 #define FA2_MASK 1
@@ -90,8 +94,9 @@
 #endif
 namespace {
 using T = std::conditional<FA2_DTYPE == 1, __nv_bfloat16, __half>::type;
-constexpr int D = FA2_HEAD_DIM;
-static_assert(D == 64 || D == 128 || D == 256, "head dim");
+constexpr int D = FA2_HEAD_DIM, DV = FA2_HEAD_DIM_VO;
+static_assert(((D == 64 || D == 128 || D == 256) && DV == D) || (D == 192 && DV == 128 && FA2_CONFIG == 3),
+              "head dims (qk / vo): 64, 128, 256, and 192 / 128 (prefill90)");
 
 #if FA2_CONFIG == 3 || FA2_CONFIG == 4
 #ifndef FA2_H_KVT
@@ -100,7 +105,8 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 // shared memory).  d256: the 64 KiB Q tile leaves room for two stages of 80 keys (H200 2026-11-29, the plain
 // loop: P2 d256 0.305 ms against 0.317 with 64); the pipelined loop without a producer holds two stages and needs
 // a third, of 48 keys (the warp-specialized one frees K and V apart instead: Cfg90::SEPKV)
-#define FA2_H_KVT (FA2_HEAD_DIM == 64 ? 192 : FA2_HEAD_DIM == 128 ? 128 : (FA2_H_PIPE && !FA2_H_WS ? 48 : 80))
+// d192 / 128 (warp-specialized only) as d256 in two stages of K and V on their own barriers, of 128 keys: 208 KiB
+#define FA2_H_KVT (D == 64 ? 192 : D <= 192 ? 128 : (FA2_H_PIPE && !FA2_H_WS ? 48 : 80))
 #endif
 #ifndef FA2_H_NWG
 #define FA2_H_NWG 2
@@ -115,7 +121,7 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 #define FA2_H_PREG 56  // WS: producer registers (setmaxnreg); the consumers get the rest (224 either way)
 #endif
 #ifndef FA2_H_STAGES
-#define FA2_H_STAGES (D == 256 ? (FA2_H_PIPE && !FA2_H_WS ? 3 : 2) : (FA2_H_PIPE || FA2_H_WS) ? 3 : 2)
+#define FA2_H_STAGES (D >= 192 ? (FA2_H_PIPE && !FA2_H_WS ? 3 : 2) : (FA2_H_PIPE || FA2_H_WS) ? 3 : 2)
 #endif
 #ifndef FA2_H_SEPKV
 #define FA2_H_SEPKV (FA2_H_WS && FA2_H_STAGES == 2)  // K and V on their own barriers (Cfg90::SEPKV)
@@ -132,10 +138,10 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim");
 // copies (0): P1 causal 0.244 / 0.250 ms, non-causal 0.456 / 0.462, P2 d64 0.167 / 0.169, d256 0.260 / 0.269
 #define FA2_H_TMA 1
 #endif
-static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D != 256 || FA2_CONFIG == 3),
-              "prefill90 serves 16-bit KV, d64/d128/d256 (pod90 d64/d128), mask none/causal, no features");
+static_assert(FA2_KV == 0 && FA2_MASK != 2 && !FA2_SOFTCAP && !FA2_ALIBI && !FA2_ROPE && (D <= 128 || FA2_CONFIG == 3),
+              "prefill90 serves 16-bit KV, d64/d128/d256/d192x128 (pod90 d64/d128), mask none/causal, no features");
 using Cfg90 = fa2::sm90::Cfg90<D, FA2_H_KVT, FA2_H_NWG, FA2_H_STAGES, FA2_H_PIPE != 0, FA2_H_WS != 0, FA2_H_PREG,
-                               FA2_H_SEPKV != 0, FA2_H_PERSIST != 0 && FA2_H_WS != 0 && FA2_CONFIG == 3>;
+                               FA2_H_SEPKV != 0, FA2_H_PERSIST != 0 && FA2_H_WS != 0 && FA2_CONFIG == 3, DV>;
 #if FA2_CONFIG == 4
 static_assert(FA2_H_WS != 0 && FA2_MASK != 2, "pod90: warp-specialized, prefill mask none/causal");
 // the decode part: paged K/V, the plain loop (its producer cannot feed the pipelined one: cuda_fa2.md, session 19)
@@ -179,7 +185,7 @@ struct DeviceScope {
 // prefill90's TMA maps of ragged K and V (fa2_sm90_load.cuh: KvTma), encoded per launch; none (cp.async copies)
 // where the build has no producer warpgroup, K/V are paged, the driver lacks the entry point or refuses a tensor
 // (a base or stride not a multiple of 16 bytes)
-bool encode_map(fa2::sm90::TmaMap* out, const void* base, int64_t rows, int heads, int64_t stride_h,
+bool encode_map(fa2::sm90::TmaMap* out, const void* base, int cols, int64_t rows, int heads, int64_t stride_h,
                 int64_t stride_n) {
   static_assert(sizeof(fa2::sm90::TmaMap) == sizeof(CUtensorMap), "a tensor map's bytes");
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -196,7 +202,7 @@ bool encode_map(fa2::sm90::TmaMap* out, const void* base, int64_t rows, int head
   }();
   if (encode == nullptr) return false;
   // (column, kv head, token); box: one 128-byte column block of KVT tokens, 128B-swizzled as the stage
-  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows};
+  const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows};
   const cuuint64_t strides[2] = {(cuuint64_t)stride_h * sizeof(T), (cuuint64_t)stride_n * sizeof(T)};
   const cuuint32_t box[3] = {64, 1, (cuuint32_t)kKvt}, step[3] = {1, 1, 1};
   return encode(reinterpret_cast<CUtensorMap*>(out),
@@ -209,8 +215,8 @@ bool encode_map(fa2::sm90::TmaMap* out, const void* base, int64_t rows, int head
 fa2::sm90::KvTma kv_tma(const Fa2Params& p) {
   fa2::sm90::KvTma m{};
   m.on = FA2_H_TMA && Cfg90::WS && p.page_size == 0 && p.kv_rows > 0 &&
-         encode_map(&m.k, p.k, p.kv_rows, p.num_kv_heads, p.k_stride_h, p.k_stride_n) &&
-         encode_map(&m.v, p.v, p.kv_rows, p.num_kv_heads, p.v_stride_h, p.v_stride_n);
+         encode_map(&m.k, p.k, D, p.kv_rows, p.num_kv_heads, p.k_stride_h, p.k_stride_n) &&
+         encode_map(&m.v, p.v, DV, p.kv_rows, p.num_kv_heads, p.v_stride_h, p.v_stride_n);
   return m;
 }
 #endif
@@ -326,6 +332,6 @@ FA2_EXPORT int fa2_merge(const Fa2MergeParams* p, cudaStream_t stream) {
   if (scope.err) return scope.err;
   if (p->num_rows <= 0) return 0;
   dim3 grid(p->num_rows, p->num_qo_heads);
-  fa2::fa2_merge_kernel<T, D><<<grid, D / 4, 0, stream>>>(*p);
+  fa2::fa2_merge_kernel<T, DV><<<grid, DV / 4, 0, stream>>>(*p);  // (the partials' rows: V's head dim)
   return (int)cudaGetLastError();
 }

@@ -12,13 +12,14 @@
 //   TMA where the launcher gave it tensor maps, tma_kv_tile), in the 128-byte swizzled layout wgmma reads:
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
 //   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
-//   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps).
+//   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps; D = head_dim_qk).
 //   Online softmax in registers (exp2, scale folded, the row max moved lazily: ac::next_max), mask only on
 //   tiles that cross the causal diagonal or the kv end.  P is converted to 16-bit in the register-A layout.
-//   O += P V: wgmma m64n{D}k16, A = P from registers, B = V from smem, MN-major (transpose bit).
+//   O += P V: wgmma m64n{DV}k16, A = P from registers, B = V from smem, MN-major (transpose bit; DV = head_dim_vo,
+//   D but for DeepSeek's 192 / 128).  A stage holds a K tile and then a V tile.
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
-// RoPE, fp8 KV, head dims other than 64 / 128 / 256.
+// RoPE, fp8 KV, head dims other than 64 / 128 / 256 and 192 / 128 (qk / vo; warp-specialized, pipelined).
 // Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, TMA loads, setmaxnreg), fa2_sm90_load.cuh
 // (KvTileCopy, KvTma), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
 // clock64 timeline of the loops, built only with -DFA2_TRACE=1).
@@ -35,10 +36,13 @@
 namespace fa2 {
 namespace sm90 {
 
+// D: Q and K's head dim (head_dim_qk), DV: V and O's (head_dim_vo; 128 under D = 192, DeepSeek's prefill shape)
 template <int D_, int KVT_, int NWG_, int STAGES_, bool PIPE_, bool WS_ = false, int PREG_ = 56, bool SEPKV_ = false,
-          bool PERSIST_ = false>
+          bool PERSIST_ = false, int DV_ = D_>
 struct Cfg90 {
-  static constexpr int D = D_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
+  static constexpr int D = D_, DV = DV_, KVT = KVT_, NWG = NWG_, STAGES = STAGES_;
+  // D != DV: the warp-specialized ring only (the copies of a thread without a producer assume one row shape)
+  static_assert(DV == D || (WS_ && DV % 64 == 0 && DV < D), "head_dim_vo below head_dim_qk: warp-specialized");
   static constexpr bool PIPE = PIPE_;  // software-pipelined loop (S of the next tile overlaps softmax)
   // WS: warp-specialized, one producer warpgroup (warpgroup 0, PREG registers) issues every copy
   // (Q, K/V page gather) and hands stages over with mbarriers; the NWG consumer warpgroups only compute.
@@ -109,8 +113,8 @@ struct Cfg90 {
   static constexpr int CREG = CREG_ > 240 ? 240 : CREG_;
   static_assert(!WS || 128 * PREG + 128 * NWG * CREG <= LAUNCH_REG * NTHREADS, "setmaxnreg pool");
   static constexpr int q_bytes = CTA_Q * D * 2;
-  static constexpr int tile_bytes = KVT * D * 2;  // one K or V tile
-  static constexpr int stage_bytes = 2 * tile_bytes;
+  static constexpr int k_bytes = KVT * D * 2, v_bytes = KVT * DV * 2;  // a K tile, a V tile (after it in a stage)
+  static constexpr int stage_bytes = k_bytes + v_bytes;
   // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty);
   // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and, 16-byte aligned, its
   // two slots of UNIT_INTS ints (sm90_cta's publish / take)
@@ -166,11 +170,12 @@ __device__ __forceinline__ void max_fold(float (&a)[M], float (&b)[M]) {
 template <typename Cfg, typename T, int MASK, bool KVSPLIT = false>
 __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item, const int kvh0,
                                          const KvTma* tma = nullptr) {
-  constexpr int D = Cfg::D, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES, NT = 128 * Cfg::NWG;  // NT: compute threads
-  constexpr int CPR = D / 8;          // 16-byte chunks per row
+  constexpr int D = Cfg::D, DV = Cfg::DV, KVT = Cfg::KVT, CTA_Q = Cfg::CTA_Q, STAGES = Cfg::STAGES;
+  constexpr int NT = 128 * Cfg::NWG;  // compute threads
+  constexpr int CPR = D / 8;          // 16-byte chunks per row of Q and K
   constexpr int NS = KVT / 2;         // S accumulators per thread (KVT/8 n8 blocks x 4)
-  constexpr int NO = D / 2;           // O accumulators per thread
-  static_assert(NT % CPR == 0 && KVT % (NT / CPR) == 0, "tile copy shape");
+  constexpr int NO = DV / 2;          // O accumulators per thread
+  static_assert(Cfg::WS || (NT % CPR == 0 && KVT % (NT / CPR) == 0), "tile copy shape");
   constexpr int RSTEP = NT / CPR;     // rows between a thread's successive chunks
   constexpr int LROWS = KVT / RSTEP;  // chunks per thread per K (or V) tile
 
@@ -267,9 +272,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // O += P V for the V tile in `stage` (issued, not waited)
   uint32_t a[KVT / 16][4];
   auto issue_pv = [&](int stage) {
-    const uint32_t vbase = sKVa + stage * Cfg::stage_bytes + Cfg::tile_bytes;
+    const uint32_t vbase = sKVa + stage * Cfg::stage_bytes + Cfg::k_bytes;
 #pragma unroll
-    for (int kk = 0; kk < KVT / 16; ++kk) mma_rs_t<T, D>(o, a[kk], desc_mn<KVT>(vbase, kk));
+    for (int kk = 0; kk < KVT / 16; ++kk) mma_rs_t<T, DV>(o, a[kk], desc_mn<KVT>(vbase, kk));
   };
   // mask + online softmax of tile `tile` in s (in place: s becomes exp2(s * sc - m), fp32)
   float alpha[2];
@@ -332,7 +337,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   auto rescale = [&]() {
     if (__any_sync(0xffffffff, moved)) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+      for (int j = 0; j < DV / 8; ++j) {
         o[j * 4 + 0] *= alpha[0];
         o[j * 4 + 1] *= alpha[0];
         o[j * 4 + 2] *= alpha[1];
@@ -484,7 +489,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       const uint32_t srow = ob + (wq * 16 + sr) * 128;
       const int sx = ((lane >> 4) ^ sr) & 7;
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) {  // n8 blocks 2 j and 2 j + 1, rows 0-7 and 8-15 of each
+      for (int j = 0; j < DV / 16; ++j) {  // n8 blocks 2 j and 2 j + 1, rows 0-7 and 8-15 of each
         uint32_t w[4];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
@@ -505,7 +510,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       T* const ge = dst + (q + 4 * b) * 8;  // pass k even: chunk 4 k + q + 4 b; odd: 4 k + q - 4 b
       T* const go = dst + (q - 4 * b) * 8;
 #pragma unroll
-      for (int k = 0; k < D / 32; ++k) {
+      for (int k = 0; k < DV / 32; ++k) {
         const uint4 v = lds128(rb + h2 * 1024 + (k >> 1) * OCB + ((k & 1) ? (x0 ^ 64) : x0));
         if (rw[h2].live) stg128(((k & 1) ? go : ge) + 32 * k, v);
       }
@@ -520,7 +525,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // independent chains; H200 2026-11-30, same run, 15 rounds: P1 non-causal 0.4467 ms against 0.4537 one row after
   // the other, P3 page 16 0.6235 / 0.6271; 9 rounds: P1 causal, P4 level); d64 one row at a time (P2 d64 0.1644
   // against 0.1667 with both), d256 likewise (not measured; its O takes 128 registers).
-  constexpr int RP = D == 128 ? 2 : 1;
+  constexpr int RP = DV == 128 ? 2 : 1;
   auto epilogue = [&](bool staged, uint32_t ob) {
     const bool final_out = slot < 0;
     if (Cfg::OSMEM && staged && final_out) {
@@ -537,7 +542,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   #pragma unroll
         for (int r = 0; r < RP; ++r) dst[r] = out_ptr(rw[r]);
   #pragma unroll
-        for (int k = 0; k < D / 32; ++k) {
+        for (int k = 0; k < DV / 32; ++k) {
           uint32_t w[RP][4];
   #pragma unroll
           for (int r = 0; r < RP; ++r) {
@@ -561,9 +566,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         for (int r = 0; r < RP; ++r) {
           if (!rw[r].live) continue;
           const int h2 = h0 + r;
-          float* dst = p.o_part + ((int64_t)(slot + rw[r].tok) * p.num_qo_heads + rw[r].h) * D + 2 * (lane & 3);
+          float* dst = p.o_part + ((int64_t)(slot + rw[r].tok) * p.num_qo_heads + rw[r].h) * DV + 2 * (lane & 3);
   #pragma unroll
-          for (int j = 0; j < D / 8; ++j)
+          for (int j = 0; j < DV / 8; ++j)
             *reinterpret_cast<float2*>(dst + j * 8) =
                 make_float2(o[j * 4 + 2 * h2] * rw[r].scale, o[j * 4 + 2 * h2 + 1] * rw[r].scale);
           if ((lane & 3) == 0) p.lse_part[(int64_t)(slot + rw[r].tok) * p.num_qo_heads + rw[r].h] = rw[r].lse;
@@ -599,7 +604,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         l[h2] = l[h2] * a0 + l1 * a1;
         m[h2] = mn;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
+        for (int j = 0; j < DV / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int i = j * 4 + 2 * h2 + e;
@@ -614,10 +619,11 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // dt tokens and dg heads (and one token more where the head wraps past G), so the addresses advance by adds: one
   // division by G per unit, not one per chunk.  (With a division and a 64-bit address per chunk the producer took
   // ~6,000-8,000 clocks to issue a unit's Q at d128, on the persistent grid's critical path: session 32's timeline.)
-  constexpr int QTH = Cfg::WS ? 128 : NT, QRS = QTH / CPR;
-  static_assert(QTH % CPR == 0 && CTA_Q % QRS == 0, "Q copy shape");
+  // A row's CPR chunks by QC threads, QNC each 8 QC chunks apart (QC = 8, QNC = 3: d192's 24 chunks by 128 threads).
+  constexpr int QTH = Cfg::WS ? 128 : NT, QC = QTH % CPR == 0 ? CPR : 8, QNC = CPR / QC, QRS = QTH / QC;
+  static_assert(QTH % QC == 0 && CPR % QC == 0 && CTA_Q % QRS == 0, "Q copy shape");
   auto copy_q = [&]() {
-    const int c = tid % CPR, r0 = tid / CPR, pr0 = row0 + r0;
+    const int c = tid % QC, r0 = tid / QC, pr0 = row0 + r0;
     int tok = pr0 / G, g = pr0 - tok * G;
     const int dt = QRS / G, dg = QRS - dt * G;
     const T* src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)(kvh * G + g) * p.q_stride_h + c * 8;
@@ -627,7 +633,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 #pragma unroll 1
     for (int r = r0; r < CTA_Q; r += QRS) {
       const bool ok = r < rows_here;
-      ac::cp_async16(sQa + sw128<CTA_Q>(r, c), ok ? src : qg, ok);
+#pragma unroll
+      for (int b = 0; b < QNC; ++b) ac::cp_async16(sQa + sw128<CTA_Q>(r, c + b * QC), (ok ? src : qg) + b * QC * 8, ok);
       src += step;
       g += dg;
       if (g >= G) {
@@ -640,8 +647,11 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
     constexpr int PT = 128;                    // producer threads
-    constexpr int PCOLS = CPR < 16 ? CPR : 16;  // producer threads per row: a pass covers >= 8 rows (swizzle period)
-    constexpr int PNC = CPR / PCOLS;           // chunk columns per producer thread (2 at d256, 16 apart)
+    // producer threads per row: a pass covers >= 8 rows (the swizzle period); 8 where 16 do not divide a K row
+    constexpr int PCOLS = CPR <= 16 ? CPR : CPR % 16 == 0 ? 16 : 8;
+    constexpr int PNC = CPR / PCOLS;           // chunk columns per producer thread of K (2 at d256, 16 apart; 3 at d192)
+    constexpr int PNCV = DV / 8 / PCOLS;       // and of V (PNC but under head_dim_vo < head_dim_qk)
+    static_assert(CPR % PCOLS == 0 && (DV / 8) % PCOLS == 0, "producer copy shape");
     constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
     constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
     static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
@@ -687,9 +697,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if (Cfg::PERSIST && nq > 0) mbar_wait(bar_qempty, (nq - 1) & 1);
             copy_q();  // joins the first K/V group
           }
-          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, Cfg::LEAN> kv(p, reinterpret_cast<const T*>(kg),
-                                                            reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc,
-                                                            kv_lo, kv_hi);
+          KvTileCopy<KVT, PLROWS, PRSTEP, T, PNC, PCOLS, Cfg::LEAN, PNCV> kv(
+              p, reinterpret_cast<const T*>(kg), reinterpret_cast<const T*>(vg), kvh, kv_base, pr0, pcc, kv_lo, kv_hi);
           for (int tile = 0; tile < n_tiles; ++tile) {
             const int t = it0 + tile, stage = t % STAGES;
             FA2_TR(t, 0);
@@ -705,10 +714,10 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             // session 33); a unit's last, partial tile by cp.async (a box would read the next request's rows, which
             // zero-fill must hide)
             const bool by_tma = tma != nullptr && kv_lo + (tile + 1) * KVT <= kv_hi;
-            const uint32_t sk = sKVa + stage * Cfg::stage_bytes, sv = sk + Cfg::tile_bytes;
+            const uint32_t sk = sKVa + stage * Cfg::stage_bytes, sv = sk + Cfg::k_bytes;
             const int token = kv_base + kv_lo + tile * KVT;
             if (!by_tma)
-              kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::tile_bytes);  // SEPKV: K alone, V below
+              kv.template issue<Cfg::SEPKV ? 1 : 3>(tile, dk, dk + Cfg::k_bytes);  // SEPKV: K alone, V below
             else if (tid == 0)
               tma_kv_tile<Cfg, Cfg::SEPKV ? 1 : 3>(*tma, kvh, token, sk, sv, bar_full + 8 * stage);
             if (Cfg::QLATE && tile == 0) {  // the unit's Q (joins this tile's group), once the last unit's last S ran
@@ -733,7 +742,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               if (t >= STAGES) mbar_wait(bar_empty_v + 8 * stage, ((t / STAGES) - 1) & 1);
               FA2_TR(t, 4);
               if (!by_tma)
-                kv.template issue<2>(tile, dk, dk + Cfg::tile_bytes);
+                kv.template issue<2>(tile, dk, dk + Cfg::k_bytes);
               else if (tid == 0)
                 tma_kv_tile<Cfg, 2>(*tma, kvh, token, sk, sv, bar_full_v + 8 * stage);
               ac::cp_async_commit();
@@ -893,7 +902,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
                                         kv_base, r0, cc, kv_lo, kv_hi);
     auto load_tile = [&](int tile, int stage) {
       uint8_t* dk = smem + Cfg::q_bytes + stage * Cfg::stage_bytes;
-      kv.issue(tile, dk, dk + Cfg::tile_bytes);
+      kv.issue(tile, dk, dk + Cfg::k_bytes);
     };
 
     if (n_tiles > 0) {

@@ -25,12 +25,12 @@ struct KvTma {
 template <typename Cfg, int PARTS>
 __device__ __forceinline__ void tma_kv_tile(const KvTma& m, int kvh, int token, uint32_t dk, uint32_t dv,
                                             uint32_t bar) {
-  mbar_expect_tx(bar, ((PARTS & 1) + (PARTS >> 1)) * Cfg::tile_bytes);
+  mbar_expect_tx(bar, (PARTS & 1) * Cfg::k_bytes + (PARTS >> 1) * Cfg::v_bytes);
 #pragma unroll
   for (int b = 0; b < Cfg::D / 64; ++b) {
     const uint32_t off = sw128<Cfg::KVT>(0, 8 * b);
     if (PARTS & 1) tma_load_3d(dk + off, &m.k, b * 64, kvh, token, bar);
-    if (PARTS & 2) tma_load_3d(dv + off, &m.v, b * 64, kvh, token, bar);
+    if ((PARTS & 2) && b < Cfg::DV / 64) tma_load_3d(dv + off, &m.v, b * 64, kvh, token, bar);
   }
 }
 
@@ -41,19 +41,21 @@ __device__ __forceinline__ const char* row_addr(const void* base, uint32_t off, 
   return reinterpret_cast<const char*>(base) + w;
 }
 
-// K/V tile copies of one thread: chunk columns c + g * CSTEP (g < NC) of rows r0 + it * STEP (it < N) of each K and
-// V tile, into the 128B-swizzled stage; rows past kv_hi are zero-filled.  NC > 1 where a row has more chunks than
-// the copying threads cover in one 8-row pass (d256 by the 128 producer threads: two columns 16 chunks apart, so
-// that STEP stays a multiple of the swizzle period).  Ragged rows advance by the token
+// K/V tile copies of one thread: chunk columns c + g * CSTEP (g < NC; of V, g < NCV) of rows r0 + it * STEP (it < N)
+// of each K and V tile, into the 128B-swizzled stage; rows past kv_hi are zero-filled.  NC > 1 where a row has more
+// chunks than the copying threads cover in one 8-row pass (d256 by the 128 producer threads: two columns 16 chunks
+// apart, so that STEP stays a multiple of the swizzle period; d192: three, 8 apart).  NCV < NC: V rows shorter than
+// K's (head_dim_vo < head_dim_qk).  Ragged rows advance by the token
 // stride.  Paged rows use 32-bit offsets (fa2_params.h: k_row_*) held in registers by prefetch() (the
 // plain loop a tile ahead, the WS producer just before the copy), so the copy is one widening
 // multiply-add and a cp.async per chunk.
 // LEAN (Cfg90::LEAN: the producer of paged K/V, bound by its instruction count): page 16's ids loaded from one base
 // (rows_fixed), one page-id load for two rows where they share a page of another size, the page table's pointer held
 // for the tile, and no select in the copies.
-template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false>
+template <int KVT, int N, int STEP, typename T, int NC = 1, int CSTEP = 0, bool LEAN = false, int NCV = NC>
 struct KvTileCopy {
   static_assert(NC == 1 || CSTEP % 8 == 0, "column groups a whole number of 64-element blocks apart");
+  static_assert(NCV <= NC, "V rows no longer than K's");
   // column group g: CSTEP / 8 column blocks of KVT rows further in smem, CSTEP * 8 elements further in memory
   static constexpr uint32_t GS = (CSTEP / 8) * KVT * 128;
   const T *kb, *vb;          // this thread's column of this kv head (ragged: + the request's first token)
@@ -162,7 +164,7 @@ struct KvTileCopy {
 #pragma unroll
           for (int g = 0; g < NC; ++g) {
             if (K) ac::cp_async16(sk + g * GS + it * STEP * 128, pk + g * CSTEP * 8, true);
-            if (V) ac::cp_async16(sv + g * GS + it * STEP * 128, pv + g * CSTEP * 8, true);
+            if (V && g < NCV) ac::cp_async16(sv + g * GS + it * STEP * 128, pv + g * CSTEP * 8, true);
           }
           pk += STEP * k_sn;
           pv += STEP * v_sn;
@@ -175,7 +177,7 @@ struct KvTileCopy {
 #pragma unroll
         for (int g = 0; g < NC; ++g) {  // zero-fill reads nothing: any valid address (kb / vb + a column)
           if (K) ac::cp_async16(sk + g * GS + it * STEP * 128, (ok ? pk : kb) + g * CSTEP * 8, ok);
-          if (V) ac::cp_async16(sv + g * GS + it * STEP * 128, (ok ? pv : vb) + g * CSTEP * 8, ok);
+          if (V && g < NCV) ac::cp_async16(sv + g * GS + it * STEP * 128, (ok ? pv : vb) + g * CSTEP * 8, ok);
         }
         pk += STEP * k_sn;
         pv += STEP * v_sn;
@@ -186,15 +188,15 @@ struct KvTileCopy {
     // with row_addr instead of ~4 (H200 2026-11-30, same run, 9 rounds: P3 page 1 0.594 ms against 0.606, paged d64
     // 0.369 against 0.382, page 16 and P4 level)
     if (LEAN && (N - 1) * STEP < left && (same || !V)) {
-      if (K) copy_paged<true>(sk, kb, k_unit, left);
-      if (V) copy_paged<true>(sv, vb, v_unit, left);
+      if (K) copy_paged<NC, true>(sk, kb, k_unit, left);
+      if (V) copy_paged<NCV, true>(sv, vb, v_unit, left);
       return;
     }
-    if (K) copy_paged(sk, kb, k_unit, left);
+    if (K) copy_paged<NC>(sk, kb, k_unit, left);
     if (V && !same) rows(tile, true);  // rare (K and V strides differ): V's rows now, not prefetched
-    if (V) copy_paged(sv, vb, v_unit, left);
+    if (V) copy_paged<NCV>(sv, vb, v_unit, left);
   }
-  template <bool FULL = false>  // FULL (LEAN): every row in the keys
+  template <int NG, bool FULL = false>  // NG: the row's column groups (NC or NCV); FULL (LEAN): every row in the keys
   __device__ __forceinline__ void copy_paged(uint32_t dst, const T* base, uint32_t unit, int left) {
 #pragma unroll
     for (int it = 0; it < N; ++it) {
@@ -204,12 +206,12 @@ struct KvTileCopy {
         // select; in bytes, one wide multiply-add from the base
         const char* src = row_addr(base, roff[it], unit * (uint32_t)sizeof(T));
 #pragma unroll
-        for (int g = 0; g < NC; ++g)
+        for (int g = 0; g < NG; ++g)
           ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8 * (int)sizeof(T), ok);
       } else {
         const T* src = base + (ok ? (uint64_t)roff[it] * unit : 0ull);
 #pragma unroll
-        for (int g = 0; g < NC; ++g) ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8, ok);
+        for (int g = 0; g < NG; ++g) ac::cp_async16(dst + g * GS + it * STEP * 128, src + g * CSTEP * 8, ok);
       }
     }
   }
