@@ -1133,7 +1133,6 @@ single_prefill cuda sm90 window
 single_prefill cuda sm90 softcap
 single_prefill cuda sm90 alibi
 single_prefill cuda sm90 rope
-single_prefill cuda sm90 d192x128
 batch_prefill_ragged cuda sm90 kv-e4m3
 batch_prefill_ragged cuda sm90 kv-e4m3-out-e4m3
 batch_prefill_ragged cuda sm90 custom
@@ -1141,7 +1140,6 @@ batch_prefill_ragged cuda sm90 window
 batch_prefill_ragged cuda sm90 softcap
 batch_prefill_ragged cuda sm90 alibi
 batch_prefill_ragged cuda sm90 rope
-batch_prefill_ragged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 kv-e4m3
 batch_prefill_paged cuda sm90 kv-e4m3-out-e4m3
 batch_prefill_paged cuda sm90 custom
@@ -1207,6 +1205,7 @@ xqa_decode cuda sm90 causal ATTNCORE_FA2_SM90=0
 xqa_decode cuda sm90 d64 ATTNCORE_FA2_SM90=0
 """,
     'xqa 70 > sdpa 55 > cuda_fa2 52 > triton 50 > reference 0': """
+batch_prefill_ragged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 d256
 batch_prefill_ragged cuda sm90 fp32
 batch_prefill_ragged cuda sm90 out-fp16
@@ -1275,6 +1274,7 @@ single_prefill cuda sm90 qlen4
 single_prefill cuda sm90 graph
 """,
     'xqa 70 > sdpa 55 > cuda_fa2 54 > triton 50 > reference 0': """
+single_prefill cuda sm90 d192x128
 single_prefill cuda sm90 fp32
 single_prefill cuda sm90 out-fp16
 single_prefill cuda sm90 spec

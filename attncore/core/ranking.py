@@ -208,7 +208,9 @@ RULES: Tuple[Rule, ...] = (
              "kernel (53) in the same run: P1 causal 0.276 vs 0.284 ms, non-causal 0.494 vs 0.515; P2 d64 "
              "0.190 vs 0.191 with its 192-key tiles (another call). Ragged batches stay below Triton (B8 x 2k "
              "causal 0.670 vs 0.636 ms, the sm90 table). d256 (prefill90 from 2026-11-29): a tie, P2 d256 0.298-0.315 "
-             "vs Triton 0.299-0.304 ms over three calls (H200, BENCHMARKS.md 2u)",
+             "vs Triton 0.299-0.304 ms over three calls (H200, BENCHMARKS.md 2u). Head dims 192 / 128 (prefill90 from "
+             "2026-11-30): P5-d192 0.290 ms vs Triton's generic kernel 0.58 (Triton's dense kernel does not serve the "
+             "pair; H200, BENCHMARKS.md 2am)",
              H100, "2026-11-25", "BENCHMARKS.md 2o; backends/cuda_fa2/bench/cuda_fa2.md 'Session 18'")),
     Rule("cuda_fa2/sm90-prefill90", "cuda_fa2", 52, ops=_PREFILL, devices=_CUDA, compute_capabilities=_SM90,
          fast_path=FA2_PREFILL90, evidence=Evidence(
@@ -216,7 +218,7 @@ RULES: Tuple[Rule, ...] = (
              "465 vs 430 TFLOP/s, P3 page 16 359 vs 299, P4 446 vs 353, session 3); Triton's dense kernel "
              "later measured above it for dense prefill (triton/sm90-dense, 53), not for paged prefill "
              "(P4 424 vs 414, session 4). Paged d256 (prefill90 from 2026-11-29; H200, BENCHMARKS.md 2u): 8 x 2k "
-             "causal, page 16, 0.699-0.709 vs Triton 0.928 ms",
+             "causal, page 16, 0.699-0.709 vs Triton 0.928 ms. Ragged 192 / 128 as single prefill (cuda_fa2/sm90-single)",
              H100, "2026-11-22", "BENCHMARKS.md section 1, sessions 3-4")),
     Rule("cuda_fa2/sm90-pod", "cuda_fa2", 56, ops=frozenset({"pod", "batch_pod"}), devices=_CUDA,
          compute_capabilities=_SM90, evidence=Evidence(

@@ -241,6 +241,7 @@ def _sweep(base: AttentionProblem, dtypes) -> List[Tuple[str, AttentionProblem]]
             out.append(("head_dim", base.replace(head_dim_qk=d, head_dim_vo=d)))
     vo = 64 if base.head_dim_qk != 64 else 128
     out.append(("head_dim_vo", base.replace(head_dim_vo=vo)))
+    out.append(("head_dim_vo", base.replace(head_dim_qk=192, head_dim_vo=128)))  # DeepSeek's prefill pair
     for g in GROUPS:
         if g != base.group_size:
             out.append(("group", with_group(base, g)))

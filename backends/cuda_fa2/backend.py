@@ -208,6 +208,8 @@ class CudaFa2Backend(Backend):
                 r.append(f"head dims {pair[0]} / {pair[1]} (qk / vo)")
             elif not self.sm90_ws or self.sm90_pipe is False:
                 r.append(f"head dims {pair[0]} / {pair[1]}: the warp-specialized pipelined loop only")
+            elif problem.op == "batch_prefill_paged":
+                r.append(f"head dims {pair[0]} / {pair[1]}: contiguous K/V only (no paged build)")
         elif problem.head_dim_qk not in dims:
             r.append(f"head dim {problem.head_dim_qk} ({', '.join(map(str, dims))})")
         if problem.soft_cap:
