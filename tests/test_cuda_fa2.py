@@ -102,10 +102,11 @@ def test_capabilities_claim_and_refuse():
     pair = dict(head_dim_qk=192, head_dim_vo=128, page_size=None)
     for op in ("batch_prefill_ragged", "single_prefill"):
         assert b.reasons(_problem(op=op, sinks=True, return_lse=True, mask="none", **pair)) == []
+    assert b.reasons(_problem(head_dim_qk=192, head_dim_vo=128, cuda_graph=True, page_size=1)) == []  # paged
     assert b.reasons(_problem(op="batch_prefill_ragged", cuda_graph=True, **pair)) == []
     ragged = dict(op="batch_prefill_ragged", page_size=None)
     refused = [
-        ("head_dim", _problem(head_dim_qk=192, head_dim_vo=128)),  # paged
+        ("head_dim", _problem(op="batch_decode", head_dim_qk=192, head_dim_vo=128)),
         ("head_dim_vo", _problem(head_dim_qk=192, head_dim_vo=192, **ragged)),
         ("head_dim_vo", _problem(head_dim_qk=128, head_dim_vo=192, **ragged)),
         ("compute_capability", _problem(op="batch_prefill_ragged", compute_capability=(8, 0), **pair)),
@@ -121,7 +122,7 @@ def test_capabilities_claim_and_refuse():
     off = CudaFa2Backend()
     off.sm90_ws = False  # (or ATTNCORE_FA2_SM90=0): no prefill90 build for the pair
     rs = off.reasons(_problem(**{**ragged, **pair}))
-    assert [r.axis for r in rs] == ["head_dim_vo"] and "warp-specialized pipelined loop only" in str(rs), rs
+    assert [r.axis for r in rs] == ["head_dim_vo"] and "the warp-specialized loops only" in str(rs), rs
 
 
 def test_uri_naming_roundtrip():
@@ -166,8 +167,9 @@ def test_uri_naming_roundtrip():
     assert specs.parse(k192.uri + "_sm90").defines == k192.spec().defines
     assert ("FA2_HEAD_DIM_VO", "128") in k192.spec().defines and ("FA2_HEAD_DIM", "192") in k192.spec().defines
     assert not any(n == "FA2_HEAD_DIM_VO" for n, _ in kws.spec().defines)  # (the other builds as they were)
-    for bad in (dict(pipe=False), dict(ws=False), dict(persist=True), dict(config="pod90")):
-        with pytest.raises(ValueError, match="are a prefill90 _pipe_ws build"):
+    assert dataclasses.replace(k192, pipe=False).uri == "cuda_fa2_prefill90_fp16_d192x128_none_ws"  # (paged K/V)
+    for bad in (dict(ws=False), dict(persist=True), dict(config="pod90")):
+        with pytest.raises(ValueError, match="are a prefill90 _ws build"):
             dataclasses.replace(k192, **bad).spec()
     for bad in (dict(head_dim_vo=64), dict(head_dim=128), dict(head_dim=256, head_dim_vo=128)):
         with pytest.raises(ValueError, match="invalid cuda_fa2 specialization"):
@@ -546,7 +548,7 @@ def run_case(c: Case, seed: int = 0):
     nnz_q, nnz_kv = sum(qo_lens), sum(kv_lens)
     qo_indptr = offsets(qo_lens)
     dv = c.dv or c.d
-    assert dv == c.d or not (c.paged or c.fused_kv), "head_dim_vo: contiguous K / V tensors of their own"
+    assert dv == c.d or not (c.fused_kv or c.pad_pages or c.split_v), "head_dim_vo: K and V tensors of their own"
     if c.noncontig_q:
         q = torch.randn(nnz_q, c.hq * 2, c.d, device=dev, dtype=c.dtype)[:, ::2]
     else:
@@ -565,18 +567,21 @@ def run_case(c: Case, seed: int = 0):
         if c.pad_pages:
             n = ps * c.hkv * c.d
             cache = mk((total, 2, n + 16 // kv_dtype.itemsize))[:, :, :n].unflatten(-1, inner)
+            k_all, v_all = cache[:, 0], cache[:, 1]
+        elif dv != c.d:  # a (K, V) tuple cache: V's pages of its own width
+            k_all, v_all = mk((total,) + inner), mk((total,) + inner[:-1] + (dv,))
         else:
             cache = mk((total, 2) + inner)
-        k_all, v_all = cache[:, 0], cache[:, 1]
+            k_all, v_all = cache[:, 0], cache[:, 1]
         if c.split_v:
             v_all = v_all.contiguous()
         for i, n in enumerate(kv_lens):
             idx = torch.tensor(pt.pages[i], dtype=torch.long, device=dev)
             if c.layout == "NHD":
-                kk, vv = k_all[idx].reshape(-1, c.hkv, c.d), v_all[idx].reshape(-1, c.hkv, c.d)
+                kk, vv = k_all[idx].reshape(-1, c.hkv, c.d), v_all[idx].reshape(-1, c.hkv, dv)
             else:
                 kk = k_all[idx].permute(0, 2, 1, 3).reshape(-1, c.hkv, c.d)
-                vv = v_all[idx].permute(0, 2, 1, 3).reshape(-1, c.hkv, c.d)
+                vv = v_all[idx].permute(0, 2, 1, 3).reshape(-1, c.hkv, dv)
             per_req_k.append(kk[:n])
             per_req_v.append(vv[:n])
         k_arg, v_arg = k_all, v_all
@@ -766,10 +771,11 @@ def test_prefill90(dtype, pipe, ws):
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm90 GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_prefill90_d192x128(dtype):
-    """Head dims qk / vo 192 / 128 (DeepSeek's prefill): prefill90's warp-specialized pipelined loop, two stages of K
-    (three 64-column blocks) and V (two) on their own barriers; ragged (NHD / HND, whole tiles by TMA, a unit's last
-    by cp.async) and single prefill, GQA and MHA, rows of a decode's size (the 128-row tile: no decode tile serves
-    these dims), LSE, sinks, split-KV (the merge over V's head dim), more units than CTAs at once."""
+    """Head dims qk / vo 192 / 128 (DeepSeek's prefill): prefill90's warp-specialized loops, two stages of K (three
+    64-column blocks) and V (two) on their own barriers; ragged (the pipelined loop; NHD / HND, whole tiles by TMA, a
+    unit's last by cp.async), single and paged prefill (the plain loop, persistent), GQA and MHA, rows of a decode's
+    size (the 128-row tile: no decode tile serves these dims), LSE, sinks, split-KV (the merge over V's head dim),
+    more units than CTAs at once."""
     kw = dict(dtype=dtype, d=192, dv=128, paged=False)
     for mask in ("causal", "none"):
         plan = run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
@@ -782,7 +788,18 @@ def test_prefill90_d192x128(dtype):
     run_case(Case([(300, 300)], hq=8, hkv=2, op="single_prefill", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, **kw))
     assert plan.needs_merge and plan.config == "prefill90"
-    run_case(Case([(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3, hq=32, hkv=8, **kw))
+    lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3
+    run_case(Case(lens, hq=32, hkv=8, **kw))
+    # paged, a (K, V) tuple cache: the plain loop on the persistent grid (V's rows on their own offsets), pages of 16,
+    # 1 and 3 slots, NHD / HND, more units than CTAs
+    kw.update(paged=True)
+    plan = run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (129, 129), (300, 300)], hq=8, hkv=2, **kw))
+    assert plan.lib.key.dims == "d192x128" and not plan.lib.key.pipe and plan.lib.persistent
+    for ps in (1, 3):
+        run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
+    run_case(Case(lens, hq=32, hkv=8, mask="none", **kw))
+    plan = run_case(Case([(20, 4000)], hq=4, hkv=1, **kw))
+    assert plan.needs_merge
 
 
 @gpu
@@ -968,9 +985,9 @@ def test_prefill90_paged_loop_cpu(monkeypatch, d):
 
 
 def test_prefill90_d192x128_plan_cpu(monkeypatch):
-    """Head dims 192 / 128: prefill90's pipelined warp-specialized build for every batch (rows of a decode's size too:
-    no decode tile has these dims) and ``d192x128`` in the key; where prefill90 cannot take the batch, a ValueError
-    naming why, not another kernel's build."""
+    """Head dims 192 / 128: prefill90's warp-specialized build for every batch (rows of a decode's size too: no decode
+    tile has these dims) and ``d192x128`` in the key, its loop by the rule (pipelined for contiguous K/V, plain for
+    paged); where prefill90 cannot take the batch, a ValueError naming why, not another kernel's build."""
     prob = _problem(op="batch_prefill_ragged", page_size=None, head_dim_qk=192, head_dim_vo=128, mask="none")
     for qo in (1, 300):
         qh, kh = [0, qo], [0, 700]
@@ -981,7 +998,14 @@ def test_prefill90_d192x128_plan_cpu(monkeypatch):
         k = plan.lib.key
         assert plan.config == "prefill90" and (k.pipe, k.ws, k.persist, k.head_dim_vo) == (True, True, False, 128)
         assert plan.part_o is None or plan.part_o.shape[-1] == 128
-    for attr, value, why in (("sm90_pipe", False, "the warp-specialized pipelined loop only"),
+    pages = -(-700 // 16)
+    paged = BatchMeta(batch_size=1, qo_indptr=torch.tensor([0, 300], dtype=torch.int32), qo_indptr_host=[0, 300],
+                      kv_indptr=torch.tensor([0, pages], dtype=torch.int32), kv_indptr_host=[0, pages],
+                      kv_indices=torch.arange(pages, dtype=torch.int32), kv_lens_host=[700], page_size=16,
+                      params=AttnParams(sm_scale=0.1))
+    k = _cpu_plan(prob.replace(op="batch_prefill_paged", page_size=16), paged, lib_shape=(128, 128))[1].lib.key
+    assert (k.config, k.pipe, k.ws, k.head_dim_vo) == ("prefill90", False, True, 128)
+    for attr, value, why in (("sm90_ws", False, "the warp-specialized loops only"),
                              ("force_config", "prefill", "force_config prefill")):
         monkeypatch.setattr(CudaFa2Backend, attr, value)
         with pytest.raises(ValueError, match=f"192 / 128 run on prefill90 only.*{why}"):

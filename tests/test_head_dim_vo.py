@@ -238,11 +238,11 @@ def test_triton_claims_head_dim_vo_for_prefill_and_decode_not_xqa(dev):
 
 
 @pytest.mark.parametrize("name", ["cuda_fa2", "xqa"])
-def test_cuda_backends_refuse_with_a_readable_reason(name):  # (cuda_fa2: paged K/V; it serves 192 / 128 contiguous)
+def test_cuda_backends_refuse_with_a_readable_reason(name):  # (cuda_fa2: decode; it serves 192 / 128 prefill on sm90)
     from attncore.core import registry
 
     be = registry.get_entry(name).backend
-    op = "batch_prefill_paged" if name == "cuda_fa2" else "xqa_decode"
+    op = "batch_decode" if name == "cuda_fa2" else "xqa_decode"
     why = caps.check(be.capabilities, _problem(op))
     assert any(r.axis == "head_dim_vo" and "128" in str(r) and "head_dim_qk" in str(r) for r in why), why
 

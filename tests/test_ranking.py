@@ -1147,7 +1147,6 @@ batch_prefill_paged cuda sm90 window
 batch_prefill_paged cuda sm90 softcap
 batch_prefill_paged cuda sm90 alibi
 batch_prefill_paged cuda sm90 rope
-batch_prefill_paged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 base ATTNCORE_FA2_SM90=0
 batch_prefill_paged cuda sm90 causal ATTNCORE_FA2_SM90=0
 batch_prefill_paged cuda sm90 d64 ATTNCORE_FA2_SM90=0
@@ -1205,6 +1204,7 @@ xqa_decode cuda sm90 causal ATTNCORE_FA2_SM90=0
 xqa_decode cuda sm90 d64 ATTNCORE_FA2_SM90=0
 """,
     'xqa 70 > sdpa 55 > cuda_fa2 52 > triton 50 > reference 0': """
+batch_prefill_paged cuda sm90 d192x128
 batch_prefill_ragged cuda sm90 d192x128
 batch_prefill_paged cuda sm90 d256
 batch_prefill_ragged cuda sm90 fp32

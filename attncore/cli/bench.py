@@ -63,6 +63,7 @@ WORKLOADS = [
     Workload("P3-p1", "paged_prefill", 8, 2048, 2048, page=1),
     Workload("P4", "paged_prefill", 16, 512, 4096),
     Workload("P5-d192", "prefill", 1, 4096, 4096, hq=32, hkv=32, d=192, dv=128),  # DeepSeek's prefill head dims
+    Workload("P5-d192-p16", "paged_prefill", 8, 2048, 2048, hq=32, hkv=32, d=192, dv=128),  # (a (K, V) tuple cache)
 ]
 
 
@@ -248,15 +249,19 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     last = torch.full((w.batch,), w.kv - (pages - 1) * w.page, dtype=torch.int32, device=device)
     total = w.batch * pages
     indices = page_ids(total, page_order, device)
-    caches = [torch.randn(total, 2, w.page, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
-              for _ in range(copies)]
+    if w.dv:  # a (K, V) tuple cache: V's pages of their own width
+        caches = [tuple(torch.randn(total, w.page, w.hkv, d, device=device, dtype=dtype).to(kv_dtype) for d in (w.d, w.vo))
+                  for _ in range(copies)]
+    else:
+        caches = [torch.randn(total, 2, w.page, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
+                  for _ in range(copies)]
     rows = w.batch * (w.q_len if w.op in ("decode", "xqa") else w.qo)
     q = torch.randn(rows, w.hq, w.d, device=device, dtype=dtype)
     if w.op == "paged_prefill":
         wr = ac.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **({} if api else {"backend": backend}))
         qo = torch.arange(w.batch + 1, dtype=torch.int32, device=device) * w.qo
         wr.plan(qo, indptr, indices, last, w.hq, w.hkv, w.d, w.page, causal=w.causal, q_data_type=dtype,
-                kv_data_type=kv_dtype)
+                kv_data_type=kv_dtype, **({"head_dim_vo": w.dv} if w.dv else {}))
     elif w.op == "decode":
         # tensor cores for GQA groups of 4+ (FlashInfer's own advice; a hint attncore's backends ignore)
         wr = ac.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=w.hq // w.hkv >= 4,
@@ -330,11 +335,11 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
                 runs, chosen = _setup(w, "auto" if api else name, device, dtype, copies, page_order, api=api)
             except BackendSelectionError as e:
                 row.update(status="n/a", detail=str(e)[:160])
-                progress(f"{w.id:10s} {name:10s} n/a")
+                progress(f"{w.id:11s} {name:10s} n/a")
                 continue
             except Exception as e:
                 row.update(status="ERROR", detail=f"{type(e).__name__}: {e}"[:200])
-                progress(f"{w.id:10s} {name:10s} ERROR {row['detail']}")
+                progress(f"{w.id:11s} {name:10s} ERROR {row['detail']}")
                 continue
             row["chosen"] = chosen or name
             planned[name] = (row, lambda runs=runs: time_runs(t, runs))
@@ -360,7 +365,7 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
             if name in failed:
                 row.pop("chosen", None)
                 row.update(status="ERROR", detail=failed[name])
-                progress(f"{w.id:10s} {name:10s} ERROR {row['detail']}")
+                progress(f"{w.id:11s} {name:10s} ERROR {row['detail']}")
                 continue
             row.update(time_ms=statistics.median(times[name]), rounds_ms=times[name])
             _figures(row, w, ceil)
@@ -412,7 +417,7 @@ def _fmt_row(row: Dict) -> str:
             fig += f", {row['frac_read_at_size']:.0%} of a read of its size"
         fig += ")" if "frac_read" in row else ""
     chosen = f" [{row['chosen']}]" if row.get("chosen") and row["chosen"] != row["backend"] else ""
-    return f"{row['workload']:10s} {row['backend']:10s}{chosen} {row['time_ms']:.3f} ms  {fig}"
+    return f"{row['workload']:11s} {row['backend']:10s}{chosen} {row['time_ms']:.3f} ms  {fig}"
 
 
 def format_table(info: Dict) -> str:
@@ -428,5 +433,5 @@ def format_table(info: Dict) -> str:
         if "time_ms" in r:
             lines.append(_fmt_row(r))
         else:
-            lines.append(f"{r['workload']:10s} {r['backend']:10s} {r.get('status')} {r.get('detail', '')[:100]}")
+            lines.append(f"{r['workload']:11s} {r['backend']:10s} {r.get('status')} {r.get('detail', '')[:100]}")
     return "\n".join(lines)

@@ -218,7 +218,8 @@ RULES: Tuple[Rule, ...] = (
              "465 vs 430 TFLOP/s, P3 page 16 359 vs 299, P4 446 vs 353, session 3); Triton's dense kernel "
              "later measured above it for dense prefill (triton/sm90-dense, 53), not for paged prefill "
              "(P4 424 vs 414, session 4). Paged d256 (prefill90 from 2026-11-29; H200, BENCHMARKS.md 2u): 8 x 2k "
-             "causal, page 16, 0.699-0.709 vs Triton 0.928 ms. Ragged 192 / 128 as single prefill (cuda_fa2/sm90-single)",
+             "causal, page 16, 0.699-0.709 vs Triton 0.928 ms. Head dims 192 / 128 (2026-11-30, BENCHMARKS.md 2am): "
+             "paged 8 x 2k causal 0.711 vs Triton 1.405 ms; ragged as single prefill (cuda_fa2/sm90-single)",
              H100, "2026-11-22", "BENCHMARKS.md section 1, sessions 3-4")),
     Rule("cuda_fa2/sm90-pod", "cuda_fa2", 56, ops=frozenset({"pod", "batch_pod"}), devices=_CUDA,
          compute_capabilities=_SM90, evidence=Evidence(

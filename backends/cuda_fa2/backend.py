@@ -48,7 +48,7 @@ POD_CAPABILITIES = Capabilities(
     **{**_BASE, "min_compute_capability": (9, 0), "max_compute_capability": (9, 0), "kv_dtypes": _F16,
        "head_dims": frozenset({64, 128}), "masks": frozenset({"none", "causal"})})
 # head dims qk / vo that differ (specs.PREFILL90_QK_VO: 192 / 128, DeepSeek's prefill): prefill90 only, so what it
-# serves, on contiguous K/V (ragged and single prefill); extra_reasons refuses other pairs of these dims
+# serves; extra_reasons refuses other pairs of these dims
 _QK_VO = dict(_BASE, min_compute_capability=(9, 0), max_compute_capability=(9, 0), kv_dtypes=_F16,
               head_dims=frozenset({192, 128}), same_head_dim_vo=False, masks=frozenset({"none", "causal"}))
 _QK_VO_FEATURES = frozenset({"sinks", "fp8_scales", "return_lse"})
@@ -56,7 +56,8 @@ CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
     POD_CAPABILITIES,
-    Capabilities(ops=frozenset({"batch_prefill_ragged"}), features=_QK_VO_FEATURES | {"cuda_graph"}, **_QK_VO),
+    Capabilities(ops=frozenset({"batch_prefill_ragged", "batch_prefill_paged"}), features=_QK_VO_FEATURES | {"cuda_graph"},
+                 **_QK_VO),
     Capabilities(ops=frozenset({"single_prefill"}), features=_QK_VO_FEATURES, **_QK_VO),
 )
 
@@ -113,7 +114,7 @@ class CudaFa2Backend(Backend):
     sm90 = True
     # prefill90 main loop: True = the pipelined loop (`_pipe`; warp-specialized: with ping-pong turns), False = the
     # plain loop, None = the rule: pipelined for contiguous K/V (ragged, single) and for paged K/V at d128 (on the
-    # one-unit grid), plain for paged K/V at d64 / d256.
+    # one-unit grid), plain for paged K/V at d64 / d256 / d192x128.
     # Measured on H100, 2026-11-25 (session 18, warp-specialized): P1 non-causal 0.476 vs 0.519 ms, causal 0.276 vs
     # 0.295, P2 d64 0.196 vs 0.213.  Paged d128 with the lean paged producer (Cfg90::LEAN), H200 2026-11-30, same
     # run, 7 rounds (pipelined / plain): P4 0.992 / 1.062 ms, 8 x 1k on 4k 0.901 / 0.963, 32 x 128 on 8k 1.057 /
@@ -164,7 +165,7 @@ class CudaFa2Backend(Backend):
         qk, vo = problem.head_dim_qk, problem.head_dim_vo
         if (qk != vo or qk not in _BASE["head_dims"]) and (qk, vo) not in PREFILL90_QK_VO:
             r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)",
-                            "equal to head_dim_qk, or 192 / 128 (prefill90: ragged and single prefill, sm90)"))
+                            "equal to head_dim_qk, or 192 / 128 (prefill90: single, ragged and paged prefill, sm90)"))
         elif qk != vo and problem.op not in POD_OPS:  # prefill90 alone serves the pair
             r += [Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"prefill90, which cannot serve it: {why}")
                   for why in self._problem_sm90_reasons(problem)]
@@ -206,10 +207,8 @@ class CudaFa2Backend(Backend):
         if pair[0] != pair[1]:
             if pod or pair not in PREFILL90_QK_VO:
                 r.append(f"head dims {pair[0]} / {pair[1]} (qk / vo)")
-            elif not self.sm90_ws or self.sm90_pipe is False:
-                r.append(f"head dims {pair[0]} / {pair[1]}: the warp-specialized pipelined loop only")
-            elif problem.op == "batch_prefill_paged":
-                r.append(f"head dims {pair[0]} / {pair[1]}: contiguous K/V only (no paged build)")
+            elif not self.sm90_ws:
+                r.append(f"head dims {pair[0]} / {pair[1]}: the warp-specialized loops only")
         elif problem.head_dim_qk not in dims:
             r.append(f"head dim {problem.head_dim_qk} ({', '.join(map(str, dims))})")
         if problem.soft_cap:

@@ -12,7 +12,8 @@ at most 16 packed rows.
 ``prefill90`` is the Hopper kernel (csrc/fa2_sm90.cuh: wgmma, 2 warpgroups x 64 rows, 128-key tiles, 192 at d64,
 80 at d256 in two stages), built for sm_90a only; it serves 16-bit KV, d64/d128/d256, masks none/causal and no soft
 cap / ALiBi / RoPE (plan() checks the rest: no window); and head dims qk / vo 192 / 128 (``_d192x128``, DeepSeek's
-prefill shape: ``_pipe_ws`` only, as d256 in two stages with K and V on their own barriers, 128-key tiles).
+prefill shape: ``_ws`` only, as d256 in two stages with K and V on their own barriers, of 128-key tiles; the loop by
+the same rule as d256's: pipelined for contiguous K/V, plain on the persistent grid for paged).
 ``pod90`` is prefill90's POD kernel (``fa2_sm90_pod_kernel``): the items of a prefill part (its mask, ``_pipe``
 for contiguous K/V) and of a decode part (paged, the plain loop, causal, each item's K/V tiles shared between
 the two consumer warpgroups) in one grid; always ``_ws``.
@@ -57,7 +58,7 @@ SM90_CONFIGS = ("prefill90", "pod90")  # built for sm_90a only
 POD90_HEAD_DIMS = (64, 128)
 PREFILL90_HEAD_DIMS = POD90_HEAD_DIMS + (256,)
 HEAD_DIMS = (64, 128, 256)
-# head dims qk / vo that differ: prefill90's warp-specialized pipelined loop only (Fa2Key.head_dim_vo)
+# head dims qk / vo that differ: prefill90's warp-specialized builds only (Fa2Key.head_dim_vo)
 PREFILL90_QK_VO = ((192, 128),)
 
 
@@ -108,8 +109,8 @@ class Fa2Key:
         if self.config not in CONFIGS or self.dtype not in DTYPES or self.kv not in KVS or self.mask not in MASKS \
                 or (self.head_dim not in HEAD_DIMS if not self.head_dim_vo else pair not in PREFILL90_QK_VO):
             raise ValueError(f"invalid cuda_fa2 specialization {self}")
-        if self.head_dim_vo and not (self.config == "prefill90" and self.pipe and self.ws and not self.persist):
-            raise ValueError(f"cuda_fa2: head dims {self.dims[1:]} are a prefill90 _pipe_ws build (no _persist): {self}")
+        if self.head_dim_vo and not (self.config == "prefill90" and self.ws and not self.persist):
+            raise ValueError(f"cuda_fa2: head dims {self.dims[1:]} are a prefill90 _ws build (no _persist): {self}")
         if self.alibi and self.rope:
             raise ValueError("cuda_fa2: alibi and rope are exclusive")
         if self.prefetch and self.config != "decode":
@@ -171,7 +172,7 @@ def common_keys() -> List[Fa2Key]:
 
 
 def sm90_keys() -> List[Fa2Key]:
-    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256; _persist at d128; d192x128 _pipe_ws)
+    """The Hopper (sm_90a) specializations auto uses: prefill90 (d64/d128/d256; _persist at d128; d192x128 _ws)
     and its POD kernel (d64/d128), both dtypes, masks none/causal."""
     return [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=ws) for dt in ("bf16", "fp16")
             for d in PREFILL90_HEAD_DIMS for m in ("none", "causal") for pi in (False, True) for ws in (False, True)] + \
@@ -179,8 +180,8 @@ def sm90_keys() -> List[Fa2Key]:
          for m in ("none", "causal")] + \
         [Fa2Key("pod90", dt, "same", d, m, pipe=pi, ws=True) for dt in ("bf16", "fp16") for d in POD90_HEAD_DIMS
          for m in ("none", "causal") for pi in (False, True)] + \
-        [Fa2Key("prefill90", dt, "same", d, m, pipe=True, ws=True, head_dim_vo=dv) for dt in ("bf16", "fp16")
-         for d, dv in PREFILL90_QK_VO for m in ("none", "causal")]
+        [Fa2Key("prefill90", dt, "same", d, m, pipe=pi, ws=True, head_dim_vo=dv) for dt in ("bf16", "fp16")
+         for d, dv in PREFILL90_QK_VO for m in ("none", "causal") for pi in (False, True)]
 
 
 def selftest_spec() -> jit.Spec:
