@@ -250,8 +250,8 @@ def _setup(w: Workload, backend: str, device: str, dtype: torch.dtype, copies: i
     total = w.batch * pages
     indices = page_ids(total, page_order, device)
     if w.dv:  # a (K, V) tuple cache: V's pages of their own width
-        caches = [tuple(torch.randn(total, w.page, w.hkv, d, device=device, dtype=dtype).to(kv_dtype) for d in (w.d, w.vo))
-                  for _ in range(copies)]
+        caches = [tuple(torch.randn(total, w.page, w.hkv, d, device=device, dtype=dtype).to(kv_dtype)
+                        for d in (w.d, w.vo)) for _ in range(copies)]
     else:
         caches = [torch.randn(total, 2, w.page, w.hkv, w.d, device=device, dtype=dtype).to(kv_dtype)
                   for _ in range(copies)]

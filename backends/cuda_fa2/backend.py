@@ -56,8 +56,7 @@ CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
     POD_CAPABILITIES,
-    Capabilities(ops=frozenset({"batch_prefill_ragged", "batch_prefill_paged"}), features=_QK_VO_FEATURES | {"cuda_graph"},
-                 **_QK_VO),
+    Capabilities(ops=_BATCH_OPS - {"batch_decode"}, features=_QK_VO_FEATURES | {"cuda_graph"}, **_QK_VO),
     Capabilities(ops=frozenset({"single_prefill"}), features=_QK_VO_FEATURES, **_QK_VO),
 )
 
@@ -163,9 +162,11 @@ class CudaFa2Backend(Backend):
 
         r = []
         qk, vo = problem.head_dim_qk, problem.head_dim_vo
-        if (qk != vo or qk not in _BASE["head_dims"]) and (qk, vo) not in PREFILL90_QK_VO:
-            r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)",
-                            "equal to head_dim_qk, or 192 / 128 (prefill90: single, ragged and paged prefill, sm90)"))
+        pairs = "192 / 128 (prefill90: single, ragged and paged prefill, sm90)"
+        if qk != vo and (qk, vo) not in PREFILL90_QK_VO:
+            r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"equal to head_dim_qk, or {pairs}"))
+        elif qk == vo and qk not in _BASE["head_dims"] and qk in _QK_VO["head_dims"]:  # (the pair's entry took it)
+            r.append(Reason("head_dim", str(qk), f"{', '.join(map(str, sorted(_BASE['head_dims'])))}; or {pairs}"))
         elif qk != vo and problem.op not in POD_OPS:  # prefill90 alone serves the pair
             r += [Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"prefill90, which cannot serve it: {why}")
                   for why in self._problem_sm90_reasons(problem)]
@@ -282,8 +283,9 @@ class CudaFa2Backend(Backend):
         if not sm90_why:
             config = "prefill90"
         elif pair:
-            raise ValueError(f"cuda_fa2: head dims {problem.head_dim_qk} / {problem.head_dim_vo} run on prefill90 only, "
-                             f"which cannot take this batch: {'; '.join(sm90_why)}")
+            dims = f"{problem.head_dim_qk} / {problem.head_dim_vo}"
+            raise ValueError(f"cuda_fa2: head dims {dims} run on prefill90 only, which cannot take this batch: "
+                             f"{'; '.join(sm90_why)}")
         lib = binding.get_library(self.key_for(problem, config, page_size, paged), dev)
         # the waves of this tile's CTAs (units: row tile, kv head) on the GPU
         waves = sum(-(-n * G // lib.cta_q) for n in qo_lens) * Hkv / max(1, lib.num_sms * lib.ctas_per_sm)

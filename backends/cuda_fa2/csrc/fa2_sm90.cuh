@@ -646,14 +646,14 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
 
   if constexpr (Cfg::WS) {
     // ===== warp-specialized: warpgroup 0 copies, warpgroups 1..NWG compute
-    constexpr int PT = 128;                    // producer threads
+    constexpr int PT = 128;  // producer threads
     // producer threads per row: a pass covers >= 8 rows (the swizzle period); 8 where 16 do not divide a K row
     constexpr int PCOLS = CPR <= 16 ? CPR : CPR % 16 == 0 ? 16 : 8;
-    constexpr int PNC = CPR / PCOLS;           // chunk columns per producer thread of K (2 at d256, 16 apart; 3 at d192)
-    constexpr int PNCV = DV / 8 / PCOLS;       // and of V (PNC but under head_dim_vo < head_dim_qk)
+    constexpr int PNC = CPR / PCOLS;      // chunk columns per producer thread of K (2 at d256, 16 apart; 3 at d192)
+    constexpr int PNCV = DV / 8 / PCOLS;  // and of V (PNC but under head_dim_vo < head_dim_qk)
     static_assert(CPR % PCOLS == 0 && (DV / 8) % PCOLS == 0, "producer copy shape");
-    constexpr int PRSTEP = PT / PCOLS;         // rows between a producer thread's chunks
-    constexpr int PLROWS = KVT / PRSTEP;       // chunks per producer thread per K (or V) tile and column
+    constexpr int PRSTEP = PT / PCOLS;    // rows between a producer thread's chunks
+    constexpr int PLROWS = KVT / PRSTEP;  // chunks per producer thread per K (or V) tile and column
     static_assert(KVT % PRSTEP == 0, "producer tile copy shape");
     // bar_full / bar_empty: the stage's (SEPKV: its K tile's); bar_full_v / bar_empty_v: SEPKV, its V tile's;
     // bar_qempty: PERSIST, the Q tile read by every S of its unit (the next unit's Q may then be copied).
