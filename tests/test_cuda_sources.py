@@ -140,7 +140,8 @@ def test_representative_specs_compile_sm80_sm90_without_spills():
               fa2_specs.Fa2Key("pod90", "bf16", "same", 128, "causal", pipe=True, ws=True),
               fa2_specs.Fa2Key("pod90", "fp16", "same", 64, "none", ws=True),
               fa2_specs.Fa2Key("pod90", "bf16", "same", 64, "causal", pipe=True, ws=True),
-              fa2_specs.Fa2Key("prefill90", "bf16", "same", 192, "causal", pipe=True, ws=True, head_dim_vo=128)]
+              fa2_specs.Fa2Key("prefill90", "bf16", "same", 192, "causal", pipe=True, ws=True, head_dim_vo=128),
+              fa2_specs.Fa2Key("prefill90", "fp16", "same", 192, "none", ws=True, head_dim_vo=128)]  # (paged K/V)
     res += jit.compile_check([k.spec() for k in hopper], archs=("90",), ptxas_verbose=True, jobs=2)
     assert len(res) == 2 * len(specs) + len(hopper)
     for r in res:
