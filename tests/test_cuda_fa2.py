@@ -98,7 +98,7 @@ def test_capabilities_claim_and_refuse():
     for axis, p in refused.items():
         rs = b.reasons(p)
         assert any(r.axis == axis for r in rs), (axis, rs)
-    # head dims qk / vo 192 / 128 (prefill90): ragged (CUDA graphs too) and single prefill on sm90, 16-bit K/V
+    # head dims qk / vo 192 / 128 (prefill90): single, ragged and paged prefill (CUDA graphs too) on sm90, 16-bit K/V
     pair = dict(head_dim_qk=192, head_dim_vo=128, page_size=None)
     for op in ("batch_prefill_ragged", "single_prefill"):
         assert b.reasons(_problem(op=op, sinks=True, return_lse=True, mask="none", **pair)) == []
@@ -511,7 +511,7 @@ class Case:
     hq: int = 8
     hkv: int = 2
     d: int = 128
-    dv: int = 0  # V's and the output's head dim where it differs from d (contiguous K/V, not fused)
+    dv: int = 0  # V's and the output's head dim where it differs from d (K and V tensors of their own)
     dtype: torch.dtype = torch.bfloat16
     kv_dtype: Optional[torch.dtype] = None
     layout: str = "NHD"
@@ -779,8 +779,7 @@ def test_prefill90_d192x128(dtype):
     for mask in ("causal", "none"):
         plan = run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (16, 64), (129, 129), (300, 300)], hq=12, hkv=4,
                              mask=mask, **kw))
-        assert plan.config == "prefill90" and plan.lib.key.uri.startswith(f"cuda_fa2_prefill90_{plan.lib.key.dtype}"
-                                                                          "_d192x128")
+        assert plan.config == "prefill90" and plan.lib.key.dims == "d192x128" and plan.lib.key.pipe
     run_case(Case([(100, 300), (7, 7), (0, 20), (260, 260)], hq=6, hkv=6, layout="HND", mask="none", **kw))
     run_case(Case([(100, 300), (60, 20)], hq=8, hkv=1, noncontig_q=True, sinks=True, **kw))
     run_case(Case([(3, 900)], hq=16, hkv=16, **kw))  # a decode-sized batch
