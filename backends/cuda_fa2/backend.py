@@ -162,7 +162,8 @@ class CudaFa2Backend(Backend):
 
         r = []
         qk, vo = problem.head_dim_qk, problem.head_dim_vo
-        pairs = "192 / 128 (prefill90: single, ragged and paged prefill, sm90)"
+        pairs = " or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO)
+        pairs += " (prefill90: single, ragged and paged prefill, sm90)"
         if qk != vo and (qk, vo) not in PREFILL90_QK_VO:
             r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"equal to head_dim_qk, or {pairs}"))
         elif qk == vo and qk not in _BASE["head_dims"] and qk in _QK_VO["head_dims"]:  # (the pair's entry took it)

@@ -19,7 +19,7 @@
 //   D but for DeepSeek's 192 / 128).  A stage holds a K tile and then a V tile.
 //   Epilogue straight from registers: O / l (+ sink, out_scale) and LSE, or a float partial (split).
 // Not served here (plan() keeps them on the FA2 kernel): custom masks, window, soft cap, ALiBi,
-// RoPE, fp8 KV, head dims other than 64 / 128 / 256 and 192 / 128 (qk / vo; warp-specialized, pipelined).
+// RoPE, fp8 KV, head dims other than 64 / 128 / 256 and 192 / 128 (qk / vo; the warp-specialized loops).
 // Parts: fa2_sm90_wgmma.h (wgmma, fences, smem descriptors, mbarriers, TMA loads, setmaxnreg), fa2_sm90_load.cuh
 // (KvTileCopy, KvTma), fa2_kernel_traits.cuh (the work item, shared with the FA2 kernel), fa2_sm90_trace.cuh (a
 // clock64 timeline of the loops, built only with -DFA2_TRACE=1).
