@@ -192,9 +192,28 @@ def test_problems_outside_the_measured_classes_use_the_rules(cache):
         assert ex.ranking == "rules", change
     assert tables.problem_class(P.replace(cuda_graph=True)) == tables.problem_class(P)
     for change in (dict(return_lse=True), dict(sinks=True), dict(kv_layout="HND"), dict(mask="custom"),
-                   dict(q_len_per_req=2), dict(out_dtype=torch.float32), dict(head_dim_vo=32),
+                   dict(q_len_per_req=2), dict(out_dtype=torch.float32),
                    dict(window_left=8), dict(pos_encoding="ALIBI"), dict(soft_cap=True)):
         assert tables.problem_class(P.replace(**change)) is None, change
+
+
+def test_head_dims_that_differ_are_a_class_of_their_own(cache):
+    """A 192 / 128 problem has its class (``head_dim_vo`` in the entry); an entry without the field has equal head
+    dims (tables written before it existed), so it never decides for the pair, nor a pair entry for equal dims."""
+    pair = P.replace(head_dim_qk=192, head_dim_vo=128)
+    key = tables.problem_class(pair)
+    assert key.head_dim == 192 and key.head_dim_vo == 128 and key.dims == "d192x128"
+    assert "single_prefill causal d192x128 g2 fp16/fp16" == key.describe()
+    assert tables.problem_class(P).head_dim_vo == 64 and tables.problem_class(P).dims == "d64"
+    cpu_table([entry(head_dim=192, times={"triton": 1.0, "reference": 2.0})])  # 192 / 192: not the pair
+    ex = attncore.explain(pair)
+    assert ex.ranking == "rules" and "nothing for single_prefill causal d192x128" in ex.source, ex.source
+    cpu_table([entry(head_dim=192, head_dim_vo=128, times={"triton": 1.0, "reference": 2.0})])
+    ex = attncore.explain(pair)
+    assert ex.ranking == "measured" and ex.chosen == "triton", str(ex)
+    assert attncore.explain(P.replace(head_dim_qk=192, head_dim_vo=192)).ranking == "rules"
+    cpu_table([entry(head_dim=192, head_dim_vo=128, times={"triton": 3.0, "reference": 2.0})])
+    assert selector.select(pair).name == "reference"
 
 
 def test_an_unreadable_table_is_ignored(cache):
@@ -239,7 +258,9 @@ def test_tune_classes_are_the_problems_the_api_builds(monkeypatch):
         return real(problem, backend, sizes)
 
     monkeypatch.setattr(selector, "select", spy)
-    for c in tune.grid("cpu", quick=True):
+    pairs = [c for c in tune.grid("cpu") if c.head_dim_vo and c.q_dtype == torch.float16]  # 192 / 128
+    assert {c.op for c in pairs} == {"single_prefill", "batch_prefill_ragged", "batch_prefill_paged"}
+    for c in tune.grid("cpu", quick=True) + pairs:
         seen.clear()
         bench._setup(c.workload(), "reference", "cpu", c.q_dtype, 1)
         assert seen and {tables.problem_class(p) for p in seen} == {c.key()}, c.describe()
@@ -290,7 +311,11 @@ def test_grid_and_buckets():
     full = tune.grid("cuda")
     assert {c.op for c in full} == set(tune.TUNE_OPS)
     assert len({(c.key(), c.bucket()) for c in full}) == len(full)  # no point twice
-    assert all(c.head_dim in (64, 128, 256) for c in full)
+    assert {(c.head_dim, c.key().head_dim_vo) for c in full} == {(64, 64), (128, 128), (256, 256), (192, 128)}
+    pairs = tune.grid("cuda", head_dims=[192])  # the 192 / 128 prefill points: single, ragged and paged (page 1, 16)
+    assert {(c.op, c.page_size) for c in pairs} == {("single_prefill", None), ("batch_prefill_ragged", None),
+                                                    ("batch_prefill_paged", 1), ("batch_prefill_paged", 16)}
+    assert all(c.workload().dv == 128 and c.workload().d == 192 and c.group == 1 for c in pairs)
     assert [c.op for c in tune.grid("cuda", ops=["batch_decode"])] == ["batch_decode"] * sum(
         c.op == "batch_decode" for c in full)
     # short single prefill has its own points: causal a 16-row chunk and 128 over 128 keys, mask none the latter

@@ -552,8 +552,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t.add_argument("--backend", action="append", help="backend (repeatable); default: every available one "
                                                       "(on a GPU all but the reference)")
     t.add_argument("--op", action="append", choices=list(TUNE_OPS), help="only these ops (repeatable)")
-    t.add_argument("--head-dim", action="append", type=int, choices=[64, 128, 256],
-                   help="only these head dims (repeatable)")
+    t.add_argument("--head-dim", action="append", type=int, choices=[64, 128, 192, 256],
+                   help="only these (QK) head dims (repeatable; 192: DeepSeek's 192 / 128 pair)")
     t.add_argument("--device", choices=["cpu", "cuda"])
     t.add_argument("--fresh", action="store_true", help="replace the cached table instead of merging into it")
     t.add_argument("--resume", action="store_true", help="skip what the cached table already holds (a backend "

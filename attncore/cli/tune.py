@@ -1,7 +1,7 @@
 """``attncore tune``: time every available backend on a grid of problem classes on this device and
 write the table that ``backend="auto"`` then ranks by (``attncore.core.ranking``).
 
-A grid point is a problem class (op, mask, head dim, GQA group, q dtype, KV dtype, page size) at one
+A grid point is a problem class (op, mask, head dims, GQA group, q dtype, KV dtype, page size) at one
 size: a ``tables.Bucket`` (KV length bucket, batch bucket, and shape bucket: ``prefill`` qo ~ kv,
 ``append`` qo < kv / 2, ``decode``), measured at one representative shape.  Each backend is forced on it (``backend=NAME``) through
 ``attncore.cli.bench``'s set-up and timer: plan once, time ``run()``, input copies rotated beyond L2 on
@@ -57,6 +57,7 @@ class Case:
     qo: int
     kv: int
     hq: int
+    head_dim_vo: int = 0  # V's and the output's head dim where it differs from head_dim (0: head_dim's)
 
     @property
     def hkv(self) -> int:
@@ -64,7 +65,7 @@ class Case:
 
     def key(self) -> tables.ProblemClass:
         return tables.ProblemClass(self.op, self.mask, self.head_dim, self.group, dtype_name(self.q_dtype),
-                                    dtype_name(self.kv_dtype), self.page_size)
+                                    dtype_name(self.kv_dtype), self.page_size, self.head_dim_vo or self.head_dim)
 
     def bucket(self) -> tables.Bucket:
         return tables.Sizes(self.batch, self.qo, self.kv).bucket(self.op)
@@ -90,20 +91,33 @@ class Case:
             raise ValueError("bench's set-up has e4m3 as its only fp8 KV dtype")
         return bench.Workload(self.describe(), _BENCH_OP[self.op], self.batch, self.qo, self.kv, hq=self.hq,
                               hkv=self.hkv, d=self.head_dim, page=self.page_size or 16,
-                              causal=self.mask == "causal", kv_fp8=self.kv_dtype in _FP8)
+                              causal=self.mask == "causal", kv_fp8=self.kv_dtype in _FP8, dv=self.head_dim_vo)
 
 
 def _cases(op, masks, dims, groups, dtypes, kv_fp8, pages, shapes, hq) -> List[Case]:
+    """The product of the axes; a head dim is one int (QK and VO alike) or a (QK, VO) pair."""
     out = []
     for mask, d, g, dt, fp8, page, (b, qo, kv) in product(masks, dims, groups, dtypes, kv_fp8, pages, shapes):
-        out.append(Case(op, mask, d, g, dt, torch.float8_e4m3fn if fp8 else dt, page, b, qo, kv, hq))
+        qk, vo = d if isinstance(d, tuple) else (d, 0)
+        out.append(Case(op, mask, qk, g, dt, torch.float8_e4m3fn if fp8 else dt, page, b, qo, kv, hq, vo))
     return out
+
+
+# head dims that differ: DeepSeek's prefill (QK 192, VO 128), with as many KV heads as query heads
+QK_VO_PAIRS = ((192, 128),)
+
+
+def _pair_cases(dts, single_shapes, batch_shapes, pages, hq) -> List[Case]:
+    """The prefill grid points of the ``QK_VO_PAIRS`` (group 1, as DeepSeek runs them)."""
+    return (_cases("single_prefill", ("causal", "none"), QK_VO_PAIRS, (1,), dts, (False,), (None,), single_shapes, hq)
+            + _cases("batch_prefill_ragged", ("causal",), QK_VO_PAIRS, (1,), dts, (False,), (None,), batch_shapes, hq)
+            + _cases("batch_prefill_paged", ("causal",), QK_VO_PAIRS, (1,), dts, (False,), pages, batch_shapes, hq))
 
 
 def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None,
          head_dims: Optional[Sequence[int]] = None) -> List[Case]:
     """The grid points timed on ``device`` (``quick``: one point per op, tiny on the CPU), of ``ops`` and
-    ``head_dims`` only when given."""
+    ``head_dims`` (QK head dims: 192 is the 192 / 128 pair) only when given."""
     bf16, fp16 = torch.bfloat16, torch.float16
     if device != "cuda":  # the CPU: tiny shapes (Triton runs through its interpreter)
         dims, groups, dts = ((64,), (2,), (fp16,)) if quick else ((64, 128), (1, 4), (fp16, torch.float32))
@@ -114,7 +128,8 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None,
                           [(2, 32, 64 * s)], hq)
                  + _cases("batch_prefill_paged", ("causal",), dims, groups, dts, (False,), (16,), [(2, 32, 64 * s)], hq)
                  + _cases("batch_decode", ("causal",), dims, groups, dts, (False,), (16,), [(2, 1, 128 * s)], hq)
-                 + _cases("xqa_decode", ("causal",), dims, groups, dts, (False,), (16,), [(2, 1, 128 * s)], hq))
+                 + _cases("xqa_decode", ("causal",), dims, groups, dts, (False,), (16,), [(2, 1, 128 * s)], hq)
+                 + ([] if quick else _pair_cases(dts, [(1, 64 * s, 64 * s)], [(2, 32, 64 * s)], (16,), hq)))
     elif quick:  # one class per op (fp8 KV beside bf16 for decode), one shape
         cases = (_cases("single_prefill", ("causal",), (128,), (4,), (bf16,), (False,), (None,), [(1, 4096, 4096)], 32)
                  + _cases("batch_prefill_ragged", ("causal",), (128,), (4,), (bf16,), (False,), (None,),
@@ -141,7 +156,8 @@ def grid(device: str, quick: bool = False, ops: Optional[Sequence[str]] = None,
                  + _cases("batch_prefill_ragged", ("causal",), dims, (4,), dts, (False,), (None,), prefill_shapes, 32)
                  + _cases("batch_prefill_paged", ("causal",), dims, (4,), dts, (False,), (1, 16), prefill_shapes, 32)
                  + _cases("batch_decode", ("causal",), dims, (1, 4, 8), dts, (False, True), (1, 16), decode_shapes, 32)
-                 + _cases("xqa_decode", ("causal",), dims, (4, 8), dts, (False, True), (16,), decode_shapes, 64))
+                 + _cases("xqa_decode", ("causal",), dims, (4, 8), dts, (False, True), (16,), decode_shapes, 64)
+                 + _pair_cases(dts, [(1, 128, 128), (1, 1024, 1024), (1, 8192, 8192)], prefill_shapes, (1, 16), 32))
     if ops:
         unknown = set(ops) - set(TUNE_OPS)
         if unknown:

@@ -1,7 +1,7 @@
 """The measured tables that ``attncore tune`` writes and ``backend="auto"`` ranks by: where they
 live, how they are read, and how a problem and its planned sizes are keyed into them.
 
-``attncore tune`` times every available backend on a grid of problem classes (op, mask, head dim, GQA
+``attncore tune`` times every available backend on a grid of problem classes (op, mask, head dims, GQA
 group, q dtype, KV dtype, page size) at a few sizes on the current device, and writes a table per
 device name and attncore version into the cache (``$ATTNCORE_CACHE_DIR`` or ``~/.cache/attncore``:
 ``<root>/<version>/tune/<device>.json``).  A default table per compute capability may ship with the
@@ -16,8 +16,9 @@ for decode ops.  Entries written before the shape axis existed get it from their
 lengths ``plan()`` sees) names a problem's bucket.
 
 Only "plain" problems have a class: no feature flags other than ``cuda_graph`` (which changes no
-kernel), NHD layout, one query row per decode request, output dtype equal to the q dtype, equal QK and
-VO head dims, and no custom mask, window or position encoding.  ``ATTNCORE_TUNE=0`` turns measured
+kernel), NHD layout, one query row per decode request, output dtype equal to the q dtype, and no custom
+mask, window or position encoding.  A class has both head dims (QK and VO); an entry without
+``head_dim_vo`` has equal ones (tables written before the field existed), so it stays format 1.  ``ATTNCORE_TUNE=0`` turns measured
 selection off.  Tables are read once per process (``reload()`` re-reads them; ``attncore tune`` calls
 it).
 """
@@ -53,10 +54,16 @@ class ProblemClass(NamedTuple):
     q_dtype: str
     kv_dtype: str
     page_size: Optional[int]
+    head_dim_vo: int  # V's and the output's head dim (equal to head_dim but for pairs like DeepSeek's 192 / 128)
+
+    @property
+    def dims(self) -> str:
+        """``d128``, or ``d192x128`` where the two head dims differ."""
+        return f"d{self.head_dim}" + (f"x{self.head_dim_vo}" if self.head_dim_vo != self.head_dim else "")
 
     def describe(self) -> str:
         page = f" p{self.page_size}" if self.page_size is not None else ""
-        return (f"{self.op} {self.mask} d{self.head_dim} g{self.group} {self.q_dtype}/{self.kv_dtype}{page}")
+        return (f"{self.op} {self.mask} {self.dims} g{self.group} {self.q_dtype}/{self.kv_dtype}{page}")
 
 
 CLASS_FIELDS = ProblemClass._fields
@@ -66,12 +73,13 @@ def problem_class(problem: AttentionProblem) -> Optional[ProblemClass]:
     """The class a measured table keys ``problem`` by, or None where tables never apply."""
     if problem.features - {"cuda_graph"} or problem.kv_layout != "NHD" or problem.q_len_per_req != 1:
         return None
-    if problem.out_dtype != problem.q_dtype or problem.head_dim_qk != problem.head_dim_vo:
+    if problem.out_dtype != problem.q_dtype:
         return None
     if problem.mask == "custom" or problem.window_left >= 0 or problem.pos_encoding != "NONE":
         return None
     return ProblemClass(problem.op, problem.mask, problem.head_dim_qk, problem.group_size,
-                        dtype_name(problem.q_dtype), dtype_name(problem.kv_dtype), problem.page_size)
+                        dtype_name(problem.q_dtype), dtype_name(problem.kv_dtype), problem.page_size,
+                        problem.head_dim_vo)
 
 
 # ------------------------------------------------------------------------------------ buckets
@@ -184,8 +192,9 @@ def bucket_of(op: str, sizes: Union[Sizes, Bucket, None]) -> Optional[Bucket]:
 
 def entry_class(e: Dict) -> ProblemClass:
     page = e.get("page_size")
-    return ProblemClass(str(e["op"]), str(e["mask"]), int(e["head_dim"]), int(e["group"]), str(e["q_dtype"]),
-                        str(e["kv_dtype"]), None if page is None else int(page))
+    d = int(e["head_dim"])
+    return ProblemClass(str(e["op"]), str(e["mask"]), d, int(e["group"]), str(e["q_dtype"]),
+                        str(e["kv_dtype"]), None if page is None else int(page), int(e.get("head_dim_vo", d)))
 
 
 def entry_shape_bucket(e: Dict) -> str:
