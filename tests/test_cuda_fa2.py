@@ -798,6 +798,14 @@ def test_prefill90_d192x128(dtype):
     run_case(Case(lens, hq=32, hkv=8, mask="none", **kw))
     plan = run_case(Case([(20, 4000)], hq=4, hkv=1, **kw))
     assert plan.needs_merge
+    # paged on the pipelined loop (forced; its lean paged producer): pages of 16, 1 and 3, split-KV
+    kw.update(sm90_pipe=True)
+    plan = run_case(Case([(37, 200), (1, 1), (5, 0), (70, 40), (129, 129), (300, 300)], hq=8, hkv=2, **kw))
+    assert plan.lib.key.pipe and not plan.lib.persistent
+    for ps in (1, 3):
+        run_case(Case([(90, 333), (17, 17)], hq=4, hkv=2, page_size=ps, layout="HND" if ps == 3 else "NHD", **kw))
+    run_case(Case(lens, hq=32, hkv=8, mask="none", **kw))
+    assert run_case(Case([(20, 4000)], hq=4, hkv=1, **kw)).needs_merge
 
 
 @gpu

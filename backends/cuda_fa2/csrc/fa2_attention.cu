@@ -106,6 +106,8 @@ static_assert(((D == 64 || D == 128 || D == 256) && DV == D) || (D == 192 && DV 
 // loop: P2 d256 0.305 ms against 0.317 with 64); the pipelined loop without a producer holds two stages and needs
 // a third, of 48 keys (the warp-specialized one frees K and V apart instead: Cfg90::SEPKV)
 // d192 / 128 (warp-specialized only) as d256 in two stages of K and V on their own barriers, of 128 keys: 208 KiB
+// (H200 2026-11-30, same run, the pipelined loop: P5-d192 0.286 ms against 0.307 with three stages of 80 keys and
+// 0.315 with three or four of 64; ragged 8 x 2k 0.669 against 0.714-0.737; non-causal 1 x 4k 0.524 against 0.550-0.584)
 #define FA2_H_KVT (D == 64 ? 192 : D <= 192 ? 128 : (FA2_H_PIPE && !FA2_H_WS ? 48 : 80))
 #endif
 #ifndef FA2_H_NWG

@@ -32,6 +32,9 @@
 #ifndef FA2_H_OSMEM
 #define FA2_H_OSMEM 1  // 0: every epilogue from registers (Cfg90::OSMEM)
 #endif
+#ifndef FA2_H_LEAN
+#define FA2_H_LEAN 1  // 0: the paged producer's plain copies in every loop (Cfg90::LEAN)
+#endif
 
 namespace fa2 {
 namespace sm90 {
@@ -80,10 +83,13 @@ struct Cfg90 {
   // (P3 0.729 against 0.715, P4 1.177 against 1.149) and the one-unit grids (P1 0.292 against 0.278) it lost.
   static constexpr bool QLATE = PERSIST && PIPE;
   // LEAN: the paged producer's lean copies (fa2_sm90_load.cuh's KvTileCopy) in the plain loop and in the pipelined
-  // loop at d128 on the one-unit grid, which the plan gives paged K/V at d128 (CudaFa2Backend.sm90_pipe).  Not in the
-  // persistent pipelined loop (its producer spills with them, 84 / 104 bytes at d128; paged K/V never takes it) nor
-  // in d256's (paged K/V takes the plain loop there; its build is left as measured).
-  static constexpr bool LEAN = !PIPE || (D == 128 && !PERSIST);
+  // loop at d128 on the one-unit grid, which the plan gives paged K/V at d128 (CudaFa2Backend.sm90_pipe), and at
+  // d192 / 128 (0 spills; paged K/V takes the plain loop there: H200 2026-11-30, same run, 5 rounds, plain /
+  // pipelined: 8 x 2k causal page 16 0.700 / 0.728 ms, page 1 0.702 / 0.733, 16 x 512 on 4k 1.263 / 1.295, 4 x 4k
+  // non-causal 2.419 / 2.353).  Not in the persistent pipelined loop (its producer spills with them, 84 / 104 bytes
+  // at d128; paged K/V never takes it) nor in d256's (paged K/V takes the plain loop there; its build is left as
+  // measured).
+  static constexpr bool LEAN = FA2_H_LEAN && (!PIPE || ((D == 128 || DV != D) && !PERSIST));
   // HANDOVER (the persistent ping-pong loop): warpgroup 1 hands the turn to warpgroup 0 at its last P V of a unit, as
   // at every other turn, and not at its start of the next unit (after its epilogue): warpgroup 0's first S of the next
   // unit no longer waits for warpgroup 1's epilogue.  H200 2026-11-30, same run, 9 rounds (with / without): 16k x 1k
