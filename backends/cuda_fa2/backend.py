@@ -16,6 +16,7 @@ from attncore.core.backend import Backend, BatchMeta, cuda_device
 from attncore.core.capabilities import Capabilities, Reason
 from attncore.core.problem import DECODE_OPS, POD_OPS, AttentionProblem
 
+from attncore.backends.cuda_fa2.dims import HEAD_DIMS, POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS, PREFILL90_QK_VO
 from attncore.backends.cuda_fa2.plan import PERSIST_UNITS, Fa2Plan, launch_group, make_plan
 
 _F16 = frozenset({torch.float16, torch.bfloat16})
@@ -29,7 +30,7 @@ _BASE = dict(
     q_dtypes=_F16,
     kv_dtypes=_KV,
     out_dtypes=None,  # out dtype == q dtype
-    head_dims=frozenset({64, 128, 256}),
+    head_dims=frozenset(HEAD_DIMS),
     same_head_dim_vo=True,
     max_group_size=None,  # any GQA group
     page_sizes=None,  # any page size
@@ -46,11 +47,12 @@ _BATCH_OPS = frozenset({"batch_prefill_ragged", "batch_prefill_paged", "batch_de
 POD_CAPABILITIES = Capabilities(
     ops=frozenset(POD_OPS), features=frozenset({"sinks", "fp8_scales", "return_lse"}),
     **{**_BASE, "min_compute_capability": (9, 0), "max_compute_capability": (9, 0), "kv_dtypes": _F16,
-       "head_dims": frozenset({64, 128}), "masks": frozenset({"none", "causal"})})
-# head dims qk / vo that differ (specs.PREFILL90_QK_VO: 192 / 128, DeepSeek's prefill): prefill90 only, so what it
+       "head_dims": frozenset(POD90_HEAD_DIMS), "masks": frozenset({"none", "causal"})})
+# head dims qk / vo that differ (PREFILL90_QK_VO: 192 / 128, DeepSeek's prefill): prefill90 only, so what it
 # serves; extra_reasons refuses other pairs of these dims
 _QK_VO = dict(_BASE, min_compute_capability=(9, 0), max_compute_capability=(9, 0), kv_dtypes=_F16,
-              head_dims=frozenset({192, 128}), same_head_dim_vo=False, masks=frozenset({"none", "causal"}))
+              head_dims=frozenset(d for pair in PREFILL90_QK_VO for d in pair), same_head_dim_vo=False,
+              masks=frozenset({"none", "causal"}))
 _QK_VO_FEATURES = frozenset({"sinks", "fp8_scales", "return_lse"})
 CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
@@ -158,8 +160,6 @@ class CudaFa2Backend(Backend):
         return r
 
     def extra_reasons(self, problem: AttentionProblem) -> List[Reason]:
-        from attncore.backends.cuda_fa2.specs import PREFILL90_QK_VO
-
         r = []
         qk, vo = problem.head_dim_qk, problem.head_dim_vo
         pairs = " or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO)
@@ -194,8 +194,6 @@ class CudaFa2Backend(Backend):
         aside).  ``window_left``: the batch's window (``meta.params``) once there is a batch; before (the rule
         table), the problem's selection key."""
         import os
-
-        from attncore.backends.cuda_fa2.specs import POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS, PREFILL90_QK_VO
 
         dims = POD90_HEAD_DIMS if pod else PREFILL90_HEAD_DIMS
         pair = (problem.head_dim_qk, problem.head_dim_vo)

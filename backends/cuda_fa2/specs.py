@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
 
+from attncore.backends.cuda_fa2.dims import HEAD_DIMS, POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS, PREFILL90_QK_VO
 from attncore.build import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -55,11 +56,6 @@ KVS = {"same": 0, "e4m3": 1, "e5m2": 2}
 MASKS = {"none": 0, "causal": 1, "custom": 2}
 CONFIGS = {"prefill": 0, "decode": 1, "prefill64": 2, "prefill90": 3, "pod90": 4}
 SM90_CONFIGS = ("prefill90", "pod90")  # built for sm_90a only
-POD90_HEAD_DIMS = (64, 128)
-PREFILL90_HEAD_DIMS = POD90_HEAD_DIMS + (256,)
-HEAD_DIMS = (64, 128, 256)
-# head dims qk / vo that differ: prefill90's warp-specialized builds only (Fa2Key.head_dim_vo)
-PREFILL90_QK_VO = ((192, 128),)
 
 
 @dataclass(frozen=True)
