@@ -83,10 +83,12 @@ FAKES = textwrap.dedent('''
             torch.as_strided(args.out, (n + 1,) + tuple(args.out.shape[1:]), args.out.stride())[n].zero_()
 
     class GraphLiar(_Fake):
-        """Claims CUDA graphs but its run() uses the host lengths of the plan it was captured with."""
+        """Claims CUDA graphs but its run() uses the host lengths of the plan it was captured with.  Mask none only:
+        the reference's causal run skips key chunks its mask hides by a host check, a sync no capture allows."""
         name = "fake_graph"
         capabilities = (CAPS[0].__class__(**{**CAPS[0].__dict__, "devices": frozenset({"cuda"}),
                                              "ops": frozenset({"batch_prefill_ragged"}),
+                                             "masks": frozenset({"none"}),
                                              "features": frozenset({"return_lse", "cuda_graph"})}),)
 
     class TileLastKey(_Fake):
