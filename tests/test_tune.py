@@ -500,6 +500,29 @@ def test_shipped_sm90_table_sends_p3_and_p4_to_cuda_fa2(monkeypatch):
         assert fastest(PREFILL) == "cuda_fa2" and fastest(APPEND) == "cuda_fa2", page
 
 
+def test_shipped_sm90_table_measures_the_192_128_pair(monkeypatch):
+    """The shipped table's head dims 192 / 128 classes (single, ragged, paged prefill; measured on an H200 in session
+    44) rank cuda_fa2 first at P5-d192's and P5-d192-p16's sizes, and a 192 / 192 problem finds nothing there."""
+    monkeypatch.delenv("ATTNCORE_TUNE", raising=False)
+    tables.reload()
+    base = AttentionProblem(op="single_prefill", device_type="cuda", compute_capability=(9, 0), q_dtype=torch.bfloat16,
+                            kv_dtype=torch.bfloat16, out_dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=32,
+                            head_dim_qk=192, head_dim_vo=128, mask="causal")
+    names = ["triton", "cuda_fa2"]
+    for p, sizes in ((base, tables.Sizes(1, 4096, 4096)),
+                     (base.replace(op="batch_prefill_ragged"), PREFILL),
+                     (base.replace(op="batch_prefill_paged", page_size=16), PREFILL),
+                     (base.replace(op="batch_prefill_paged", page_size=1), APPEND)):
+        m, source = ranking.measured(p)
+        assert m is not None and m.table.kind == "default" and m.key.dims == "d192x128", source
+        n = m.narrow(tables.bucket_of(p.op, sizes), names)
+        assert n.used and all(e.get("device") == "NVIDIA H200" for e in n.used)
+        assert min(names, key=n.score) == "cuda_fa2", (p.op, p.page_size)
+        assert n.score("triton") > 1.3 * n.score("cuda_fa2")
+    m, source = ranking.measured(base.replace(head_dim_vo=192))
+    assert m is None and "nothing for single_prefill causal d192 g1" in source
+
+
 def test_tune_grid_has_qo_eq_kv_prefill_points_and_records_the_shape():
     full = tune.grid("cuda")
     for op, pages in (("batch_prefill_paged", (1, 16)), ("batch_prefill_ragged", (None,))):
