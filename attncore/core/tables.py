@@ -18,9 +18,9 @@ lengths ``plan()`` sees) names a problem's bucket.
 Only "plain" problems have a class: no feature flags other than ``cuda_graph`` (which changes no
 kernel), NHD layout, one query row per decode request, output dtype equal to the q dtype, and no custom
 mask, window or position encoding.  A class has both head dims (QK and VO); an entry without
-``head_dim_vo`` has equal ones (tables written before the field existed), so it stays format 1.  ``ATTNCORE_TUNE=0`` turns measured
-selection off.  Tables are read once per process (``reload()`` re-reads them; ``attncore tune`` calls
-it).
+``head_dim_vo`` has equal ones (tables written before the field existed: still format 1).
+``ATTNCORE_TUNE=0`` turns measured selection off.  Tables are read once per process (``reload()``
+re-reads them; ``attncore tune`` calls it).
 """
 
 from __future__ import annotations
