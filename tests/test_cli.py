@@ -71,11 +71,13 @@ def test_check_fails_with_exit_1_on_a_wrong_backend(tmp_path):
 
 def test_bench_on_cpu_says_so(tmp_path):
     j = tmp_path / "bench.json"
-    r = _run("bench", "--workload", "D1", "--workload", "P1-causal", "--json", str(j), "--device", "cpu")
+    r = _run("bench", "--workload", "D1", "--workload", "P1-causal", "--workload", "R1-8x2k", "--json", str(j),
+             "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "no CUDA GPU" in r.stderr
     data = json.loads(j.read_text())
-    assert {x["workload"] for x in data["results"]} == {"D1", "P1-causal"}
+    assert {x["workload"] for x in data["results"]} == {"D1", "P1-causal", "R1-8x2k"}
+    assert all(x["TFLOPs"] > 0 for x in data["results"] if x["workload"] != "D1")
     assert all("time_ms" in x for x in data["results"])
 
 

@@ -26,7 +26,7 @@ WORKSPACE_MB = 512  # the float workspace every attncore workload is planned wit
 @dataclass(frozen=True)
 class Workload:
     id: str
-    op: str  # prefill | ragged_prefill | paged_prefill | decode | xqa (ragged_prefill: attncore tune only)
+    op: str  # prefill | ragged_prefill | paged_prefill | decode | xqa
     batch: int
     qo: int
     kv: int
@@ -64,6 +64,9 @@ WORKLOADS = [
     Workload("P4", "paged_prefill", 16, 512, 4096),
     Workload("P5-d192", "prefill", 1, 4096, 4096, hq=32, hkv=32, d=192, dv=128),  # DeepSeek's prefill head dims
     Workload("P5-d192-p16", "paged_prefill", 8, 2048, 2048, hq=32, hkv=32, d=192, dv=128),  # (a (K, V) tuple cache)
+    # ragged K/V, batches of many 1-2k prompts: where cuda_fa2 trailed FlashInfer on an H200 (BENCHMARKS 2an)
+    Workload("R1-8x2k", "ragged_prefill", 8, 2048, 2048),
+    Workload("R1-16x1k", "ragged_prefill", 16, 1024, 1024),
 ]
 
 
