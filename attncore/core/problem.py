@@ -129,9 +129,7 @@ class AttentionProblem:
         if self.compute_capability:
             parts.append("sm%d%d" % self.compute_capability)
         parts.append(f"{dt(self.q_dtype)}/{dt(self.kv_dtype)}->{dt(self.out_dtype)}")
-        d = f"d{self.head_dim_qk}" if self.head_dim_qk == self.head_dim_vo else (
-            f"d{self.head_dim_qk}x{self.head_dim_vo}")
-        parts += [d, f"{self.num_qo_heads}/{self.num_kv_heads}"]
+        parts += [dims_name(self.head_dim_qk, self.head_dim_vo), f"{self.num_qo_heads}/{self.num_kv_heads}"]
         if self.page_size is not None:
             parts.append(f"p{self.page_size}")
         parts += [self.kv_layout, self.mask]
@@ -264,6 +262,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 dtype_name = _dtype_name
+
+
+def dims_name(head_dim_qk: int, head_dim_vo: int) -> str:
+    """The head dims in ids and descriptions: ``d128``, or ``d192x128`` where QK's and VO's differ."""
+    return f"d{head_dim_qk}" + (f"x{head_dim_vo}" if head_dim_vo != head_dim_qk else "")
 
 
 def device_info(device: torch.device) -> Tuple[str, Optional[Tuple[int, int]]]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from attncore.core.problem import DECODE_OPS, AttentionProblem, dtype_name
+from attncore.core.problem import DECODE_OPS, AttentionProblem, dims_name, dtype_name
 
 log = logging.getLogger("attncore")
 
@@ -59,7 +59,7 @@ class ProblemClass(NamedTuple):
     @property
     def dims(self) -> str:
         """``d128``, or ``d192x128`` where the two head dims differ."""
-        return f"d{self.head_dim}" + (f"x{self.head_dim_vo}" if self.head_dim_vo != self.head_dim else "")
+        return dims_name(self.head_dim, self.head_dim_vo)
 
     def describe(self) -> str:
         page = f" p{self.page_size}" if self.page_size is not None else ""

@@ -39,7 +39,7 @@ import torch
 
 from attncore.core.backend import Backend
 from attncore.core.problem import (DECODE_OPS, FP8_DTYPES, OPS, PAGED_OPS, POD_OPS, AttentionProblem, device_info,
-                                   dtype_name, pod_problem)
+                                   dims_name, dtype_name, pod_problem)
 
 # ---------------------------------------------------------------------------------------------
 # Probe universe: values the suite tries on every axis (claimed -> computed, else -> refused).
@@ -101,7 +101,7 @@ def problem_id(backend_name: str, p: AttentionProblem, *, with_device: bool = Fa
         parts.append("kv" + dtype_name(p.kv_dtype))
     if p.out_dtype != p.q_dtype:
         parts.append("out" + dtype_name(p.out_dtype))
-    parts.append(f"d{p.head_dim_qk}" if p.head_dim_qk == p.head_dim_vo else f"d{p.head_dim_qk}x{p.head_dim_vo}")
+    parts.append(dims_name(p.head_dim_qk, p.head_dim_vo))
     parts.append(f"g{p.group_size}")
     if p.page_size is not None:
         parts.append(f"p{p.page_size}")

@@ -20,7 +20,7 @@ the two consumer warpgroups) in one grid; always ``_ws``.
 ``_pipe`` (prefill90 and pod90): the software-pipelined loop (3 K/V stages, 2 at d256 with ``_ws``; S of the next
 tile on the tensor cores while the softmax runs); with ``_ws`` its two consumer warpgroups take turns at the tensor cores
 (ping-pong).  The rule (``CudaFa2Backend.sm90_pipe``): pipelined for contiguous K/V and for paged K/V at d128,
-plain for paged K/V at d64 / d256.
+plain for paged K/V at d64 / d256 / d192x128.
 ``_ws`` (prefill90 and pod90): warp-specialized: a producer warpgroup (56 registers via ``setmaxnreg``) issues
 every copy (Q, the K/V page gather) into a 3-stage ring handed over with mbarriers (d256: 2 stages, each K and
 V tile on its own barriers), and the two consumer warpgroups (224 registers) only compute
@@ -46,6 +46,7 @@ from typing import List, Tuple
 
 from attncore.backends.cuda_fa2.dims import HEAD_DIMS, POD90_HEAD_DIMS, PREFILL90_HEAD_DIMS, PREFILL90_QK_VO
 from attncore.build import jit
+from attncore.core.problem import dims_name
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = str(CSRC / "fa2_attention.cu")
@@ -77,7 +78,7 @@ class Fa2Key:
 
     @property
     def dims(self) -> str:
-        return f"d{self.head_dim}" + (f"x{self.head_dim_vo}" if self.head_dim_vo else "")
+        return dims_name(self.head_dim, self.head_dim_vo or self.head_dim)
 
     @property
     def uri(self) -> str:
