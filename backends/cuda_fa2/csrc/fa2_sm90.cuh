@@ -35,6 +35,12 @@
 #ifndef FA2_H_LEAN
 #define FA2_H_LEAN 1  // 0: the paged producer's plain copies in every loop (Cfg90::LEAN)
 #endif
+#ifndef FA2_H_OTILE
+#define FA2_H_OTILE 1  // 0: the persistent SEPKV grid's epilogue from registers (Cfg90::OTILE)
+#endif
+#ifndef FA2_H_QLEAN
+#define FA2_H_QLEAN 1  // 0: every Q tile by the general copy (sm90_cta's copy_q)
+#endif
 
 namespace fa2 {
 namespace sm90 {
@@ -105,7 +111,8 @@ struct Cfg90 {
   // OSMEM: the final epilogue's 16-bit O goes out through shared memory (sm90_cta's epilogue_staged): the one-unit
   // grid stages it in the warpgroup's own rows of the Q tile (its S are done; nothing copies Q again), the persistent
   // grid in the K tile of the unit's last stage (free once every S of the unit has run, bar_qempty), whose release
-  // to the producer then follows the epilogue.  SEPKV frees K after each S, and d256's K tile is too small: off there.
+  // to the producer then follows the epilogue.  SEPKV frees K after each S (OTILE below), and d256's K tile is too
+  // small: off there.
   // The register epilogue's quad transposes (shuffles and selects) go: 354 instructions from the last P V to the exit
   // at d128 against 433.  H200 2026-11-30, same run, 9 rounds, against FA2_H_OSMEM=0: P1 non-causal 0.435 ms against
   // 0.445, causal 0.238 / 0.241, P3 page 16 0.605 / 0.617, page 1 0.606 / 0.625, P2 d64 and P4 level; with the paged
@@ -121,15 +128,23 @@ struct Cfg90 {
   static constexpr int q_bytes = CTA_Q * D * 2;
   static constexpr int k_bytes = KVT * D * 2, v_bytes = KVT * DV * 2;  // a K tile, a V tile (after it in a stage)
   static constexpr int stage_bytes = k_bytes + v_bytes;
+  // OTILE: the persistent grid with K and V on their own barriers (d128's _persist) frees K after each S, so OSMEM's
+  // staging in the last stage's K tile is out there: it stages the epilogue in an output tile of its own after the
+  // ring where that fits (d128: 32 KiB beside Q's 32 and the ring's 128), a warpgroup's 64 rows at o_off + wg x
+  // 64 x DV x 2, each warp reading back only its own 16 rows (no barrier; a unit's stores do not wait for the
+  // next unit's).  The register epilogue it replaces took 378 instructions a warp per unit (H200 ncu, ragged 16 x 1k
+  // causal: 10% of the kernel's).
+  static constexpr int o_off = q_bytes + STAGES * stage_bytes, o_bytes = CTA_Q * DV * 2;
+  static constexpr bool OTILE = FA2_H_OSMEM && FA2_H_OTILE && PERSIST && SEPKV && o_off + o_bytes + 1536 <= 227 * 1024;
   // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty);
   // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and, 16-byte aligned, its
   // two slots of UNIT_INTS ints (sm90_cta's publish / take)
-  static constexpr int bar_off = q_bytes + STAGES * stage_bytes;
+  static constexpr int bar_off = o_off + (OTILE ? o_bytes : 0);
   static constexpr int UNIT_INTS = 16;
   static constexpr int slot_off = (bar_off + 16 * STAGES * (SEPKV ? 2 : 1) + 40 + 15) / 16 * 16;
   static constexpr int ws_bytes =
       WS ? (PERSIST ? slot_off - bar_off + 2 * 4 * UNIT_INTS : 16 * STAGES * (SEPKV ? 2 : 1)) : 0;
-  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes + ws_bytes + 1024;  // + alignment slack
+  static constexpr int smem_bytes = bar_off + ws_bytes + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
 
@@ -534,7 +549,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   constexpr int RP = DV == 128 ? 2 : 1;
   auto epilogue = [&](bool staged, uint32_t ob) {
     const bool final_out = slot < 0;
-    if (Cfg::OSMEM && staged && final_out) {
+    if ((Cfg::OSMEM || Cfg::OTILE) && staged && final_out) {
       epilogue_staged(ob);
       return;
     }
@@ -627,13 +642,31 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // ~6,000-8,000 clocks to issue a unit's Q at d128, on the persistent grid's critical path: session 32's timeline.)
   // A row's CPR chunks by QC threads, QNC each 8 QC chunks apart (QC = 8, QNC = 3: d192's 24 chunks by 128 threads).
   constexpr int QTH = Cfg::WS ? 128 : NT, QC = QTH % CPR == 0 ? CPR : 8, QNC = CPR / QC, QRS = QTH / QC;
-  static_assert(QTH % QC == 0 && CPR % QC == 0 && CTA_Q % QRS == 0, "Q copy shape");
+  static_assert(QTH % QC == 0 && CPR % QC == 0 && CTA_Q % QRS == 0 && QC % 8 == 0, "Q copy shape");
   auto copy_q = [&]() {
     const int c = tid % QC, r0 = tid / QC, pr0 = row0 + r0;
     int tok = pr0 / G, g = pr0 - tok * G;
     const int dt = QRS / G, dg = QRS - dt * G;
     const T* src = qg + (int64_t)(qo_start + tok) * p.q_stride_n + (int64_t)(kvh * G + g) * p.q_stride_h + c * 8;
     const int64_t step = (int64_t)dt * p.q_stride_n + (int64_t)dg * p.q_stride_h;
+    // Every row in range and a pass of whole tokens (QRS % G == 0: G = 1, 2, 4, 8 at d128 / d64): one constant step
+    // per pass, no predicate, no head wrap, and (QRS a multiple of 8, the swizzle's period) one constant step in
+    // shared memory.  The general loop below took 25 instructions per 16-byte copy at d128 (H200 ncu, ragged 16 x 1k
+    // causal: 5.4% of the kernel's instructions) and ~2,300 clocks to issue a unit's Q, on the persistent grid's
+    // unit boundary (its consumers waited ~2,000 clocks for it).  (Unrolled by 2 or 4 it spills 64 bytes in the
+    // persistent pipelined loop's producer.)
+    if (FA2_H_QLEAN && dg == 0 && rows_here >= CTA_Q) {
+      uint32_t dst = sQa + sw128<CTA_Q>(r0, c);
+#pragma unroll 1
+      for (int r = r0; r < CTA_Q; r += QRS) {
+        const uint32_t d = QRS % 8 == 0 ? dst : sQa + sw128<CTA_Q>(r, c);
+#pragma unroll
+        for (int b = 0; b < QNC; ++b) ac::cp_async16(d + b * (QC / 8) * (CTA_Q * 128), src + b * QC * 8, true);
+        src += step;
+        dst += QRS * 128;
+      }
+      return;
+    }
     const int64_t wrap = p.q_stride_n - (int64_t)G * p.q_stride_h;
     // (a loop: unrolled, ptxas held every row's address and spilled in the producer's 56 registers, for no gain)
 #pragma unroll 1
@@ -873,7 +906,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (split) merge_halves();
           if (split && wg == 1) return;
         }
-        if constexpr (!Cfg::OSMEM) {
+        if constexpr (Cfg::OTILE) {
+          epilogue(true, sQa + Cfg::o_off + wg * (64 * Cfg::DV * 2));
+        } else if constexpr (!Cfg::OSMEM) {
           epilogue(false, 0u);
         } else if constexpr (!Cfg::PERSIST) {
           epilogue(true, qbase);
