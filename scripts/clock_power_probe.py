@@ -1,9 +1,10 @@
 """The SM clock, board power and power-cap flag (nvidia-smi every 50 ms) while one prefill workload runs back to
-back for ~3 s: cuda_fa2 through attncore, torch SDPA (cuDNN where torch picks it), FlashInfer with --flashinfer,
-and a bf16 8192^3 matmul; two rounds.  Shows whether a kernel is bound by the board's power limit (then its
-speed follows its energy per FLOP, not its latency).  BENCHMARKS.md 2ak.
+back for ~3 s: cuda_fa2 through attncore (with --unit also prefill90's pipelined loop forced onto the one-unit grid),
+torch SDPA (cuDNN where torch picks it; single prefill), FlashInfer with --flashinfer, and a bf16 8192^3 matmul; two
+rounds.  Shows whether a kernel is bound by the board's power limit (then its speed follows its energy per FLOP, not
+its latency).  BENCHMARKS.md 2ak.
 
-    PYTHONPATH=$FI_ROOT python3 scripts/clock_power_probe.py [--workload P1-full] [--flashinfer]
+    PYTHONPATH=$FI_ROOT python3 scripts/clock_power_probe.py [--workload P1-full] [--flashinfer] [--unit]
 """
 import argparse
 import statistics
@@ -47,15 +48,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="P1-full", help="a prefill workload of `attncore bench`")
     ap.add_argument("--flashinfer", action="store_true")
+    ap.add_argument("--unit", action="store_true", help="also cuda_fa2 with prefill90's pipelined loop on the one-unit "
+                    "grid (CudaFa2Backend.sm90_persist False)")
     a = ap.parse_args()
     w = bench.select_workloads([a.workload])[0]
-    if w.op != "prefill":
-        raise SystemExit(f"{a.workload}: a single-prefill workload (op 'prefill') only")
+    if w.op not in ("prefill", "ragged_prefill", "paged_prefill"):
+        raise SystemExit(f"{a.workload}: a prefill workload (single, ragged or paged) only")
     flop, dt = bench._flops(w), torch.bfloat16
     x, y = (torch.randn(8192, 8192, device="cuda", dtype=dt) for _ in range(2))
     cols = [("cuda_fa2", bench._setup(w, "cuda_fa2", "cuda", dt, 1)[0][0], flop),
             ("torch-sdpa", bench._sdpa(w, "cuda", dt), flop),
             ("matmul8k", lambda: x @ y, 2 * 8192 ** 3)]
+    if a.unit:
+        from attncore.core import plan_cache, registry
+
+        be = registry.entries()["cuda_fa2"].backend
+        be.sm90_pipe, be.sm90_persist = True, False
+        plan_cache.ONE_CALL_PLANS.clear()  # one-call workloads cache their plans by signature
+        cols.insert(1, ("cuda_fa2-unit", bench._setup(w, "cuda_fa2", "cuda", dt, 1)[0][0], flop))
+        be.sm90_pipe, be.sm90_persist = None, None
     if a.flashinfer:
         import flashinfer
 
