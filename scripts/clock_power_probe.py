@@ -24,17 +24,7 @@ def window(name, fn, flop, secs=3.0):
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
                            stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
-    n, t0 = 0, time.perf_counter()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    while time.perf_counter() - t0 < secs:
-        for _ in range(20):
-            fn()
-        n += 20
-        torch.cuda.synchronize()
-    e1.record()
-    torch.cuda.synchronize()
-    ms = e0.elapsed_time(e1) / n
+    ms = bench.sustained(fn, secs)
     smi.terminate()
     rows = [r.split(", ") for r in smi.communicate()[0].strip().splitlines() if r.count(",") == 3]
     rows = rows[len(rows) // 5:]  # past the ramp

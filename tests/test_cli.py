@@ -128,6 +128,26 @@ def test_bench_rounds_interleave_the_columns(tmp_path):
         assert len(x["rounds_ms"]) == 2 and x["time_ms"] == pytest.approx(sum(x["rounds_ms"]) / 2)
 
 
+def test_bench_sustained_is_the_mean_over_a_back_to_back_window():
+    """bench.sustained (variants_bench --sustain, clock_power_probe): one warm-up call, then calls in batches of 20
+    until the window is over, and the mean ms per call over the window."""
+    import time
+
+    from attncore.cli.bench import sustained
+
+    calls = []
+
+    def fn():
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    ms = sustained(fn, 0.1, device="cpu")
+    timed = len(calls) - 1  # the warm-up call is not timed
+    assert timed >= 20 and timed % 20 == 0
+    assert ms >= 2.0  # every call sleeps 2 ms
+    # the window: at least the 100 ms asked for, at most one batch of 20 calls past it (plus a loaded machine's slack)
+    assert 100 <= ms * timed <= 100 + 20 * ms + 50
+
 def test_bench_a_column_that_fails_while_timed_is_an_error_row(monkeypatch):
     """A column whose run raises in a timing round gets an ERROR row with the reason; the others are timed."""
     from attncore.cli import bench

@@ -126,6 +126,30 @@ def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = 3) -> 
     return cpu
 
 
+def sustained(fn: Callable[[], None], secs: float, device: str = "cuda") -> float:
+    """ms per call of ``fn`` run back to back for ``secs`` seconds after a warm-up call (on CUDA from events around
+    the whole window): the steady state, where a compute-bound kernel runs at the board's power limit (an H200's
+    prefill: BENCHMARKS.md 2ak, 2ao), against do_bench's short windows that start from whatever clock the last left."""
+    cuda = device == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        for _ in range(20):
+            fn()
+        n += 20
+        if cuda:
+            torch.cuda.synchronize()
+    if not cuda:
+        return (time.perf_counter() - t0) * 1e3 / n
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / n
+
+
 ROUNDS = {"cuda": 3, "cpu": 1}  # timing rounds per workload (and POD point) unless --rounds says otherwise
 
 

@@ -9,8 +9,8 @@ A variant is ``name:loop|pipe|unit|persist|:DEFINE=VALUE,...[:CONFIG]`` (the loo
 empty; ``unit`` / ``persist``: the pipelined loop at d128 on the one-unit or the persistent grid,
 ``CudaFa2Backend.sm90_persist``; the defines are ``CudaFa2Backend.tune``; CONFIG forces its tile config, e.g.
 ``prefill``: the FA2 kernel, and ``--config`` that of every variant without one).
-``--sustain SECS`` times each column back to back for SECS seconds (the mean over the window, inputs rotated, no
-L2 flush between calls) instead of ``do_bench``'s median: the steady state under the board's power limit, where
+``--sustain SECS`` times each column back to back for SECS seconds (``bench.sustained``: the mean over the window,
+inputs rotated, no L2 flush between calls) instead of ``do_bench``'s median: the steady state under the board's power limit, where
 compute-bound prefill runs on an H200 and where do_bench's short windows drift by a few percent between rounds
 (scripts/clock_power_probe.py, BENCHMARKS.md 2ak / 2ao).
 Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
@@ -53,26 +53,6 @@ def parse_workload(s: str, bench):
     return [bench.Workload(s, op, int(b), int(qo), int(kv), **extra)]
 
 
-def sustained(fn, secs: float) -> float:
-    """ms per call of ``fn`` run back to back for ``secs`` seconds (after a warm-up call), from events around the
-    whole window."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n, t0 = 0, time.perf_counter()
-    e0.record()
-    while time.perf_counter() - t0 < secs:
-        for _ in range(20):
-            fn()
-        n += 20
-        torch.cuda.synchronize()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / n
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", action="append", required=True)
@@ -87,7 +67,7 @@ def main() -> int:
 
     be = registry.entries()["cuda_fa2"].backend
     variants = [parse_variant(v) for v in a.variant]
-    t = bench._timer("cuda") if not a.sustain else (lambda fn: sustained(fn, a.sustain))
+    t = bench._timer("cuda") if not a.sustain else (lambda fn: bench.sustained(fn, a.sustain))
     dtype = torch.bfloat16
     fi = bench._import_flashinfer("cuda") if a.flashinfer else None
     for w in [w for spec in a.workload for w in parse_workload(spec, bench)]:
