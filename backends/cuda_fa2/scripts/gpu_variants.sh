@@ -5,6 +5,7 @@
 #   WORKLOADS="P1-causal P1-full"  VARIANTS="default: sepkv3:pipe:FA2_H_SEPKV=1"
 #   TEST_TUNES="FA2_H_SEPKV=1@pipe;..."  (each: the defines, then after @ an optional pytest -k filter on the loop:
 #   "pipe" or "loop"; the warp-specialized cases of test_prefill90 either way; TEST_TIMEOUT seconds each, 240)
+#   SUSTAIN=1.5: time back-to-back windows of that many seconds (variants_bench --sustain) instead of do_bench
 # Usage on the device machine:  WORKLOADS=... VARIANTS=... TEST_TUNES=... bash backends/cuda_fa2/scripts/gpu_variants.sh
 source scripts/gpu_common.sh
 gpu_header name,driver_version,clocks.max.sm
@@ -23,7 +24,7 @@ stamp "tests"
 args=()
 for w in ${WORKLOADS:-P1-causal}; do args+=(--workload "$w"); done
 for v in ${VARIANTS:-default:}; do args+=(--variant "$v"); done
-timeout 400 python3 backends/cuda_fa2/scripts/variants_bench.py "${args[@]}" --rounds "${ROUNDS:-3}" > "$OUT/bench.txt" 2> "$OUT/bench.err"
+timeout 400 python3 backends/cuda_fa2/scripts/variants_bench.py "${args[@]}" --rounds "${ROUNDS:-3}" ${SUSTAIN:+--sustain "$SUSTAIN"} > "$OUT/bench.txt" 2> "$OUT/bench.err"
 stamp "bench (rc $?)"
 i=0
 for tt in "${TT[@]}"; do i=$((i + 1)); echo "== tests with $tt: $(tail -1 "$OUT/tests_$i.txt")"; done
