@@ -54,6 +54,7 @@ _QK_VO = dict(_BASE, min_compute_capability=(9, 0), max_compute_capability=(9, 0
               head_dims=frozenset(d for pair in PREFILL90_QK_VO for d in pair), same_head_dim_vo=False,
               masks=frozenset({"none", "causal"}))
 _QK_VO_FEATURES = frozenset({"sinks", "fp8_scales", "return_lse"})
+_QK_VO_TEXT = " or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO) + " (prefill90: single, ragged and paged prefill, sm90)"
 CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),
@@ -162,12 +163,11 @@ class CudaFa2Backend(Backend):
     def extra_reasons(self, problem: AttentionProblem) -> List[Reason]:
         r = []
         qk, vo = problem.head_dim_qk, problem.head_dim_vo
-        pairs = " or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO)
-        pairs += " (prefill90: single, ragged and paged prefill, sm90)"
         if qk != vo and (qk, vo) not in PREFILL90_QK_VO:
-            r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"equal to head_dim_qk, or {pairs}"))
+            r.append(Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"equal to head_dim_qk, or {_QK_VO_TEXT}"))
         elif qk == vo and qk not in _BASE["head_dims"] and qk in _QK_VO["head_dims"]:  # (the pair's entry took it)
-            r.append(Reason("head_dim", str(qk), f"{', '.join(map(str, sorted(_BASE['head_dims'])))}; or {pairs}"))
+            r.append(Reason("head_dim", str(qk),
+                            f"{', '.join(map(str, sorted(_BASE['head_dims'])))}; or {_QK_VO_TEXT}"))
         elif qk != vo and problem.op not in POD_OPS:  # prefill90 alone serves the pair
             r += [Reason("head_dim_vo", f"{qk} / {vo} (qk / vo)", f"prefill90, which cannot serve it: {why}")
                   for why in self._problem_sm90_reasons(problem)]

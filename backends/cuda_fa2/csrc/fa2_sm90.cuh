@@ -134,16 +134,19 @@ struct Cfg90 {
   // 64 x DV x 2, each warp reading back only its own 16 rows (no barrier; a unit's stores do not wait for the
   // next unit's).  The register epilogue it replaces took 378 instructions a warp per unit (H200 ncu, ragged 16 x 1k
   // causal: 10% of the kernel's).
-  static constexpr int o_off = q_bytes + STAGES * stage_bytes, o_bytes = CTA_Q * DV * 2;
-  static constexpr bool OTILE = FA2_H_OSMEM && FA2_H_OTILE && PERSIST && SEPKV && o_off + o_bytes + 1536 <= 227 * 1024;
-  // WS extras after the ring: full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then V's full and empty);
-  // PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and, 16-byte aligned, its
-  // two slots of UNIT_INTS ints (sm90_cta's publish / take)
-  static constexpr int bar_off = o_off + (OTILE ? o_bytes : 0);
+  // WS extras after the ring (and the output tile): full[STAGES], empty[STAGES] mbarriers (SEPKV: those of K, then
+  // V's full and empty); PERSIST: then the Q tile's `empty` barrier, the next-unit ring (full[2], empty[2]) and,
+  // 16-byte aligned, its two slots of UNIT_INTS ints (sm90_cta's publish / take).  Sized before they are placed (they
+  // start 16-byte aligned), so that OTILE can ask whether the output tile fits in front of them.
   static constexpr int UNIT_INTS = 16;
-  static constexpr int slot_off = (bar_off + 16 * STAGES * (SEPKV ? 2 : 1) + 40 + 15) / 16 * 16;
-  static constexpr int ws_bytes =
-      WS ? (PERSIST ? slot_off - bar_off + 2 * 4 * UNIT_INTS : 16 * STAGES * (SEPKV ? 2 : 1)) : 0;
+  static constexpr int bars_bytes = 16 * STAGES * (SEPKV ? 2 : 1);
+  static constexpr int slot_rel = (bars_bytes + 40 + 15) / 16 * 16;  // the slots, from bar_off
+  static constexpr int ws_bytes = WS ? (PERSIST ? slot_rel + 2 * 4 * UNIT_INTS : bars_bytes) : 0;
+  static constexpr int o_off = q_bytes + STAGES * stage_bytes, o_bytes = CTA_Q * DV * 2;
+  static constexpr bool OTILE =
+      FA2_H_OSMEM && FA2_H_OTILE && PERSIST && SEPKV && o_off + o_bytes + ws_bytes + 1024 <= 227 * 1024;
+  static constexpr int bar_off = o_off + (OTILE ? o_bytes : 0), slot_off = bar_off + slot_rel;
+  static_assert(bar_off % 16 == 0, "the barriers and slots 16-byte aligned");
   static constexpr int smem_bytes = bar_off + ws_bytes + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "sm_90 shared memory per block");
 };
