@@ -248,12 +248,15 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // false once no unit is left), so that the consumers' unit boundary waits on no global load
   using Item = WorkItem<CTA_Q, KVT, MASK>;
   static_assert(sizeof(Item) + 3 * 4 <= 4 * Cfg::UNIT_INTS, "a unit's slot");
+  // (The slot moves as whole ints: a memcpy between shared memory and the item, whose alignment it cannot see, went
+  // byte by byte, ~40 LDS.U8 and 20 PRMT a thread per unit: H200 ncu, session 45.  As 16-byte words through a
+  // register array it spilled 44-52 bytes.)
   auto publish = [&](int sl, unsigned u) {
     if constexpr (Cfg::PERSIST) {  // (the one-unit build has no unit arithmetic: items is 0 there)
       int* d = reinterpret_cast<int*>(smem + Cfg::slot_off) + Cfg::UNIT_INTS * sl;
       if (u < units) {
         const Item wi(p, u % items, G, -1);
-        memcpy(d, &wi, sizeof(Item));
+        *reinterpret_cast<Item*>(d) = wi;
         d[Cfg::UNIT_INTS - 3] = (int)(u / items);
         d[Cfg::UNIT_INTS - 2] = kv_base_of(p, wi.req);
       }
@@ -265,7 +268,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       const int* d = reinterpret_cast<const int*>(smem + Cfg::slot_off) + Cfg::UNIT_INTS * sl;
       const unsigned u = (unsigned)d[Cfg::UNIT_INTS - 1];
       if (u >= units) return false;
-      memcpy(&w, d, sizeof(Item));
+      w = *reinterpret_cast<const Item*>(d);
       kvh = d[Cfg::UNIT_INTS - 3];
       kv_base = d[Cfg::UNIT_INTS - 2];
       unit_rows();
