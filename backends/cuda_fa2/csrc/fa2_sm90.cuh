@@ -38,6 +38,9 @@
 #ifndef FA2_H_OTILE
 #define FA2_H_OTILE 1  // 0: the persistent SEPKV grid's epilogue from registers (Cfg90::OTILE)
 #endif
+#ifndef FA2_H_OZERO
+#define FA2_H_OZERO 1  // 0: O rescaled on a unit's first tile too (sm90_cta's rescale)
+#endif
 #ifndef FA2_H_QLEAN
 #define FA2_H_QLEAN 1  // 0: every Q tile by the general copy (sm90_cta's copy_q)
 #endif
@@ -366,7 +369,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   // every unit's first tile moved the max from -inf, so that the rescale ran there and almost nowhere else: 64 FMUL a
   // thread per unit, H200 ncu on ragged 16 x 1k causal, session 45)
   auto rescale = [&]() {
-    if (!o_zero && __any_sync(0xffffffff, moved)) {
+    if (!(FA2_H_OZERO && o_zero) && __any_sync(0xffffffff, moved)) {
 #pragma unroll
       for (int j = 0; j < DV / 8; ++j) {
         o[j * 4 + 0] *= alpha[0];
