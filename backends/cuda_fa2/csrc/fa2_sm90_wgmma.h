@@ -15,6 +15,9 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#ifndef FA2_SM90_WAIT_NS
+#define FA2_SM90_WAIT_NS 10000000  // mbar_wait's suspend-time hint (ns); 0: none
+#endif
 #ifndef FA2_SM90_VSWAP
 #define FA2_SM90_VSWAP 0  // 1: swap LBO / SBO of the MN-major V descriptor (selftest fallback)
 #endif
@@ -103,12 +106,21 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
+// until phase `parity` of `a` completes.  Each try suspends the thread until then or for at most FA2_SM90_WAIT_NS
+// (CUTLASS's 10 ms; 0: the hardware's own limit, which returned every ~65 clocks: a consumer's wait for a unit's
+// first tile took ~31 tries, 2.5% of a ragged 16 x 1k run's instructions on an H200, ncu session 45)
 __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
   uint32_t done = 0;
   do {
+#if FA2_SM90_WAIT_NS
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(a), "r"(parity), "n"(FA2_SM90_WAIT_NS) : "memory");
+#else
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done) : "r"(a), "r"(parity) : "memory");
+#endif
   } while (!done);
 }
 // named CTA barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, the arriving ones included
