@@ -38,6 +38,9 @@
 #ifndef FA2_H_OTILE
 #define FA2_H_OTILE 1  // 0: the persistent SEPKV grid's epilogue from registers (Cfg90::OTILE)
 #endif
+#ifndef FA2_H_UWG
+#define FA2_H_UWG -1  // Cfg90::UWG: 1 / 0 forced, -1 at d64 only
+#endif
 #ifndef FA2_H_OZERO
 #define FA2_H_OZERO 1  // 0: O rescaled on a unit's first tile too (sm90_cta's rescale)
 #endif
@@ -110,7 +113,10 @@ struct Cfg90 {
   // where it removes the pipelined loop's 60 bytes of spills; at d128 the producer spills 10 more instructions.
   // H200 2026-11-29, same run: P2 d64 0.176 ms against 0.186; d128 P1 non-causal 0.500 against 0.482, P4 1.137
   // against 1.099 (P1 causal 0.270 against 0.277); d256 0.290 against 0.289.
-  static constexpr bool UWG = D == 64;
+  // Session 45 (not yet measured): with the lean Q copy no build spills with it at d128, d192 / 128 or d256 either,
+  // and the persistent d128 loop's tile drops from 746 to 697 instructions (R2UR 48 -> 0), the one-unit one's from
+  // 672 to 634: FA2_H_UWG=1 forces it on (0 off, -1 the rule above).
+  static constexpr bool UWG = FA2_H_UWG < 0 ? D == 64 : FA2_H_UWG != 0;
   // OSMEM: the final epilogue's 16-bit O goes out through shared memory (sm90_cta's epilogue_staged): the one-unit
   // grid stages it in the warpgroup's own rows of the Q tile (its S are done; nothing copies Q again), the persistent
   // grid in the K tile of the unit's last stage (free once every S of the unit has run, bar_qempty), whose release
