@@ -39,7 +39,7 @@
 #define FA2_H_OTILE 1  // 0: the persistent SEPKV grid's epilogue from registers (Cfg90::OTILE)
 #endif
 #ifndef FA2_H_UWG
-#define FA2_H_UWG -1  // Cfg90::UWG: 1 / 0 forced, -1 at d64 only
+#define FA2_H_UWG -1  // Cfg90::UWG: 1 / 0 forced, -1 the rule (d64, the persistent d128 grid)
 #endif
 #ifndef FA2_H_OZERO
 #define FA2_H_OZERO 1  // 0: O rescaled on a unit's first tile too (sm90_cta's rescale)
@@ -113,10 +113,12 @@ struct Cfg90 {
   // where it removes the pipelined loop's 60 bytes of spills; at d128 the producer spills 10 more instructions.
   // H200 2026-11-29, same run: P2 d64 0.176 ms against 0.186; d128 P1 non-causal 0.500 against 0.482, P4 1.137
   // against 1.099 (P1 causal 0.270 against 0.277); d256 0.290 against 0.289.
-  // Session 45 (not yet measured): with the lean Q copy no build spills with it at d128, d192 / 128 or d256 either,
-  // and the persistent d128 loop's tile drops from 746 to 697 instructions (R2UR 48 -> 0), the one-unit one's from
-  // 672 to 634: FA2_H_UWG=1 forces it on (0 off, -1 the rule above).
-  static constexpr bool UWG = FA2_H_UWG < 0 ? D == 64 : FA2_H_UWG != 0;
+  // Since session 45's lean Q copy no build spills with it (d128, d192 / 128, d256, pod90), and the persistent d128
+  // tile drops from 746 to 697 instructions (R2UR 48 -> 0), the one-unit one's from 672 to 634.  H200 2026-11-30,
+  // same run, sustained windows: on for the persistent d128 grid, ragged 8 x 2k 0.5458 ms against 0.5551, 16 x 1k
+  // 0.3274 / 0.3297; the one-unit grid left as is (P1 causal 0.2498 / 0.2514, non-causal 0.4574 / 0.4552).
+  // FA2_H_UWG=1 / 0 forces it on / off (-1: this rule).
+  static constexpr bool UWG = FA2_H_UWG < 0 ? D == 64 || (D == 128 && PERSIST) : FA2_H_UWG != 0;
   // OSMEM: the final epilogue's 16-bit O goes out through shared memory (sm90_cta's epilogue_staged): the one-unit
   // grid stages it in the warpgroup's own rows of the Q tile (its S are done; nothing copies Q again), the persistent
   // grid in the K tile of the unit's last stage (free once every S of the unit has run, bar_qempty), whose release
@@ -373,7 +375,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
   };
   // O *= alpha (only when some row max of the warp moved, and never before a unit's first P V: O is zero then, and
   // every unit's first tile moved the max from -inf, so that the rescale ran there and almost nowhere else: 64 FMUL a
-  // thread per unit, H200 ncu on ragged 16 x 1k causal, session 45)
+  // thread per unit, H200 ncu on ragged 16 x 1k causal, session 45).  With the whole-int slot copy and mbar_wait's
+  // suspend hint, against FA2_H_OZERO=0,FA2_SM90_WAIT_NS=0, H200 2026-11-30, same run, sustained windows: ragged 8 x 2k
+  // 0.5551 / 0.5588 ms, 16 x 1k 0.3297 / 0.3320, P1 causal 0.2514 / 0.2522, non-causal 0.4552 / 0.4562.
   auto rescale = [&]() {
     if (!(FA2_H_OZERO && o_zero) && __any_sync(0xffffffff, moved)) {
 #pragma unroll
