@@ -37,6 +37,7 @@ def _rank(backend, problem) -> int:
     return rule_rank(backend, problem).rank
 
 HAS_CUDA = torch.cuda.is_available()
+FORCE_PERSIST = os.environ.get("FA2_TEST_PERSIST") == "1"  # (run_case)
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
@@ -632,6 +633,10 @@ def run_case(c: Case, seed: int = 0):
     backend.sm90_pipe = c.sm90_pipe
     # FA2_TEST_TUNE="FA2_H_SEPKV=1 FA2_H_STAGES=2": the GPU tests on a tuning variant (specs.Fa2Key.tune)
     backend.tune = tuple(tuple(kv.split("=", 1)) for kv in os.environ.get("FA2_TEST_TUNE", "").split())
+    # FA2_TEST_PERSIST=1: contiguous K/V on prefill90's persistent grid wherever it serves (d128, pipelined, ws), the
+    # rule's threshold aside: a tuning variant's persistent build (the rule takes it untuned only)
+    if FORCE_PERSIST and not c.paged:
+        backend.sm90_persist = True
     if c.sm90_ws is not None:
         backend.sm90_ws = c.sm90_ws
     assert backend.reasons(problem) == [], backend.reasons(problem)
@@ -744,7 +749,7 @@ def test_prefill90(dtype, pipe, ws):
     # ragged d128, 1,344 units: the pipelined loop with ws on the persistent grid (plan.PERSIST_UNITS: _persist)
     for mask in ("none", "causal"):
         plan = run_case(Case(lens, hq=32, hkv=8, paged=False, mask=mask, **kw))
-        assert plan.lib.key.persist == (pipe and ws and not plan.lib.key.tune)
+        assert plan.lib.key.persist == (pipe and ws and (FORCE_PERSIST or not plan.lib.key.tune))
     run_case(Case(lens, hq=32, hkv=8, paged=False, d=64, **kw))  # d64 contiguous: persistent pipelined with ws
     # ragged K / V with the token stride of a fused K V tensor (prefill90's TMA maps: whole tiles by TMA, a unit's
     # last by cp.async)
