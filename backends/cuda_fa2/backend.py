@@ -54,7 +54,8 @@ _QK_VO = dict(_BASE, min_compute_capability=(9, 0), max_compute_capability=(9, 0
               head_dims=frozenset(d for pair in PREFILL90_QK_VO for d in pair), same_head_dim_vo=False,
               masks=frozenset({"none", "causal"}))
 _QK_VO_FEATURES = frozenset({"sinks", "fp8_scales", "return_lse"})
-_QK_VO_TEXT = " or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO) + " (prefill90: single, ragged and paged prefill, sm90)"
+_QK_VO_TEXT = (" or ".join(f"{a} / {b}" for a, b in PREFILL90_QK_VO)
+               + " (prefill90: single, ragged and paged prefill, sm90)")
 CAPABILITIES = (
     Capabilities(ops=_BATCH_OPS, features=_FEATURES | {"cuda_graph"}, **_BASE),  # not: spec_mask (xqa)
     Capabilities(ops=_OPS - _BATCH_OPS, features=_FEATURES, **_BASE),

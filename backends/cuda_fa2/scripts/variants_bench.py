@@ -10,10 +10,11 @@ empty; ``unit`` / ``persist``: the pipelined loop at d128 on the one-unit or the
 ``CudaFa2Backend.sm90_persist``; the defines are ``CudaFa2Backend.tune``; CONFIG forces its tile config, e.g.
 ``prefill``: the FA2 kernel, and ``--config`` that of every variant without one).
 ``--sustain SECS`` times each column back to back for SECS seconds (``bench.sustained``: the mean over the window,
-inputs rotated, no L2 flush between calls) instead of ``do_bench``'s median: the steady state under the board's power limit, where
-compute-bound prefill runs on an H200 and where do_bench's short windows drift by a few percent between rounds
-(scripts/clock_power_probe.py, BENCHMARKS.md 2ak / 2ao).
-Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant).
+inputs rotated, no L2 flush between calls) instead of ``do_bench``'s median: the steady state under the board's power
+limit, where compute-bound prefill runs on an H200 and where do_bench's short windows drift by a few percent between
+rounds (scripts/clock_power_probe.py, BENCHMARKS.md 2ak / 2ao).
+Correctness is the GPU tests' job (``FA2_TEST_TUNE`` runs them on a variant, ``FA2_TEST_PERSIST=1`` as well on the
+persistent grid: the ``persist`` form's build).
 """
 
 from __future__ import annotations
