@@ -6,6 +6,8 @@ CUDA-graph capture and replay after re-plan (the fused launch too), memory flat 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -160,6 +162,35 @@ def fake_streams(monkeypatch):
     monkeypatch.setattr(_pod.Streams, "decide_work", lambda self, work: self.unavailable())
     monkeypatch.setattr(_pod.Streams, "compose", compose)
     return calls
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_on_switches_the_stream_and_restores_it(monkeypatch, raises):
+    """current.on: torch's raw setter where the stream is on the current device (the previous stream restored on
+    exit, also when the block raises), torch's context manager for another device's stream (the raw setter would
+    switch the device too).  The CPU, with torch's accessors faked."""
+    from types import SimpleNamespace
+
+    from attncore.core import current
+
+    now = {0: (7, 0, 1), 1: (9, 1, 1)}  # device index -> its current stream (id, index, type)
+    dev, ctx = [0], []
+    monkeypatch.setattr(current, "_raw_device", lambda: dev[0])
+    monkeypatch.setattr(current, "_get_stream", lambda i: now[i])
+    monkeypatch.setattr(current, "_set_stream", lambda **k: now.__setitem__(k["device_index"], tuple(k.values())))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: SimpleNamespace(__enter__=lambda: ctx.append(("in", s)),
+                                                                        __exit__=lambda *e: ctx.append(("out", s))))
+    s0 = SimpleNamespace(stream_id=42, device_index=0, device_type=1)
+    with pytest.raises(RuntimeError) if raises else contextlib.nullcontext():
+        with current.on(s0):
+            assert now == {0: (42, 0, 1), 1: (9, 1, 1)} and not ctx
+            if raises:
+                raise RuntimeError("a launch failed")
+    assert now == {0: (7, 0, 1), 1: (9, 1, 1)}
+    s1 = SimpleNamespace(stream_id=43, device_index=1, device_type=1)
+    with current.on(s1):
+        assert ctx == [("in", s1)] and now[1] == (9, 1, 1)
+    assert ctx == [("in", s1), ("out", s1)]
 
 
 def test_split_runs_the_decode_on_the_plan_for_its_sms(monkeypatch):

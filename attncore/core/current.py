@@ -1,8 +1,9 @@
-"""The current CUDA device and stream, read the cheap way (host time, issue 15: every launch asks).
+"""The current CUDA device and stream, read and set the cheap way (host time, issue 15: every launch asks;
+issue 16: POD's SM split switches streams three times a run).
 
 ``torch.cuda.current_device()`` and ``torch.cuda.current_stream()`` go through lazy-init checks and build a
-Stream object (a few us a call); torch's raw accessors answer in a fraction of that.  A torch without them
-falls back to the public calls.
+Stream object (a few us a call), and ``torch.cuda.stream()`` asks for both on entry and sets the stream twice;
+torch's raw accessors answer in a fraction of that.  A torch without them falls back to the public calls.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import torch
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream
     _raw_device = torch._C._cuda_getDevice
+    _get_stream = torch._C._cuda_getCurrentStream  # (stream id, device index, device type)
+    _set_stream = torch._C._cuda_setStream
 except AttributeError:  # a CPU-only build, or a torch without the private accessors
-    _raw_stream = _raw_device = None
+    _raw_stream = _raw_device = _get_stream = _set_stream = None
 
 
 def device_index() -> int:
@@ -28,3 +31,39 @@ def stream(index: int) -> int:
     if _raw_stream is not None:
         return _raw_stream(index)
     return torch.cuda.current_stream(index).cuda_stream
+
+
+def current_stream(index: int) -> "torch.cuda.Stream":
+    """Device ``index``'s current stream as a torch Stream (to record or wait for events on)."""
+    if _get_stream is None:
+        return torch.cuda.current_stream(index)
+    sid, dev, kind = _get_stream(index)
+    return torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=kind)
+
+
+class on:
+    """``with on(stream):`` queues the block's launches on ``stream``, as ``torch.cuda.stream(stream)`` does, at a
+    fraction of its host time where ``stream`` is on the current device (torch's raw setter also switches the
+    device, so another device's stream takes torch's context manager)."""
+
+    __slots__ = ("stream", "prev")
+
+    def __init__(self, stream: "torch.cuda.Stream"):
+        self.stream = stream
+        self.prev = None
+
+    def __enter__(self) -> None:
+        s = self.stream
+        if _set_stream is None or _raw_device() != s.device_index:
+            self.prev = torch.cuda.stream(s)
+            self.prev.__enter__()
+            return
+        self.prev = _get_stream(s.device_index)
+        _set_stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+    def __exit__(self, *exc) -> None:
+        prev, self.prev = self.prev, None
+        if isinstance(prev, tuple):
+            _set_stream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        elif prev is not None:
+            prev.__exit__(*exc)

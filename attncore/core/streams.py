@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from attncore.core import green
+from attncore.core import current, green
 from attncore.core.problem import measured_rows
 from attncore.core.workspace import ALIGN
 
@@ -273,7 +273,8 @@ class Streams:
                 tail()
             self.mode, self.reason, self.sms = "serial", why, None
             return
-        cur = torch.cuda.current_stream(self.device)
+        idx = self.device.index if self.device.index is not None else current.device_index()
+        cur = current.current_stream(idx)
         if self.overlap != "streams":
             (sp, n_p), (sd, n_d) = self.pair
             if self._events is None:
@@ -286,14 +287,14 @@ class Streams:
             queued = []
             try:
                 for stream, part in ((sp, prefill), (sd, decode))[::1 if first else -1]:
-                    with torch.cuda.stream(stream):
+                    with current.on(stream):
                         part()
                     queued.append(part)
             finally:
                 try:  # the tail once the prefill's first launch is queued, even when the decode raised: it
                     # finishes the prefill's shared work (and so resets what the two launches share)
                     if tail is not None and prefill in queued:
-                        with torch.cuda.stream(sd):
+                        with current.on(sd):
                             tail()
                 finally:  # join, even when a launch raised: nothing forked dangles
                     join_p.record(sp)
@@ -311,7 +312,7 @@ class Streams:
             first = PREFILL_FIRST if prefill_first is None else bool(prefill_first)
             if first:
                 prefill()
-            with torch.cuda.stream(side):
+            with current.on(side):
                 decode()
             if not first:
                 prefill()
