@@ -4,10 +4,10 @@ rows and sweep ids), serial / sm_split / auto on one set of inputs, each timed f
   padded     events around each run with a sleep kernel queued before the start event: the host always ahead,
              so the GPU's own time
   b2b        runs back to back for 0.4 s, events around the window
-  host us    the enqueue time per run, the GPU held busy by a sleep kernel meanwhile
+  host us    the enqueue time per run (median of 5 loops of 50), the GPU held busy by a sleep kernel meanwhile
 A column whose do_bench or b2b time exceeds its padded time while its host time is above the GPU's is
 host-bound.  --switch times one stream switch and launch (current.on against torch.cuda.stream, on a side
-stream and on a green context's) and the fork / join events.
+stream and on a green context's) and the fork / join events (alone: only those).
 
     python scripts/gpu_pod_host.py [--switch] [PD1,S-p2048-b8-kv16384,...]
 """
@@ -48,7 +48,9 @@ def host_us(fn, n=100, rounds=1):
     for _ in range(rounds):
         fn()
         torch.cuda.synchronize()
-        torch.cuda._sleep(3 * SLEEP_100US * n)  # busy for longer than the loop's enqueues take (< 300 us a run)
+        # busy for longer than the loop's enqueues take (< 300 us a run), at most ~10 ms: the loop's launches
+        # stay under the launch queue's ~1,000 entries, so a launch behind the sleep never blocks the host
+        torch.cuda._sleep(min(3 * SLEEP_100US * n, 100 * SLEEP_100US))
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
@@ -88,7 +90,8 @@ def points(ids):
                 db = [float(triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")) for _ in range(3)]
                 tag = f"{wr.mode}{wr.sm_split or ''}" if name == "auto" else name
                 print(f"{pid:22s} {tag[:9]:9s} {statistics.median(db):9.4f} {min(db):8.4f}-{max(db):8.4f} "
-                      f"{padded(run, flush):8.4f} {back_to_back(run):7.4f} {host_us(run):8.1f}", flush=True)
+                      f"{padded(run, flush):8.4f} {back_to_back(run):7.4f} {host_us(run, n=50, rounds=5):8.1f}",
+                      flush=True)
         del x, cols
         torch.cuda.empty_cache()
 
@@ -118,13 +121,15 @@ def switch():
             ("current.current_stream", lambda: current.current_stream(dev.index)),
             ("torch.cuda.current_stream", lambda: torch.cuda.current_stream(dev))]
     for what, fn in rows:
-        print(f"{what:42s} {host_us(fn, n=2000, rounds=5):6.2f} us")
+        print(f"{what:42s} {host_us(fn, n=500, rounds=5):6.2f} us")
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if "--switch" in args:
+    if "--switch" in args:  # alone: the switch rows only
         args.remove("--switch")
         switch()
+        if not args:
+            sys.exit(0)
     points((args[0].split(",") if args else None)
            or ["PD1", "S-p2048-b8-kv16384", "S-p2048-b128-kv1024", "S-p2048-b32-kv4096", "S-p2048-b8-kv4096", "PD2"])
