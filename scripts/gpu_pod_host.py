@@ -3,7 +3,7 @@ rows and sweep ids), serial / sm_split / auto on one set of inputs, each timed f
   do_bench   triton.testing.do_bench's median, three times (median, min-max): what `attncore bench` reports
   padded     events around each run with a sleep kernel queued before the start event: the host always ahead,
              so the GPU's own time
-  b2b        runs back to back for 0.4 s, events around the window
+  b2b        runs back to back for 0.4 s (bench.sustained)
   host us    the enqueue time per run (median of 5 loops of 50), the GPU held busy by a sleep kernel meanwhile
 A column whose do_bench or b2b time exceeds its padded time while its host time is above the GPU's is
 host-bound.  --switch times one stream switch and launch (current.on against torch.cuda.stream, on a side
@@ -22,6 +22,7 @@ import torch
 import triton.testing
 
 import attncore
+from attncore.cli.bench import sustained
 from attncore.cli.bench_pod import POD_WORKLOADS, SWEEP, _inputs, _setup
 from attncore.core import current, green
 
@@ -59,21 +60,6 @@ def host_us(fn, n=100, rounds=1):
     return statistics.median(out)
 
 
-def back_to_back(fn, secs=0.4):
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < secs:
-        for _ in range(10):
-            fn()
-        n += 10
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / n
-
-
 def points(ids):
     known = {w.id: w for w in POD_WORKLOADS + SWEEP}
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
@@ -90,7 +76,7 @@ def points(ids):
                 db = [float(triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")) for _ in range(3)]
                 tag = f"{wr.mode}{wr.sm_split or ''}" if name == "auto" else name
                 print(f"{pid:22s} {tag[:9]:9s} {statistics.median(db):9.4f} {min(db):8.4f}-{max(db):8.4f} "
-                      f"{padded(run, flush):8.4f} {back_to_back(run):7.4f} {host_us(run, n=50, rounds=5):8.1f}",
+                      f"{padded(run, flush):8.4f} {sustained(run, 0.4):7.4f} {host_us(run, n=50, rounds=5):8.1f}",
                       flush=True)
         del x, cols
         torch.cuda.empty_cache()
