@@ -174,8 +174,8 @@ def test_on_switches_the_stream_and_restores_it(monkeypatch, raises):
     from attncore.core import current
 
     now = {0: (7, 0, 1), 1: (9, 1, 1)}  # device index -> its current stream (id, index, type)
-    dev, ctx = [0], []
-    monkeypatch.setattr(current, "_raw_device", lambda: dev[0])
+    ctx = []
+    monkeypatch.setattr(current, "_raw_device", lambda: 0)  # the current device
     monkeypatch.setattr(current, "_get_stream", lambda i: now[i])
     monkeypatch.setattr(current, "_set_stream", lambda **k: now.__setitem__(k["device_index"], tuple(k.values())))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: SimpleNamespace(__enter__=lambda: ctx.append(("in", s)),
