@@ -346,6 +346,10 @@ def test_sweep_summary_names_autos_worst_point():
     assert info["sweep_worst_auto_speedup"] == 0.97 and info["sweep_worst_auto"] == "S-b, auto ran serial: prefill=x decode=y"
     table = bench_pod.format_pod_table({"device": "cpu", "rows": rows, **info})
     assert table.endswith("worst auto 0.970 (target: >= 0.98) at S-b, auto ran serial: prefill=x decode=y")
+    # a column not measured reads "-", never a speedup of 0
+    assert "streams -, sm_split 1.100" in table and "0.00" not in table
+    pd1 = next(line for line in table.splitlines() if line.startswith("PD1"))
+    assert pd1.split()[-6:] == ["0.50", "-", "-", "0.50", "-", "None"], pd1  # fused, streams, split, auto, fi x
     assert bench_pod.sweep_summary(rows[:1]) == {}
 
 

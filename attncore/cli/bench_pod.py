@@ -223,16 +223,17 @@ def sweep_summary(rows: List[Dict]) -> Dict:
     return info
 
 
-def _ms(x) -> str:
-    return f"{x:.3f}" if isinstance(x, float) else "-"
+def _num(x, digits: int = 3) -> str:
+    """A figure, or "-" where the column was not measured (a missing speedup is not 0)."""
+    return f"{x:.{digits}f}" if isinstance(x, float) else "-"
 
 
 def _fmt_row(r: Dict) -> str:
-    return (f"{r['id']:<20} {r['shape']:<18} {_ms(r.get('fused')):>8} {_ms(r.get('serial')):>8} "
-            f"{_ms(r.get('streams')):>8} {_ms(r.get('sm_split')):>8} {_ms(r.get('auto')):>8} "
-            f"{_ms(r.get('flashinfer')):>8} {r.get('fused_speedup', 0):>8.2f} {r.get('streams_speedup', 0):>9.2f} "
-            f"{r.get('sm_split_speedup', 0):>7.2f} {r.get('auto_speedup', 0):>7.2f} "
-            f"{r.get('flashinfer_speedup', 0):>6.2f}  {r.get('auto_ran')}")
+    return (f"{r['id']:<20} {r['shape']:<18} {_num(r.get('fused')):>8} {_num(r.get('serial')):>8} "
+            f"{_num(r.get('streams')):>8} {_num(r.get('sm_split')):>8} {_num(r.get('auto')):>8} "
+            f"{_num(r.get('flashinfer')):>8} {_num(r.get('fused_speedup'), 2):>8} "
+            f"{_num(r.get('streams_speedup'), 2):>9} {_num(r.get('sm_split_speedup'), 2):>7} "
+            f"{_num(r.get('auto_speedup'), 2):>7} {_num(r.get('flashinfer_speedup'), 2):>6}  {r.get('auto_ran')}")
 
 
 def format_pod_table(info: Dict) -> str:
@@ -247,9 +248,9 @@ def format_pod_table(info: Dict) -> str:
             if k in r:
                 lines.append(f"    {k}: {r[k]}")
     if "sweep_median_auto_speedup" in info:
-        lines.append(f"sweep: median speedup over serial: fused {info.get('sweep_median_fused_speedup', 0):.3f}, "
-                     f"streams {info.get('sweep_median_streams_speedup', 0):.3f}, "
-                     f"sm_split {info.get('sweep_median_sm_split_speedup', 0):.3f}, auto "
+        lines.append(f"sweep: median speedup over serial: fused {_num(info.get('sweep_median_fused_speedup'))}, "
+                     f"streams {_num(info.get('sweep_median_streams_speedup'))}, "
+                     f"sm_split {_num(info.get('sweep_median_sm_split_speedup'))}, auto "
                      f"{info['sweep_median_auto_speedup']:.3f}; worst auto {info['sweep_worst_auto_speedup']:.3f} "
                      f"(target: >= 0.98) at {info.get('sweep_worst_auto', '?')}")
     return "\n".join(lines)
