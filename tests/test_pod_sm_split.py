@@ -63,6 +63,17 @@ def test_no_split_where_the_h100_sweep_lost(qo, batch, kv):
     assert not c.worth and c.prefill_sms is not None and "saved" in c.reason, c
 
 
+@pytest.mark.parametrize("qo,batch,kv", [(256, 8, 8192), (512, 64, 1024), (1024, 32, 2048)])
+def test_no_split_runs_faster_than_its_floor(qo, batch, kv):
+    """Short pairs (serial ~0.1 ms on the H200) took ~0.1 ms on a split whatever their shapes and lost there: the
+    model's split time never goes below SPLIT_FLOOR_S, and its reason says where the floor decided it."""
+    c = choose_split(*work(qo, batch, kv), H100_SMS, margin=streams.SPLIT_MARGINS["H200"])
+    assert c.split_s == streams.SPLIT_FLOOR_S and not c.worth, c
+    assert "(the split's floor)" in c.reason and "saved" in c.reason
+    c = choose_split(*work(2048, 64, 4096), H100_SMS)  # PD1: above the floor
+    assert c.split_s > streams.SPLIT_FLOOR_S and "floor" not in c.reason
+
+
 def test_split_sizes_are_multiples_of_the_granularity():
     for sms in (16, 78, 108, 132):
         s = choose_split(*work(2048, 64, 4096), sms).prefill_sms
@@ -96,6 +107,8 @@ def h100(monkeypatch):
     ("NVIDIA H200", (2048, 32, 16384), True),  # ... the H200's, with the split's tail, gained 1.045x
     ("NVIDIA H200", (2048, 128, 4096), True),  # 0.904: 1.051x
     ("NVIDIA H200", (512, 8, 4096), False),  # 0.931: the split measured 1.7x slower
+    ("NVIDIA H200", (512, 8, 8192), False),  # 0.893 without the split's floor: measured 0.95x serial
+    ("NVIDIA H200", (1024, 32, 2048), False),  # 0.815 without it: 0.94x
     ("NVIDIA GH200 480GB", (2048, 32, 16384), False)])  # a model word: GH200 takes the default margin
 def test_split_margin_follows_the_gpu_model(h100, monkeypatch, gpu, sizes, splits):
     monkeypatch.setattr(problem_mod, "gpu_name", lambda device=None: gpu)
