@@ -54,11 +54,12 @@ DECODE_BYTES_PER_SM = 3.0e12 / 132
 DECODE_FIXED_S = 10e-6
 DECODE_SATURATION = 68 / 132  # the share of the SMs below which the decode slows (as its SMs shrink)
 SPLIT_COST_S = 20e-6  # the fork, the join and each part's tail
-# ... and no split runs faster than this (model seconds, the H100's).  H200 (2026-11-30, BENCHMARKS.md 2ar, same
-# run): prefills of 256-1024 rows beside decodes of 134-268 MB, serial 0.090-0.106 ms, took 0.099-0.110 ms on a
-# split whatever their shapes (a split run's ~100 us of host time, its fork, join and tail) and lost at 8 of 9
-# points (0.90-0.99x serial; 1.05x at 1k + 8 x 8k), where the model gave them 119 us against serial's 131-147.
-SPLIT_FLOOR_S = 150e-6
+# auto splits only a prefill of at least this much work.  H200 (2026-11-30, BENCHMARKS.md 2ar, same runs): at 13 pairs
+# with prefills of 256-1024 rows (32 heads, d128, causal: up to 8.6 GFLOP) beside decodes of 134-537 MB the split
+# auto took ran 0.75-0.99x serial (once 1.05x, 0.84x in the next run), also where the model gave it 0.81-0.91 of
+# serial; at 1,536 rows (19 GFLOP) and up it ran 1.00-1.17x.  (A split run also costs ~100 us of host time against
+# serial's ~55: pairs of ~0.1 ms are host-bound on it when run back to back.)
+SPLIT_MIN_PREFILL_FLOPS = 15e9
 # auto splits where the model says the split takes at most this share of serial, per GPU model (problem.measured_rows).
 # H100 (before the split's tail): 0.9, fitted above. H200 with the tail (2026-11-29, BENCHMARKS.md 2aa, the 27-point
 # sweep): the two points the model put at 0.904 (p2k + 32 x 16k, p2k + 128 x 4k) measured 1.045x and 1.051x over
@@ -125,10 +126,11 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     if best is None:
         return SplitChoice(None, serial, serial, False, f"{sms} SMs: too few to split in groups of {granularity}")
     t, s = best
-    floor = " (the split's floor)" if t < SPLIT_FLOOR_S else ""
-    t = max(t, SPLIT_FLOOR_S)
     fig = (f"model: prefill {p_all * 1e6:.0f} us + decode {d_all * 1e6:.0f} us one after the other, "
-           f"{t * 1e6:.0f} us{floor} with the prefill on {s} of {sms} SMs")
+           f"{t * 1e6:.0f} us with the prefill on {s} of {sms} SMs")
+    if flops < SPLIT_MIN_PREFILL_FLOPS:
+        return SplitChoice(s, t, serial, False, f"{fig}: a prefill of {flops / 1e9:.1f} GFLOP, under the "
+                           f"{SPLIT_MIN_PREFILL_FLOPS / 1e9:.0f} below which the split measured slower than serial")
     worth = t <= margin * serial
     return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - margin:.0%} saved")
 
