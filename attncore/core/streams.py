@@ -57,8 +57,9 @@ SPLIT_COST_S = 20e-6  # the fork, the join and each part's tail
 # auto splits only a prefill of at least this much work.  H200 (2026-11-30, BENCHMARKS.md 2ar, same runs): at 13 pairs
 # with prefills of 256-1024 rows (32 heads, d128, causal: up to 8.6 GFLOP) beside decodes of 134-537 MB the split
 # auto took ran 0.75-0.99x serial (once 1.05x, 0.84x in the next run), also where the model gave it 0.81-0.91 of
-# serial; at 1,536 rows (19 GFLOP) and up it ran 1.00-1.17x.  (A split run also costs ~100 us of host time against
-# serial's ~55: pairs of ~0.1 ms are host-bound on it when run back to back.)
+# serial; at 1,536 rows (19 GFLOP) and up it ran 1.00-1.17x (the H100's sweep lost at 512 rows too, session 15).
+# (A split run also costs ~100 us of host time against serial's ~55: pairs of ~0.1 ms are host-bound on it when run
+# back to back.)
 SPLIT_MIN_PREFILL_FLOPS = 15e9
 # auto splits where the model says the split takes at most this share of serial, per GPU model (problem.measured_rows).
 # H100 (before the split's tail): 0.9, fitted above. H200 with the tail (2026-11-29, BENCHMARKS.md 2aa, the 27-point
@@ -114,7 +115,8 @@ def split_margin(device=None) -> float:
 def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green.GRANULARITY,
                  margin: float = SPLIT_MARGINS["default"]) -> SplitChoice:
     """The SMs to give the prefill (a multiple of ``granularity``) so that the slower part ends first, by the
-    model above; ``worth`` where the split saves at least ``1 - margin`` of the serial time (``split_margin``)."""
+    model above; ``worth`` where the split saves at least ``1 - margin`` of the serial time (``split_margin``) and the
+    prefill has at least SPLIT_MIN_PREFILL_FLOPS of work."""
     p_all = flops / (PREFILL_FLOPS_PER_SM * sms) + PREFILL_FIXED_S
     d_all = nbytes / (DECODE_BYTES_PER_SM * sms) + DECODE_FIXED_S
     serial = p_all + d_all
