@@ -26,6 +26,11 @@ def device_index() -> int:
     return torch.cuda.current_device()
 
 
+def index_of(device: torch.device) -> int:
+    """``device``'s index, the current CUDA device's where it names none (``torch.device("cuda")``)."""
+    return device.index if device.index is not None else device_index()
+
+
 def stream(index: int) -> int:
     """The handle (an int) of device ``index``'s current stream."""
     if _raw_stream is not None:

@@ -92,7 +92,7 @@ _lock = threading.Lock()
 
 def _driver(device: torch.device):
     """The device's _Driver, or the reason there is none (made once per device index)."""
-    index = device.index if device.index is not None else current.device_index()
+    index = current.index_of(device)
     with _lock:
         d = _drivers.get(index)
         if d is None:

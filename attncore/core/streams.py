@@ -284,8 +284,7 @@ class Streams:
                 tail()
             self.mode, self.reason, self.sms = "serial", why, None
             return
-        idx = self.device.index if self.device.index is not None else current.device_index()
-        cur = current.current_stream(idx)
+        cur = current.current_stream(current.index_of(self.device))
         if self.overlap != "streams":
             (sp, n_p), (sd, n_d) = self.pair
             if self._events is None:
