@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_pod_coresident import WORKLOADS, Inputs  # noqa: E402
 from gpu_pod_smsplit import on  # noqa: E402
 
+# name -> kernel options (XqaBackend.tune); the pseudo-option ("sw", 1) takes the swapped-product kernel for
+# 16-bit KV (XqaBackend.swap_for_16bit).
 VARIANTS = {"base": (), "st2": (("st", 2),), "st4": (("st", 4),), "kpw16": (("kpw", 16),),
-            "kpw16st6": (("kpw", 16), ("st", 6))}
+            "kpw16st6": (("kpw", 16), ("st", 6)), "sw": (("sw", 1),), "swst2": (("sw", 1), ("st", 2))}
 
 
 def main() -> int:
@@ -38,7 +40,8 @@ def main() -> int:
     runs = {}
     for name in a.variants.split(","):
         be = XqaBackend()
-        be.tune = VARIANTS[name]
+        be.tune = tuple(o for o in VARIANTS[name] if o[0] != "sw")
+        be.swap_for_16bit = ("sw", 1) in VARIANTS[name]
         runs[name] = inp.part("decode", be)[0]
     p = inp.dec._planned.problem
     nbytes = sum(inp.dec._planned.meta.kv_lens_host) * p.num_kv_heads * (p.head_dim_qk + p.head_dim_vo) * 2

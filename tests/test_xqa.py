@@ -109,15 +109,20 @@ def test_claims_and_refusals():
     assert any("NVFP4" in s for s in nv)
 
 
-def test_key_for_swaps_fp8_up_to_8_rows():
-    """fp8 KV with at most 8 rows per kv head goes to the swapped-product kernel; 16-bit KV, more
-    rows, or the knob off do not."""
+def test_key_for_swaps_up_to_8_rows():
+    """At most 8 rows per kv head go to the swapped-product kernel, as each KV width's knob says; more
+    rows, or the knob off, do not."""
     b = _backend()
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    b.swap_for_fp8, b.swap_for_16bit = True, False
     assert b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap            # group 4
     assert b.key_for(_problem(kv=e5, hq=16, hkv=4, d=256), 2).swap     # 4 x 2 draft rows
     assert not b.key_for(_problem(kv=e4, hq=32, hkv=4), 2).swap        # 16 rows
-    assert not b.key_for(_problem(hq=32, hkv=8), 1).swap               # 16-bit KV
+    assert not b.key_for(_problem(hq=32, hkv=8), 1).swap               # 16-bit KV, its knob off
+    b.swap_for_16bit = True
+    assert b.key_for(_problem(hq=32, hkv=8), 1).swap
+    assert b.key_for(_problem(q=torch.float16, hq=8, hkv=8, d=64), 1).swap  # MHA: one row
+    assert not b.key_for(_problem(hq=64, hkv=4), 1).swap               # 16 rows
     b.swap_for_fp8 = False
     assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap
 
@@ -171,9 +176,9 @@ def test_uri_roundtrip_and_splits():
         assert s.uri == k.uri
     assert tuned.uri.endswith("_mt1_tkpw32st2") and ("XQA_KPW", "32") in tuned.spec().defines
     assert swapped.uri.endswith("_mt1_sw_tkpw16") and ("XQA_SWAP", "1") in swapped.spec().defines
-    for bad in (specs.XqaKey("bf16", "same", "same", 128, 1, swap=True), specs.XqaKey("bf16", "e4m3", "same", 128, 2,
+    for bad in (specs.XqaKey("bf16", "same", "same", 128, 2, swap=True), specs.XqaKey("bf16", "e4m3", "same", 128, 2,
                                                                                       swap=True)):
-        with pytest.raises(ValueError, match="swapped-product kernel"):
+        with pytest.raises(ValueError, match="swapped-product kernel .* serves mt1 only"):
             bad.spec()
     with pytest.raises(ValueError):
         specs.XqaKey("bf16", "e4m3", "same", 128, 1, (("nope", 1),)).spec()
@@ -449,11 +454,15 @@ def test_gpu_fp8_kv_head_dims(d):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["window_sinks_lse", "split", "spec_draft", "page1_empty", "e5m2_fp16_hnd"])
-def test_gpu_fp8_swapped_kernel(case):
-    """The swapped-product kernel (fp8 KV, <= 8 rows per kv head) on every feature the main kernel
-    serves: window, sinks, LSE, split-KV, spec-decode drafts, page size 1, empty requests, HND, e5m2."""
-    e4 = torch.float8_e4m3fn
+@pytest.mark.parametrize("kv", ["fp8", "16bit"])
+@pytest.mark.parametrize("case", ["window_sinks_lse", "split", "spec_draft", "page1_empty", "e5m2_fp16_hnd", "d64",
+                                  "d256_mha"])
+def test_gpu_swapped_kernel(case, kv):
+    """The swapped-product kernel (<= 8 rows per kv head), fp8 or 16-bit KV, on every feature the main kernel
+    serves: window, sinks, LSE, split-KV, spec-decode drafts, page size 1, empty requests, HND, e5m2, fp16,
+    head dims 64 / 256, one row per kv head."""
+    e4 = torch.float8_e4m3fn if kv == "fp8" else None  # None: the q dtype
+    e5 = torch.float8_e5m2 if kv == "fp8" else None
     c = {"window_sinks_lse": lambda: Case(kv_dtype=e4, hq=32, hkv=8, window=100, sinks=True, lse=True,
                                           kv_lens=[1, 150, 900], seed=21),
          "split": lambda: Case(kv_dtype=e4, B=1, hq=64, hkv=8, kv_lens=[9000], lse=True, sinks=True, seed=22),
@@ -461,9 +470,13 @@ def test_gpu_fp8_swapped_kernel(case):
                                     seed=23),
          "page1_empty": lambda: Case(op="batch_decode", kv_dtype=e4, hq=6, hkv=2, q_len=1, ps=1, lse=True,
                                      kv_lens=[0, 3, 700], seed=24),
-         "e5m2_fp16_hnd": lambda: Case(dtype=torch.float16, kv_dtype=torch.float8_e5m2, hq=8, hkv=8, layout="HND",
-                                       bmm2=0.5, kv_lens=[5, 400], seed=25)}[case]()
-    out, lse, plan = c.run()
+         "e5m2_fp16_hnd": lambda: Case(dtype=torch.float16, kv_dtype=e5, hq=8, hkv=8, layout="HND",
+                                       bmm2=0.5, kv_lens=[5, 400], seed=25),
+         "d64": lambda: Case(kv_dtype=e4, d=64, hq=16, hkv=4, lse=True, kv_lens=[33, 1000], seed=27),
+         "d256_mha": lambda: Case(kv_dtype=e4, d=256, hq=4, hkv=4, kv_lens=[7, 300, 2000], seed=28)}[case]()
+    b = _backend()
+    b.swap_for_16bit = True
+    out, lse, plan = c.run(b)
     assert plan.lib.key.swap and plan.lib.rows == 8
     if case == "split":
         assert plan.num_splits > 1

@@ -92,7 +92,7 @@ def share_key(lib, sms: int):
 
 class XqaBackend(Backend):
     name = "xqa"
-    description = ("XQA-style GQA decode (group rows packed into mma.sync M; fp8 KV at <= 8 rows: keys as M; "
+    description = ("XQA-style GQA decode (group rows packed into mma.sync M; at <= 8 rows: keys as M; "
                    "paged cp.async, split-KV), sm80/sm90")
     capabilities = CAPABILITIES
     sends_index_tables = True  # one copy with its zeroed counters (plan.make_plan, attncore.core.uploads)
@@ -100,6 +100,9 @@ class XqaBackend(Backend):
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs
     swap_for_fp8 = True  # <= 8 rows with fp8 KV: the swapped-product kernel (specs.XqaKey.swap)
+    # <= 8 rows with 16-bit KV: the same (H200, session 49: decode on 92 SMs -1.4% two-stage, -5.5% three, PD2's SM
+    # split -4.5%, on the whole GPU level to -1%; benchmarks/xqa.md)
+    swap_for_16bit = True
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
     tune: tuple = ()  # kernel tuning options for every key (specs.XqaKey.tune; tuning runs only)
 
@@ -144,7 +147,8 @@ class XqaBackend(Backend):
     # ------------------------------------------------------------------------------------ plan
     def key_for(self, problem: AttentionProblem, q_len: int):
         """The kernel specialization of a problem; memoized by everything it reads (host time: one per plan)."""
-        memo = (problem, q_len, bool(self.mt2_for_fp8), bool(self.swap_for_fp8), tuple(self.tune))
+        memo = (problem, q_len, bool(self.mt2_for_fp8), bool(self.swap_for_fp8), bool(self.swap_for_16bit),
+                tuple(self.tune))
         key = _KEYS.get(memo)
         if key is None:
             if len(_KEYS) > 1024:
@@ -161,7 +165,7 @@ class XqaBackend(Backend):
         mt = 1 if (rows <= 16 or d == 256 or (fp8 and not self.mt2_for_fp8)) else 2
         return XqaKey("bf16" if problem.q_dtype == torch.bfloat16 else "fp16", _kv_name(problem.kv_dtype),
                       "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune),
-                      swap=fp8 and rows <= 8 and bool(self.swap_for_fp8))
+                      swap=rows <= 8 and bool(self.swap_for_fp8 if fp8 else self.swap_for_16bit))
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
         from attncore.backends.xqa import binding

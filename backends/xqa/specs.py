@@ -5,8 +5,8 @@ URI grammar (``attncore build xqa <uri>``; ``_sm<arch>`` is appended per GPU arc
     xqa_decode_<fp16|bf16>[_kv<e4m3|e5m2>][_oute4m3]_d<64|128|256>_mt<1|2>[_sw][_t<option><value>...]
 
 ``mt1`` packs up to 16 rows (GQA heads x draft tokens of one kv head) into one CTA, ``mt2`` up to
-32 (d64/d128 only: d256 with 32 rows would spill).  ``_sw`` (fp8 KV, ``mt1``): the swapped-product
-kernel, 8 rows per CTA, keys as the MMA's M (``csrc/xqa_swap.cuh``).  Everything else (page size,
+32 (d64/d128 only: d256 with 32 rows would spill).  ``_sw`` (``mt1``): the swapped-product kernel, 8 rows
+per CTA, keys as the MMA's M (``csrc/xqa_swap.cuh``).  Everything else (page size,
 NHD/HND, window, sinks, spec-decode mask, causal draft, LSE, scales, split-KV, PDL) is a run-time
 parameter.
 
@@ -46,7 +46,7 @@ class XqaKey:
     head_dim: int = 128
     mt: int = 1
     tune: Tuple[Tuple[str, int], ...] = ()  # ((option, value), ...), options in TUNE
-    swap: bool = False  # the swapped-product kernel (fp8 KV, 8 rows per CTA)
+    swap: bool = False  # the swapped-product kernel (8 rows per CTA)
 
     @property
     def uri(self) -> str:
@@ -70,8 +70,8 @@ class XqaKey:
             raise ValueError("xqa: fp8 output needs an fp8 KV cache")
         if self.head_dim == 256 and self.mt != 1:
             raise ValueError("xqa: head_dim 256 uses mt1 only")
-        if self.swap and (self.kv == "same" or self.mt != 1):
-            raise ValueError("xqa: the swapped-product kernel (_sw) serves fp8 KV with mt1 only")
+        if self.swap and self.mt != 1:
+            raise ValueError("xqa: the swapped-product kernel (_sw) serves mt1 only (8 rows per CTA)")
         for k, v in self.tune:
             if k not in TUNE or int(v) < 0:
                 raise ValueError(f"xqa: unknown tuning option {k}={v} (options: {', '.join(TUNE)})")
@@ -98,25 +98,28 @@ def parse(uri: str) -> jit.Spec:
 
 
 def default_keys() -> List[XqaKey]:
-    """What ``attncore build xqa`` prebuilds: the common serving set (bf16/fp16, d128, both tiles,
-    16-bit and e4m3 KV; the two-stage 16-bit kernel of a decode on a share of the SMs, XqaBackend.plan_for_sms)."""
+    """What ``attncore build xqa`` prebuilds: the common serving set (bf16/fp16, d128, both tiles and the swapped
+    kernel, 16-bit and e4m3 KV; the two-stage 16-bit kernels of a decode on a share of the SMs,
+    XqaBackend.plan_for_sms)."""
     keys = []
     for dt in ("bf16", "fp16"):
         for kv in ("same", "e4m3"):
             for mt in (1, 2):
                 keys.append(XqaKey(dt, kv, "same", 128, mt))
-        keys.append(XqaKey(dt, "e4m3", "same", 128, 1, swap=True))
-        keys.append(XqaKey(dt, "same", "same", 128, 1, (("st", 2),)))
+            keys.append(XqaKey(dt, kv, "same", 128, 1, swap=True))
+        for sw in (False, True):
+            keys.append(XqaKey(dt, "same", "same", 128, 1, (("st", 2),), swap=sw))
     return keys
 
 
 def representative_keys() -> List[XqaKey]:
     """A small set covering every code path (16-bit and fp8 KV, both tiles, 16 and 32 keys per warp, fp8
-    output, d64 / d128 / d256, the swapped kernel), for the CPU compile check."""
+    output, d64 / d128 / d256, the swapped kernel on fp8 and 16-bit KV), for the CPU compile check."""
     return [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 1),  # 32 keys per warp
             XqaKey("bf16", "e4m3", "same", 128, 2), XqaKey("fp16", "e4m3", "e4m3", 256, 1),
             XqaKey("fp16", "e5m2", "same", 64, 2), XqaKey("bf16", "e4m3", "same", 128, 1, swap=True),
-            XqaKey("fp16", "e5m2", "e4m3", 256, 1, swap=True)]
+            XqaKey("fp16", "e5m2", "e4m3", 256, 1, swap=True), XqaKey("bf16", "same", "same", 128, 1, swap=True),
+            XqaKey("fp16", "same", "same", 64, 1, swap=True)]
 
 
 def list_specs(arch: str) -> List[jit.Spec]:

@@ -28,7 +28,8 @@ from xqa_bench import ceilings, make  # noqa: E402
 E4M3 = torch.float8_e4m3fn
 
 # name -> tune options applied to the fp8 specializations (the 16-bit ones keep their defaults); the
-# pseudo-option ("swap", 0) turns the backend's swapped-product kernel off (XqaBackend.swap_for_fp8).
+# pseudo-options ("swap", 0) and ("sw16", b) set the backend's swapped-product knobs (XqaBackend.swap_for_fp8,
+# swap_for_16bit: the latter for --tune16's 16-bit runs).
 VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 2026-11-22, -s2-run1.json)
     # measured on the then default (64-key tiles): kpw32st2, st3mb4, st6, kpw32 (now the default).
     "base": (),                                  # the shipped default
@@ -43,7 +44,12 @@ VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 202
     "dg1": (("dg", 1),),                         # diagnostics: default geometry, KV streamed only
     "dg1l2256": (("dg", 1), ("l2", 256)),
     "kpw16st3mb4l2256": (("kpw", 16), ("st", 3), ("mb", 4), ("l2", 256)),
+    "main16": (("sw16", 0),),                    # --tune16: the main kernel for 16-bit KV at <= 8 rows
+    "sw16": (("sw16", 1),),                      # --tune16: the swapped kernel for 16-bit KV at <= 8 rows
+    "sw16dg2": (("sw16", 1), ("dg", 2)),         # --tune16: its compute alone
+    "main16dg2": (("sw16", 0), ("dg", 2)),
 }
+PSEUDO = ("swap", "sw16")  # backend knobs, not kernel options
 
 
 def backend_with(tune=(), splits=None, mt2=True):
@@ -51,7 +57,9 @@ def backend_with(tune=(), splits=None, mt2=True):
 
     be = XqaBackend()
     be.swap_for_fp8 = dict(tune).get("swap", 1) != 0
-    be.tune = tuple((k, v) for k, v in tune if k != "swap")
+    if "sw16" in dict(tune):
+        be.swap_for_16bit = dict(tune)["sw16"] != 0
+    be.tune = tuple((k, v) for k, v in tune if k not in PSEUDO)
     be.split_override = splits
     be.mt2_for_fp8 = mt2
     return be
@@ -148,7 +156,7 @@ def main():
     specs = {}
 
     def add(*args, tune=(), **kw):  # the key with the variant's kernel options (its "swap" is the backend's knob)
-        k = XqaKey(*args, tuple(x for x in tune if x[0] != "swap"), **kw)
+        k = XqaKey(*args, tuple(x for x in tune if x[0] not in PSEUDO), **kw)
         specs[k.uri] = k
 
     for nm in names:
@@ -158,7 +166,7 @@ def main():
         for kv in ("same", "e4m3"):
             add("bf16", kv, "same", 128, mt)
     for nm in [v for v in a.tune16.split(",") if v]:
-        add("bf16", "same", "same", 128, 1, tune=VARIANTS[nm])
+        add("bf16", "same", "same", 128, 1, tune=VARIANTS[nm], swap=dict(VARIANTS[nm]).get("sw16", 0) != 0)
     for nm in [v for v in a.prebuild_tests.split(",") if v]:  # what -k gpu_fp8 builds
         tune = VARIANTS[nm]
         for sw in (False, True):
@@ -195,8 +203,12 @@ def main():
         go("D2-B16", "batch_decode", B=16, kv_len=16384, hq=32, hkv=8)
         go("D2-B1", "batch_decode", B=1, kv_len=32768, hq=32, hkv=8)
         for t16 in [v for v in a.tune16.split(",") if v]:  # 16-bit runs of a variant (its kernel options only)
-            go(f"D1/{t16}", "batch_decode", tune=VARIANTS[t16], B=64, kv_len=4096, hq=32, hkv=8)
-            go(f"D2-B1/{t16}", "batch_decode", tune=VARIANTS[t16], B=1, kv_len=32768, hq=32, hkv=8)
+            diag = any(k == "dg" for k, _ in VARIANTS[t16])
+            go(f"D1/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=64, kv_len=4096, hq=32, hkv=8)
+            go(f"D2-B16/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=16, kv_len=16384, hq=32, hkv=8)
+            go(f"D2-B1/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=1, kv_len=32768, hq=32, hkv=8)
+            go(f"D3/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=128, kv_len=2048, hq=32, hkv=32)
+            go(f"X1-q1-bf16/{t16}", "xqa_decode", tune=VARIANTS[t16], check=not diag, q_len=1, **x1)
         for ql in (1, 2, 4):
             go(f"X1-q{ql}-bf16", "xqa_decode", q_len=ql, **x1)
     for nm in names:

@@ -15,8 +15,8 @@ constexpr int NT = NW * 32;   // threads per CTA
 // KPW_ keys per warp per tile (16 or 32: TILE = NW * KPW keys); STAGES_ / MINB_ override the ring
 // depth and the CTAs-per-SM register budget (0: derived below); L2PF_ the cp.async L2 prefetch hint
 // in bytes (0 none, 64, 128, 256); DIAG_ (tuning diagnostics only, wrong results): 1 streams the KV
-// without computing, 2 computes on zeroed tiles without loading.  SWAP_ (fp8 KV, <= 8 rows): the
-// swapped products of xqa_swap.cuh, 8 rows per CTA.
+// without computing, 2 computes on zeroed tiles without loading.  SWAP_ (<= 8 rows): the swapped
+// products of xqa_swap.cuh, 8 rows per CTA.
 template <int D_, int KV_BYTES_, int MT_, int KPW_ = 16, int STAGES_ = 0, int MINB_ = 0, int DIAG_ = 0,
           int L2PF_ = 128, int SWAP_ = 0>
 struct Config {
@@ -53,7 +53,7 @@ struct Config {
   static constexpr int MIN_BLOCKS = MINB_ > 0 ? MINB_ : MIN_BLOCKS_AUTO;
   static_assert(D % 32 == 0, "head dim must be a multiple of 32");
   static_assert(KPW == 16 || KPW == 32, "keys per warp");
-  static_assert(!SWAP || (KV_BYTES_ == 1 && MT == 1), "the swapped products serve fp8 KV in one m16 tile");
+  static_assert(!SWAP || MT == 1, "the swapped products serve one 8-row tile");
   static_assert(STAGES >= 2, "ring depth");
   static_assert(L2PF == 0 || L2PF == 64 || L2PF == 128 || L2PF == 256, "L2 prefetch size");
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");

@@ -6,7 +6,7 @@
 //   XQA_OUT       0 q dtype, 1 fp8 e4m3
 //   XQA_HEAD_DIM  64 / 128 / 256
 //   XQA_MT        m16 tiles per CTA: 1 (R <= 16 rows per CTA) or 2 (32 rows)
-//   XQA_SWAP      1: the swapped-product kernel (xqa_swap.cuh; fp8 KV, 8 rows per CTA, MT 1)
+//   XQA_SWAP      1: the swapped-product kernel (xqa_swap.cuh; 8 rows per CTA, MT 1)
 // Entry points (extern "C", return a cudaError_t as int):
 //   xqa_run(const XqaParams*, cudaStream_t)  grid (m_groups, num_splits * Hkv, B), 128 threads
 //   xqa_info(int* out8)     rows per CTA, keys per tile, threads, smem bytes, stages, D, kv bytes,
