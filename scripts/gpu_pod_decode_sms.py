@@ -22,7 +22,8 @@ from gpu_pod_smsplit import on  # noqa: E402
 # name -> kernel options (XqaBackend.tune); the pseudo-option ("sw", 1) takes the swapped-product kernel for
 # 16-bit KV (XqaBackend.swap_for_16bit).
 VARIANTS = {"base": (), "st2": (("st", 2),), "st4": (("st", 4),), "kpw16": (("kpw", 16),),
-            "kpw16st6": (("kpw", 16), ("st", 6)), "sw": (("sw", 1),), "swst2": (("sw", 1), ("st", 2))}
+            "kpw16st6": (("kpw", 16), ("st", 6)), "sw": (("sw", 1),), "swst2": (("sw", 1), ("st", 2)),
+            "swst2l2256": (("sw", 1), ("st", 2), ("l2", 256)), "swst2l20": (("sw", 1), ("st", 2), ("l2", 0))}
 
 
 def main() -> int:
