@@ -57,7 +57,7 @@ namespace {
 using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
 // Keys per warp per tile (XQA_KPW overrides): 32 for fp8 KV with 16-row CTAs and D <= 128 (128-key,
 // 32 KB stages like the 16-bit kernels: half the barriers and softmax reductions per key; measured
-// on H100 D5 80.9% -> 85.7-86.7% of the read ceiling, benchmarks/xqa.md), else 16 (64-key tiles; 32-row
+// on H100 D5 80.9% -> 85.7-86.7% of the read ceiling, bench/xqa.md), else 16 (64-key tiles; 32-row
 // fp8 CTAs would spill, d256 fp8 stages would not fit twice per SM).
 constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128) ? 32 : 16);
 using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, XQA_STAGES, XQA_MINB, XQA_DIAG, XQA_L2,
