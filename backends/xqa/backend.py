@@ -100,7 +100,7 @@ class XqaBackend(Backend):
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs
     swap_for_fp8 = True  # <= 8 rows with fp8 KV: the swapped-product kernel (specs.XqaKey.swap)
-    # <= 8 rows with 16-bit KV: the same (H200, session 49: decode on 92 SMs -1.4% two-stage, -5.5% three, PD2's SM
+    # <= 8 rows with 16-bit KV: the same (H200: decode on 92 SMs -1.4% two-stage, -5.5% three, PD2's SM
     # split -4.5%, on the whole GPU level to -1%; bench/xqa.md, session 49)
     swap_for_16bit = True
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
