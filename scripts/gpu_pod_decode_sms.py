@@ -19,11 +19,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_pod_coresident import WORKLOADS, Inputs  # noqa: E402
 from gpu_pod_smsplit import on  # noqa: E402
 
-# name -> kernel options (XqaBackend.tune); the pseudo-option ("sw", 1) takes the swapped-product kernel for
-# 16-bit KV (XqaBackend.swap_for_16bit).
-VARIANTS = {"base": (), "st2": (("st", 2),), "st4": (("st", 4),), "kpw16": (("kpw", 16),),
-            "kpw16st6": (("kpw", 16), ("st", 6)), "sw": (("sw", 1),), "swst2": (("sw", 1), ("st", 2)),
-            "swst2l2256": (("sw", 1), ("st", 2), ("l2", 256)), "swst2l20": (("sw", 1), ("st", 2), ("l2", 0))}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "backends", "xqa", "bench"))
+from xqa_tune import backend_with  # noqa: E402
+
+# name -> kernel options and backend knobs, as xqa_tune.py's variants (its backend_with reads them): ("sw16", 1) the
+# swapped-product kernel for 16-bit KV (XqaBackend.swap_for_16bit), ("sw16", 0) the main kernel.
+M, SW = ("sw16", 0), ("sw16", 1)
+VARIANTS = {"base": (M,), "st2": (M, ("st", 2)), "st4": (M, ("st", 4)), "kpw16": (M, ("kpw", 16)),
+            "kpw16st6": (M, ("kpw", 16), ("st", 6)), "sw": (SW,), "swst2": (SW, ("st", 2)),
+            "swst2l2256": (SW, ("st", 2), ("l2", 256)), "swst2l20": (SW, ("st", 2), ("l2", 0))}
 
 
 def main() -> int:
@@ -32,7 +36,6 @@ def main() -> int:
     ap.add_argument("--prefill-sms", default="0,40,56,64,72", help="SMs held for the prefill (0: none, no split)")
     ap.add_argument("--variants", default="base,st2,st4")
     a = ap.parse_args()
-    from attncore.backends.xqa.backend import XqaBackend
     from attncore.core import green
 
     dev = torch.device("cuda")
@@ -40,10 +43,7 @@ def main() -> int:
     inp = Inputs(w, "cuda", torch.bfloat16)
     runs = {}
     for name in a.variants.split(","):
-        be = XqaBackend()
-        be.tune = tuple(o for o in VARIANTS[name] if o[0] != "sw")
-        be.swap_for_16bit = ("sw", 1) in VARIANTS[name]
-        runs[name] = inp.part("decode", be)[0]
+        runs[name] = inp.part("decode", backend_with(VARIANTS[name]))[0]
     p = inp.dec._planned.problem
     nbytes = sum(inp.dec._planned.meta.kv_lens_host) * p.num_kv_heads * (p.head_dim_qk + p.head_dim_vo) * 2
     print(f"{a.workload} decode alone, ms (GB/s per decode SM); {nbytes / 1e9:.3f} GB of K/V")

@@ -52,6 +52,11 @@ VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 202
 PSEUDO = ("swap", "sw16")  # backend knobs, not kernel options
 
 
+def is_diag(tune) -> bool:
+    """A diagnostic variant (``dg``): its results are wrong by design, so they are not checked."""
+    return any(k == "dg" for k, _ in tune)
+
+
 def backend_with(tune=(), splits=None, mt2=True):
     from attncore.backends.xqa.backend import XqaBackend
 
@@ -203,7 +208,7 @@ def main():
         go("D2-B16", "batch_decode", B=16, kv_len=16384, hq=32, hkv=8)
         go("D2-B1", "batch_decode", B=1, kv_len=32768, hq=32, hkv=8)
         for t16 in [v for v in a.tune16.split(",") if v]:  # 16-bit runs of a variant (its kernel options only)
-            diag = any(k == "dg" for k, _ in VARIANTS[t16])
+            diag = is_diag(VARIANTS[t16])
             go(f"D1/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=64, kv_len=4096, hq=32, hkv=8)
             go(f"D2-B16/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=16, kv_len=16384, hq=32, hkv=8)
             go(f"D2-B1/{t16}", "batch_decode", tune=VARIANTS[t16], check=not diag, B=1, kv_len=32768, hq=32, hkv=8)
@@ -213,7 +218,7 @@ def main():
             go(f"X1-q{ql}-bf16", "xqa_decode", q_len=ql, **x1)
     for nm in names:
         tune = VARIANTS[nm]
-        diag = any(k == "dg" for k, _ in tune)
+        diag = is_diag(tune)
         r = go(f"D5/{nm}", "batch_decode", tune=tune, check=not diag, **d5)
         go(f"X1-q1-e4m3/{nm}", "xqa_decode", tune=tune, check=not diag, q_len=1, kv_dtype=E4M3, **x1)
         if diag:
