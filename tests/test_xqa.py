@@ -223,6 +223,27 @@ def test_sources_compile_sm80_sm90():
         assert not spills, (r.spec.uri, r.arch, spills)
 
 
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+def test_fp8_d128_ring_defaults(tmp_path, monkeypatch):
+    """fp8 KV at d128: the swapped kernel streams 64-key tiles through two stages and the 16-row main kernel 128-key
+    tiles through two (4 and 3 CTAs per SM on the H200, bench/xqa.md session 50); tuning options still override."""
+    import ctypes
+
+    from attncore.build import jit
+    from attncore.backends.xqa.specs import XqaKey
+
+    monkeypatch.setenv("ATTNCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNCORE_JIT_QUIET", "1")
+    got = {}
+    for k in (XqaKey("bf16", "e4m3", "same", 128, 1, swap=True), XqaKey("fp16", "e5m2", "same", 128, 1),
+              XqaKey("bf16", "e4m3", "same", 128, 1, (("kpw", 32), ("st", 3)), swap=True)):
+        lib = ctypes.CDLL(str(jit.build_spec(k.spec(), "90").path))
+        info = (ctypes.c_int * 8)()
+        lib.xqa_info(info)
+        got[k.uri] = (info[0], info[1], info[4])  # rows per CTA, keys per tile, stages
+    assert list(got.values()) == [(8, 64, 2), (16, 128, 2), (8, 128, 3)], got
+
+
 # --------------------------------------------------------------------------------------- GPU helpers
 def _rand_kv(shape, dtype, device):
     x = torch.randn(shape, device=device, dtype=torch.float32)

@@ -48,6 +48,9 @@ VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 202
     "sw16": (("sw16", 1),),                      # --tune16: the swapped kernel for 16-bit KV at <= 8 rows
     "sw16dg2": (("sw16", 1), ("dg", 2)),         # --tune16: its compute alone
     "main16dg2": (("sw16", 0), ("dg", 2)),
+    "s49": (("kpw", 32), ("st", 3)),             # the fp8 d128 default before session 50 (swapped and 16-row CTAs)
+    "st3": (("st", 3),),
+    "mb3": (("mb", 3),),                         # the register budget of 3 CTAs per SM
 }
 PSEUDO = ("swap", "sw16")  # backend knobs, not kernel options
 
@@ -221,6 +224,10 @@ def main():
         diag = is_diag(tune)
         r = go(f"D5/{nm}", "batch_decode", tune=tune, check=not diag, **d5)
         go(f"X1-q1-e4m3/{nm}", "xqa_decode", tune=tune, check=not diag, q_len=1, kv_dtype=E4M3, **x1)
+        go(f"D2-B1-e4m3/{nm}", "batch_decode", tune=tune, check=not diag, B=1, kv_len=32768, hq=32, hkv=8,
+           kv_dtype=E4M3)
+        go(f"D2-B16-e4m3/{nm}", "batch_decode", tune=tune, check=not diag, B=16, kv_len=16384, hq=32, hkv=8,
+           kv_dtype=E4M3)
         if diag:
             continue
         go(f"X1-q2-e4m3/{nm}", "xqa_decode", tune=tune, q_len=2, kv_dtype=E4M3, **x1)

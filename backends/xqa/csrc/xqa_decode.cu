@@ -58,9 +58,20 @@ using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
 // Keys per warp per tile (XQA_KPW overrides): 32 for fp8 KV with 16-row CTAs and D <= 128 (128-key,
 // 32 KB stages like the 16-bit kernels: half the barriers and softmax reductions per key; measured
 // on H100 D5 80.9% -> 85.7-86.7% of the read ceiling, bench/xqa.md), else 16 (64-key tiles; 32-row
-// fp8 CTAs would spill, d256 fp8 stages would not fit twice per SM).
-constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128) ? 32 : 16);
-using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, XQA_STAGES, XQA_MINB, XQA_DIAG, XQA_L2,
+// fp8 CTAs would spill, d256 fp8 stages would not fit twice per SM).  The ring's depth (XQA_STAGES
+// overrides; 0: Config's, from the stage size), and both for fp8 KV at d128 in a 16-row or swapped CTA, from
+// the H200 (bench/xqa.md, session 50): more CTAs per SM stream faster than deeper rings.  The swapped kernel
+// in 64-key tiles and two 16 KB stages, 4 CTAs per SM (D5 81% -> 88.5% of the read ceiling, X1 q1 87% ->
+// 94.5%); the 16-row main kernel in two 32 KB stages, 3 CTAs per SM (X1 q2 82.7% -> 84.7%).
+constexpr bool kFp8D128 = XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM == 128;
+constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW
+                                 : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128 && !(kFp8D128 && XQA_SWAP))
+                                        ? 32 : 16);
+constexpr int kStages = XQA_STAGES > 0 ? XQA_STAGES : (kFp8D128 ? 2 : 0);
+// (the swapped one's register budget pinned to 4 CTAs per SM: a change that needs more registers spills, which
+// tests/test_cuda_sources.py reports, instead of losing a CTA per SM unseen)
+constexpr int kMinb = XQA_MINB > 0 ? XQA_MINB : ((kFp8D128 && XQA_SWAP && kStages == 2 && kKpw == 16) ? 4 : 0);
+using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, kStages, kMinb, XQA_DIAG, XQA_L2,
                         XQA_SWAP>;
 static_assert(XQA_HEAD_DIM == 64 || XQA_HEAD_DIM == 128 || XQA_HEAD_DIM == 256, "head dim");
 static_assert(XQA_MT == 1 || XQA_MT == 2, "MT");
