@@ -51,6 +51,9 @@ VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 202
     "s49": (("kpw", 32), ("st", 3)),             # the fp8 d128 default before session 50 (swapped and 16-row CTAs)
     "st3": (("st", 3),),
     "mb3": (("mb", 3),),                         # the register budget of 3 CTAs per SM
+    "mb3st2": (("mb", 3), ("st", 2)),
+    "mb5": (("mb", 5),),
+    "l264": (("l2", 64),),
 }
 PSEUDO = ("swap", "sw16")  # backend knobs, not kernel options
 
@@ -231,6 +234,7 @@ def main():
         if diag:
             continue
         go(f"X1-q2-e4m3/{nm}", "xqa_decode", tune=tune, q_len=2, kv_dtype=E4M3, **x1)
+        go(f"X1-q4-e4m3/{nm}", "xqa_decode", tune=tune, q_len=4, kv_dtype=E4M3, **x1)
         if nm not in a.split_sweep.split(","):
             continue
         go(f"X1-q4-e4m3-2x16/{nm}", "xqa_decode", tune=tune, mt2=False, q_len=4, kv_dtype=E4M3, **x1)
