@@ -127,6 +127,22 @@ def test_key_for_swaps_up_to_8_rows():
     assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).swap
 
 
+def test_key_for_takes_the_split_dims_kernel_for_9_to_32_fp8_rows():
+    """fp8 KV at d128 with more rows than the swapped kernel takes goes to the split-dims kernel, one 16- or 32-row
+    CTA as mt says; not for 16-bit KV or other head dims, not with its knob off."""
+    b = _backend()
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    q2 = b.key_for(_problem(kv=e4, hq=64, hkv=8), 2)                    # 16 rows
+    q4 = b.key_for(_problem(kv=e5, q=torch.float16, hq=64, hkv=8), 4)  # 32 rows
+    assert (q2.sd, q2.mt, q4.sd, q4.mt) == (True, 1, True, 2) and q4.uri.endswith("_mt2_sd")
+    assert b.key_for(_problem(kv=e4, hq=64, hkv=8, cc=(8, 0)), 2).sd   # plain mma.sync: sm80 too
+    assert not b.key_for(_problem(kv=e4, hq=32, hkv=8), 1).sd           # 4 rows: the swapped kernel
+    assert not b.key_for(_problem(hq=64, hkv=8), 2).sd                  # 16-bit KV
+    assert not b.key_for(_problem(kv=e4, hq=64, hkv=8, d=64), 2).sd
+    b.sd_for_fp8 = False
+    assert not b.key_for(_problem(kv=e4, hq=64, hkv=8), 2).sd
+
+
 def test_share_key_declines_outside_what_was_measured():
     """A decode on a share of the SMs (POD's SM split, XqaBackend.plan_for_sms) gets two-stage CTAs only where that
     was measured (16-bit KV, d128, <= 16 rows per CTA, at most SHARE_STAGES2 of the SMs); elsewhere None."""
@@ -176,6 +192,14 @@ def test_uri_roundtrip_and_splits():
         assert s.uri == k.uri
     assert tuned.uri.endswith("_mt1_tkpw32st2") and ("XQA_KPW", "32") in tuned.spec().defines
     assert swapped.uri.endswith("_mt1_sw_tkpw16") and ("XQA_SWAP", "1") in swapped.spec().defines
+    sd = specs.XqaKey("bf16", "e4m3", "same", 128, 2, (("st", 3),), sd=True)
+    assert specs.parse(sd.uri + "_sm90").uri == sd.uri == "xqa_decode_bf16_kve4m3_d128_mt2_sd_tst3"
+    assert ("XQA_SD", "1") in sd.spec().defines
+    for bad in (specs.XqaKey("bf16", "same", "same", 128, 1, sd=True), specs.XqaKey("bf16", "e4m3", "same", 64, 1,
+                                                                                     sd=True),
+                specs.XqaKey("bf16", "e4m3", "same", 128, 1, swap=True, sd=True)):
+        with pytest.raises(ValueError, match="split-dims kernel .* serves fp8 KV at head_dim 128, without _sw"):
+            bad.spec()
     for bad in (specs.XqaKey("bf16", "same", "same", 128, 2, swap=True), specs.XqaKey("bf16", "e4m3", "same", 128, 2,
                                                                                       swap=True)):
         with pytest.raises(ValueError, match="swapped-product kernel .* serves mt1 only"):
@@ -215,7 +239,7 @@ def test_sources_compile_sm80_sm90():
 
     keys = [XqaKey("bf16", "same", "same", 128, 1), XqaKey("bf16", "e4m3", "same", 128, 2),
             XqaKey("fp16", "e4m3", "e4m3", 256, 1), XqaKey("fp16", "e5m2", "same", 64, 2),
-            XqaKey("bf16", "e4m3", "same", 128, 1, swap=True)]
+            XqaKey("bf16", "e4m3", "same", 128, 1, swap=True), XqaKey("bf16", "e4m3", "same", 128, 2, sd=True)]
     res = jit.compile_check([k.spec() for k in keys], archs=("80", "90"), ptxas_verbose=True)
     assert len(res) == 2 * len(keys)
     for r in res:
@@ -499,6 +523,37 @@ def test_gpu_swapped_kernel(case, kv):
     b.swap_for_16bit = True
     out, lse, plan = c.run(b)
     assert plan.lib.key.swap and plan.lib.rows == 8
+    if case == "split":
+        assert plan.num_splits > 1
+    c.check(out, lse)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["q2_window_sinks_lse", "q4_spec", "split", "rows12", "rows40", "page1_empty",
+                                  "e5m2_fp16_hnd", "slack", "fp8_out"])
+def test_gpu_split_dims_kernel(case):
+    """The split-dims kernel (fp8 KV, d128, 9-32 rows per CTA): window, sinks, LSE, spec-decode drafts, split-KV, a
+    partly filled CTA, a second m-group, page size 1, empty requests, e5m2 / fp16 / HND, row maxima moving past the
+    slack between tiles, fp8 output."""
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    c = {"q2_window_sinks_lse": lambda: Case(kv_dtype=e4, hq=64, hkv=8, q_len=2, window=100, sinks=True, lse=True,
+                                             kv_lens=[2, 150, 900], seed=31),
+         "q4_spec": lambda: Case(kv_dtype=e4, hq=64, hkv=8, q_len=4, spec=True, lse=True, kv_lens=[4, 61, 700],
+                                 seed=32),
+         "split": lambda: Case(kv_dtype=e4, B=1, hq=64, hkv=8, q_len=2, kv_lens=[9000], lse=True, sinks=True,
+                               seed=33),
+         "rows12": lambda: Case(kv_dtype=e4, hq=24, hkv=2, lse=True, kv_lens=[1, 64, 65, 1000], seed=34),
+         "rows40": lambda: Case(kv_dtype=e4, hq=40, hkv=4, q_len=4, lse=True, kv_lens=[5, 300], seed=35),
+         "page1_empty": lambda: Case(op="batch_decode", kv_dtype=e4, hq=32, hkv=2, ps=1, lse=True,
+                                     kv_lens=[0, 3, 700], seed=36),
+         "e5m2_fp16_hnd": lambda: Case(dtype=torch.float16, kv_dtype=e5, hq=32, hkv=4, q_len=2, layout="HND",
+                                       bmm2=0.5, kv_lens=[5, 400], seed=37),
+         "slack": lambda: Case(kv_dtype=e4, hq=64, hkv=8, q_len=2, bmm1=2.0, lse=True, kv_lens=[1, 40, 700, 3000],
+                               seed=38),
+         "fp8_out": lambda: Case(kv_dtype=e4, out_dtype=e4, bmm2=2.0, o_scale=0.5, hq=64, hkv=8, q_len=3,
+                                 kv_lens=[1, 90, 400], seed=39)}[case]()
+    out, lse, plan = c.run(_backend())
+    assert plan.lib.key.sd and plan.lib.rows == (32 if case in ("q4_spec", "rows40", "fp8_out") else 16)
     if case == "split":
         assert plan.num_splits > 1
     c.check(out, lse)

@@ -92,8 +92,8 @@ def share_key(lib, sms: int):
 
 class XqaBackend(Backend):
     name = "xqa"
-    description = ("XQA-style GQA decode (group rows packed into mma.sync M; at <= 8 rows: keys as M; "
-                   "paged cp.async, split-KV), sm80/sm90")
+    description = ("XQA-style GQA decode (group rows packed into mma.sync M; at <= 8 rows: keys as M; fp8 KV at "
+                   "9-32 rows: O's dims split over the warps; paged cp.async, split-KV), sm80/sm90")
     capabilities = CAPABILITIES
     sends_index_tables = True  # one copy with its zeroed counters (plan.make_plan, attncore.core.uploads)
 
@@ -103,6 +103,9 @@ class XqaBackend(Backend):
     # <= 8 rows with 16-bit KV: the same (H200: decode on 92 SMs -1.4% two-stage, -5.5% three, PD2's SM
     # split -4.5%, on the whole GPU level to -1%; bench/xqa.md, session 49)
     swap_for_16bit = True
+    # 9..32 rows per CTA with fp8 KV at d128: the split-dims kernel (specs.XqaKey.sd: O's dims split over the warps,
+    # 4 CTAs per SM; H200: X1 q2 e4m3 0.290 -> 0.266 ms, q4 0.387 -> 0.333; bench/xqa.md, session 50)
+    sd_for_fp8 = True
     split_override: Optional[int] = None  # force the split-KV count (None: cost model)
     tune: tuple = ()  # kernel tuning options for every key (specs.XqaKey.tune; tuning runs only)
 
@@ -148,7 +151,7 @@ class XqaBackend(Backend):
     def key_for(self, problem: AttentionProblem, q_len: int):
         """The kernel specialization of a problem; memoized by everything it reads (host time: one per plan)."""
         memo = (problem, q_len, bool(self.mt2_for_fp8), bool(self.swap_for_fp8), bool(self.swap_for_16bit),
-                tuple(self.tune))
+                bool(self.sd_for_fp8), tuple(self.tune))
         key = _KEYS.get(memo)
         if key is None:
             if len(_KEYS) > 1024:
@@ -163,9 +166,10 @@ class XqaBackend(Backend):
         d = problem.head_dim_qk
         fp8 = problem.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         mt = 1 if (rows <= 16 or d == 256 or (fp8 and not self.mt2_for_fp8)) else 2
+        swap = rows <= 8 and bool(self.swap_for_fp8 if fp8 else self.swap_for_16bit)
         return XqaKey("bf16" if problem.q_dtype == torch.bfloat16 else "fp16", _kv_name(problem.kv_dtype),
                       "e4m3" if problem.out_dtype == torch.float8_e4m3fn else "same", d, mt, tuple(self.tune),
-                      swap=rows <= 8 and bool(self.swap_for_fp8 if fp8 else self.swap_for_16bit))
+                      swap=swap, sd=fp8 and not swap and d == 128 and bool(self.sd_for_fp8))
 
     def plan(self, problem: AttentionProblem, meta: BatchMeta) -> XqaPlan:
         from attncore.backends.xqa import binding

@@ -29,7 +29,7 @@ E4M3 = torch.float8_e4m3fn
 
 # name -> tune options applied to the fp8 specializations (the 16-bit ones keep their defaults); the
 # pseudo-options ("swap", 0) and ("sw16", b) set the backend's swapped-product knobs (XqaBackend.swap_for_fp8,
-# swap_for_16bit: the latter for --tune16's 16-bit runs).
+# swap_for_16bit: the latter for --tune16's 16-bit runs), ("sd", b) its split-dims kernel's (sd_for_fp8).
 VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 2026-11-22, -s2-run1.json)
     # measured on the then default (64-key tiles): kpw32st2, st3mb4, st6, kpw32 (now the default).
     "base": (),                                  # the shipped default
@@ -54,8 +54,10 @@ VARIANTS = {  # in the order they run (most informative first).  Run 1 (H100 202
     "mb3st2": (("mb", 3), ("st", 2)),
     "mb5": (("mb", 5),),
     "l264": (("l2", 64),),
+    "nosd": (("sd", 0),),                        # 9-32 fp8 rows on the main kernel, not the split-dims one
+    "nosddg2": (("sd", 0), ("dg", 2)),
 }
-PSEUDO = ("swap", "sw16")  # backend knobs, not kernel options
+PSEUDO = ("swap", "sw16", "sd")  # backend knobs, not kernel options
 
 
 def is_diag(tune) -> bool:
@@ -70,6 +72,7 @@ def backend_with(tune=(), splits=None, mt2=True):
     be.swap_for_fp8 = dict(tune).get("swap", 1) != 0
     if "sw16" in dict(tune):
         be.swap_for_16bit = dict(tune)["sw16"] != 0
+    be.sd_for_fp8 = dict(tune).get("sd", 1) != 0
     be.tune = tuple((k, v) for k, v in tune if k not in PSEUDO)
     be.split_override = splits
     be.mt2_for_fp8 = mt2
@@ -231,11 +234,9 @@ def main():
            kv_dtype=E4M3)
         go(f"D2-B16-e4m3/{nm}", "batch_decode", tune=tune, check=not diag, B=16, kv_len=16384, hq=32, hkv=8,
            kv_dtype=E4M3)
-        if diag:
-            continue
-        go(f"X1-q2-e4m3/{nm}", "xqa_decode", tune=tune, q_len=2, kv_dtype=E4M3, **x1)
-        go(f"X1-q4-e4m3/{nm}", "xqa_decode", tune=tune, q_len=4, kv_dtype=E4M3, **x1)
-        if nm not in a.split_sweep.split(","):
+        go(f"X1-q2-e4m3/{nm}", "xqa_decode", tune=tune, check=not diag, q_len=2, kv_dtype=E4M3, **x1)
+        go(f"X1-q4-e4m3/{nm}", "xqa_decode", tune=tune, check=not diag, q_len=4, kv_dtype=E4M3, **x1)
+        if diag or nm not in a.split_sweep.split(","):
             continue
         go(f"X1-q4-e4m3-2x16/{nm}", "xqa_decode", tune=tune, mt2=False, q_len=4, kv_dtype=E4M3, **x1)
         s0 = r.get("splits")

@@ -16,9 +16,10 @@ constexpr int NT = NW * 32;   // threads per CTA
 // depth and the CTAs-per-SM register budget (0: derived below); L2PF_ the cp.async L2 prefetch hint
 // in bytes (0 none, 64, 128, 256); DIAG_ (tuning diagnostics only, wrong results): 1 streams the KV
 // without computing, 2 computes on zeroed tiles without loading.  SWAP_ (<= 8 rows): the swapped
-// products of xqa_swap.cuh, 8 rows per CTA.
+// products of xqa_swap.cuh, 8 rows per CTA.  SD_ (fp8 KV, d128, 64-key tiles): the split-dims kernel of
+// xqa_splitd.cuh, 16 MT rows per CTA, P through smem, one merge slot.
 template <int D_, int KV_BYTES_, int MT_, int KPW_ = 16, int STAGES_ = 0, int MINB_ = 0, int DIAG_ = 0,
-          int L2PF_ = 128, int SWAP_ = 0>
+          int L2PF_ = 128, int SWAP_ = 0, int SD_ = 0>
 struct Config {
   static constexpr int D = D_;
   static constexpr int KVB = KV_BYTES_;                    // bytes per kv element (2 or 1)
@@ -29,6 +30,7 @@ struct Config {
   static constexpr int DIAG = DIAG_;
   static constexpr int L2PF = L2PF_;
   static constexpr bool SWAP = SWAP_ != 0;
+  static constexpr bool SD = SD_ != 0;
   static constexpr int ROWS = SWAP ? 8 : 16 * MT;          // packed rows per CTA
   static constexpr int RB = D * KVB;                       // bytes per key row in smem
   static constexpr int C = RB / 16;                        // 16-byte chunks per key row
@@ -39,13 +41,15 @@ struct Config {
   static constexpr int STAGES = STAGES_ > 0 ? STAGES_ : STAGES_AUTO;
   static constexpr int QRB = D * 2;                        // bytes per Q row (16-bit)
   static constexpr int Q_BYTES = ROWS * QRB;
+  static constexpr int P_BYTES = SD ? ROWS * TILE * 2 : 0; // SD: P, a [ROWS][TILE] 16-bit tile
+  static constexpr int SLOTS = SD ? 1 : NW;                // merge slots (SD: the warps hold disjoint dims of O)
   static constexpr int RED_PITCH = D + 8;                  // floats per row of the merge buffer
-  static constexpr int RED_BYTES = NW * ROWS * RED_PITCH * 4;
+  static constexpr int RED_BYTES = SLOTS * ROWS * RED_PITCH * 4;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int BIG_BYTES = PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES;
   static constexpr int ML_BYTES = NW * ROWS * 2 * 4;       // per-warp m, l
   static constexpr int STAT_BYTES = ROWS * (NW + 2) * 4;   // per-row warp weights, M, L
-  static constexpr int BIG_OFF = (Q_BYTES + ML_BYTES + STAT_BYTES + 16 + 127) / 128 * 128;
+  static constexpr int BIG_OFF = (Q_BYTES + P_BYTES + ML_BYTES + STAT_BYTES + 16 + 127) / 128 * 128;
   static constexpr int SMEM = BIG_OFF + BIG_BYTES;
   // CTAs per SM the register budget is sized for (H100: 228 KB smem per SM); MT2 keeps 2 so its
   // 32-row accumulators do not spill.
@@ -54,6 +58,7 @@ struct Config {
   static_assert(D % 32 == 0, "head dim must be a multiple of 32");
   static_assert(KPW == 16 || KPW == 32, "keys per warp");
   static_assert(!SWAP || MT == 1, "the swapped products serve one 8-row tile");
+  static_assert(!SD || (!SWAP && KVB == 1 && D == 128 && KPW == 16), "the split-dims kernel: fp8 KV, d128, 64-key tiles");
   static_assert(STAGES >= 2, "ring depth");
   static_assert(L2PF == 0 || L2PF == 64 || L2PF == 128 || L2PF == 256, "L2 prefetch size");
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");
@@ -98,18 +103,19 @@ struct Work {
   }
 };
 
-// The CTA's shared memory, as Config carves it: Q, the warps' (m, l) per row, the rows' weights and
+// The CTA's shared memory, as Config carves it: Q, (SD) P, the warps' (m, l) per row, the rows' weights and
 // (M, L), the split-KV arrival flag, and the K/V ring, which the warps' merge reuses.
 template <typename Cfg>
 struct Smem {
   uint8_t* const q;
+  uint8_t* const pt;  // SD: P's tile
   float* const ml;    // [NW][ROWS][2]
   float* const stat;  // [ROWS][NW + 2]
   int* const flag;
   uint8_t* const big;  // the ring, then the merge buffer
   float* const red;    // [NW][ROWS][RED_PITCH]
   __device__ __forceinline__ explicit Smem(uint8_t* base)
-      : q(base), ml(reinterpret_cast<float*>(base + Cfg::Q_BYTES)), stat(ml + NW * Cfg::ROWS * 2),
+      : q(base), pt(base + Cfg::Q_BYTES), ml(reinterpret_cast<float*>(base + Cfg::Q_BYTES + Cfg::P_BYTES)), stat(ml + NW * Cfg::ROWS * 2),
         flag(reinterpret_cast<int*>(stat + Cfg::ROWS * (NW + 2))), big(base + Cfg::BIG_OFF),
         red(reinterpret_cast<float*>(big)) {}
 };

@@ -7,6 +7,7 @@
 //   XQA_HEAD_DIM  64 / 128 / 256
 //   XQA_MT        m16 tiles per CTA: 1 (R <= 16 rows per CTA) or 2 (32 rows)
 //   XQA_SWAP      1: the swapped-product kernel (xqa_swap.cuh; 8 rows per CTA, MT 1)
+//   XQA_SD        1: the split-dims kernel (xqa_splitd.cuh; fp8 KV, d128, 16 MT rows per CTA)
 // Entry points (extern "C", return a cudaError_t as int):
 //   xqa_run(const XqaParams*, cudaStream_t)  grid (m_groups, num_splits * Hkv, B), 128 threads
 //   xqa_info(int* out8)     rows per CTA, keys per tile, threads, smem bytes, stages, D, kv bytes,
@@ -16,6 +17,7 @@
 //                           (attncore/abi.h; binding.py checks them field by field)
 //   xqa_error_string(int)
 #include "xqa_decode.cuh"
+#include "xqa_splitd.cuh"
 #include "xqa_swap.cuh"
 
 #ifndef XQA_DTYPE
@@ -52,6 +54,9 @@
 #ifndef XQA_SWAP
 #define XQA_SWAP 0
 #endif
+#ifndef XQA_SD
+#define XQA_SD 0
+#endif
 
 namespace {
 using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
@@ -62,27 +67,29 @@ using QT = std::conditional<XQA_DTYPE == 1, __nv_bfloat16, __half>::type;
 // overrides; 0: Config's, from the stage size), and both for fp8 KV at d128 in a 16-row or swapped CTA, from
 // the H200 (bench/xqa.md, session 50): more CTAs per SM stream faster than deeper rings.  The swapped kernel
 // in 64-key tiles and two 16 KB stages, 4 CTAs per SM (D5 81% -> 88.5% of the read ceiling, X1 q1 87% ->
-// 94.5%); the 16-row main kernel in two 32 KB stages, 3 CTAs per SM (X1 q2 82.7% -> 84.7%).
-constexpr bool kFp8D128 = XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM == 128;
+// 94.5%); the 16-row main kernel in two 32 KB stages, 3 CTAs per SM (X1 q2 82.7% -> 84.7%); the split-dims kernel
+// as the swapped one.
+constexpr bool kFp8D128 = XQA_KV != 0 && XQA_HEAD_DIM == 128;
+constexpr bool kSmallTiles = kFp8D128 && (XQA_SWAP || XQA_SD);  // 64-key tiles, 4 CTAs per SM
 constexpr int kKpw = XQA_KPW > 0 ? XQA_KPW
-                                 : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128 && !(kFp8D128 && XQA_SWAP))
-                                        ? 32 : 16);
-constexpr int kStages = XQA_STAGES > 0 ? XQA_STAGES : (kFp8D128 ? 2 : 0);
-// (the swapped one's register budget pinned to 4 CTAs per SM: a change that needs more registers spills, which
+                                 : ((XQA_KV != 0 && XQA_MT == 1 && XQA_HEAD_DIM <= 128 && !kSmallTiles) ? 32 : 16);
+constexpr int kStages = XQA_STAGES > 0 ? XQA_STAGES : (kFp8D128 && (XQA_MT == 1 || XQA_SD) ? 2 : 0);
+// (their register budget pinned to 4 CTAs per SM: a change that needs more registers spills, which
 // tests/test_cuda_sources.py reports, instead of losing a CTA per SM unseen)
-constexpr int kMinb = XQA_MINB > 0 ? XQA_MINB : ((kFp8D128 && XQA_SWAP && kStages == 2 && kKpw == 16) ? 4 : 0);
+constexpr int kMinb = XQA_MINB > 0 ? XQA_MINB : ((kSmallTiles && kStages == 2 && kKpw == 16) ? 4 : 0);
 using Cfg = xqa::Config<XQA_HEAD_DIM, XQA_KV == 0 ? 2 : 1, XQA_MT, kKpw, kStages, kMinb, XQA_DIAG, XQA_L2,
-                        XQA_SWAP>;
+                        XQA_SWAP, XQA_SD>;
 static_assert(XQA_HEAD_DIM == 64 || XQA_HEAD_DIM == 128 || XQA_HEAD_DIM == 256, "head dim");
 static_assert(XQA_MT == 1 || XQA_MT == 2, "MT");
 static_assert(XQA_OUT == 0 || XQA_KV != 0, "fp8 output needs fp8 KV");
 
-template <bool SWAP>  // a template, so that the kernel not picked is not instantiated
+template <bool SWAP, bool SD>  // a template, so that the kernels not picked are not instantiated
 constexpr auto pick_kernel() {
   if constexpr (SWAP) return xqa::xqa_decode_swap_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
+  else if constexpr (SD) return xqa::xqa_decode_sd_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
   else return xqa::xqa_decode_kernel<QT, XQA_KV, XQA_OUT, Cfg>;
 }
-auto kernel = pick_kernel<Cfg::SWAP>();
+auto kernel = pick_kernel<Cfg::SWAP, Cfg::SD>();
 
 constexpr int kMaxDevices = 64;
 int g_smem_set[kMaxDevices] = {0};

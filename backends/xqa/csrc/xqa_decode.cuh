@@ -49,7 +49,8 @@
 //   xqa_mask.cuh       the rows' draft positions for the mask
 //   xqa_softmax.cuh    online softmax, P packing, O rescale
 //   xqa_epilogue.cuh   warp merge, normalise (sinks), write; split-KV partials and the last CTA's merge
-//   xqa_swap.cuh       the other kernel: <= 8 rows, keys as the MMA's M (Cfg::SWAP)
+//   xqa_swap.cuh       another kernel: <= 8 rows, keys as the MMA's M (Cfg::SWAP)
+//   xqa_splitd.cuh     another: fp8 KV at d128, 9-32 rows, O's dims split over the warps (Cfg::SD)
 // Two steps stay written out here.  O += P V: as a function of its own (even as a lambda) the compiler
 // no longer shares the fp8 K and V row addresses, and ptxas then schedules the whole kernel
 // differently.  The mask (MaskRows::tile_needs_mask and visible, which the swapped kernel calls):

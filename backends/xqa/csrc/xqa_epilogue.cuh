@@ -7,7 +7,7 @@
 //                   (sm_red; fp8 KV: O's permuted columns put back in order).
 //   Out             the final writes: output (q dtype or fp8 e4m3 with saturation) and LSE, and the
 //                   normaliser (with the sink folded in against max(row max, sink)).
-//   write_final     S == 1: sum the warps' O, normalise, write (and the LSE).
+//   write_final     S == 1: sum the warps' O (Cfg::SLOTS of them), normalise, write (and the LSE).
 //   write_partial   S > 1: the normalised partial O and its LSE to the workspace (L2, __stcg), then
 //   last_to_arrive  an arrival counter per (b, kvh, mg); the last CTA resets it to 0 and merges:
 //   merge_splits    weights 2^(lse_s - M) per row, the weighted sum of the S partials, normalise.
@@ -143,7 +143,7 @@ __device__ __forceinline__ void write_final(const OutT& out, const XqaParams& p,
     const float M = st[NW], L = st[NW + 1];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < NW; ++w) {
+    for (int w = 0; w < Cfg::SLOTS; ++w) {
       const float4 x = *reinterpret_cast<const float4*>(sm_red + (w * ROWS + r) * Cfg::RED_PITCH + d4 * 4);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
@@ -174,7 +174,7 @@ __device__ __forceinline__ void write_partial(const XqaParams& p, const float* s
     const float L = sm_stat[r * (NW + 2) + NW + 1];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < NW; ++w) {
+    for (int w = 0; w < Cfg::SLOTS; ++w) {
       const float4 x = *reinterpret_cast<const float4*>(sm_red + (w * ROWS + r) * Cfg::RED_PITCH + d4 * 4);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
