@@ -71,7 +71,7 @@ namespace xqa {
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const __grid_constant__ XqaParams p) {
   constexpr int D = Cfg::D, MT = Cfg::MT, RB = Cfg::RB, C = Cfg::C;
-  constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
+  constexpr int TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
   constexpr bool FP8 = KVK != 0;
   constexpr int NTILES_D = D / 8;  // n8 tiles of the output
   using CT = typename std::conditional<FP8, __half, QT>::type;  // MMA operand type
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 
   const Work<Cfg> wk(p);  // after the previous kernel's writes (PDL)
   const int G = wk.G, QL = wk.QL, row0 = wk.row0, seq_len = wk.seq_len;
-  const int kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
+  const int my_tiles = wk.my_tiles;
 
   const KvCopy<Cfg> kv(p, wk, sm.big, tid);
   int pg[Cfg::RPT];  // page ids of this thread's rows of the next tile
@@ -116,10 +116,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_kernel(const _
 
   for (int it = 0; it < my_tiles; ++it) {
     kv.advance(pg, it);
-    const int stage = it % STAGES;
-    const uint32_t ks = ac::smem_u32(sm.big + stage * Cfg::STAGE_BYTES);
-    const uint32_t vs = ks + TILE * RB;
-    const int tile_start = kv_begin + (t_first + it) * TILE;
+    const auto [ks, vs, tile_start] = kv.tile(it);
 
     if constexpr (DIAG == 1) continue;  // diagnostic: stream the KV only
 

@@ -2,7 +2,7 @@
 // split-KV (S > 1) write a partial and let the last CTA of a (request, kv head, m-group) merge the S
 // partials.
 //
-//   merge_warps     each warp's (m, l) per row -> smem; per row M = max over warps, L = sum of the
+//   merge_warps     each warp's (m, l) per row -> smem (store_ml); per row M = max over warps, L = sum of the
 //                   warps' l * exp2(m_w - M) (sm_stat), then each warp's O scaled by its weight
 //                   (sm_red; fp8 KV: O's permuted columns put back in order).
 //   Out             the final writes: output (q dtype or fp8 e4m3 with saturation) and LSE, and the
@@ -11,7 +11,7 @@
 //   write_partial   S > 1: the normalised partial O and its LSE to the workspace (L2, __stcg), then
 //   last_to_arrive  an arrival counter per (b, kvh, mg); the last CTA resets it to 0 and merges:
 //   merge_splits    weights 2^(lse_s - M) per row, the weighted sum of the S partials, normalise.
-//   finish          the above in order, for both kernels (after merge_warps / the swapped merge).
+//   finish          the above in order, for every kernel (after merge_warps / the swapped or split-dims merge).
 // Rows that see no key give output 0 and LSE -inf.  A NaN query row has NaN L (its m stays -inf:
 // fmaxf drops NaN) and NaN != 0 carries it to the output and LSE (semantics.md rule 3).
 #pragma once
@@ -41,22 +41,30 @@ __device__ __forceinline__ void warp_weights(const float* sm_ml, float* sm_stat,
   }
 }
 
-template <typename Cfg, bool FP8>
-__device__ __forceinline__ void merge_warps(float* sm_ml, float* sm_stat, float* sm_red,
-                                            const float (&o)[Cfg::MT][Cfg::D / 8][4], const float (&m_run)[Cfg::MT][2],
-                                            const float (&l_run)[Cfg::MT][2], int tid, int warp, int g, int t) {
-  constexpr int MT = Cfg::MT, ROWS = Cfg::ROWS, NTILES_D = Cfg::D / 8;
+// This warp's (m, l) of its rows (the mma C layout's: row 16 mt + g + 8 h; l summed over the row's 4 lanes) into
+// sm_ml, for warp_weights.
+template <typename Cfg>
+__device__ __forceinline__ void store_ml(float* sm_ml, const float (&m_run)[Cfg::MT][2],
+                                         const float (&l_run)[Cfg::MT][2], int warp, int g, int t) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float l = ac::quad_sum(l_run[mt][h]);
       if (t == 0) {
         const int r = mt * 16 + g + 8 * h;
-        sm_ml[(warp * ROWS + r) * 2 + 0] = m_run[mt][h];
-        sm_ml[(warp * ROWS + r) * 2 + 1] = l;
+        sm_ml[(warp * Cfg::ROWS + r) * 2 + 0] = m_run[mt][h];
+        sm_ml[(warp * Cfg::ROWS + r) * 2 + 1] = l;
       }
     }
+}
+
+template <typename Cfg, bool FP8>
+__device__ __forceinline__ void merge_warps(float* sm_ml, float* sm_stat, float* sm_red,
+                                            const float (&o)[Cfg::MT][Cfg::D / 8][4], const float (&m_run)[Cfg::MT][2],
+                                            const float (&l_run)[Cfg::MT][2], int tid, int warp, int g, int t) {
+  constexpr int MT = Cfg::MT, ROWS = Cfg::ROWS, NTILES_D = Cfg::D / 8;
+  store_ml<Cfg>(sm_ml, m_run, l_run, warp, g, t);
   __syncthreads();
   warp_weights<Cfg>(sm_ml, sm_stat, tid);
   __syncthreads();

@@ -8,7 +8,7 @@
 //   KvCopy    K/V tiles -> the STAGES-deep cp.async ring: each thread copies chunk ld_c of RPT
 //             consecutive key rows; the page-table gather happens in the copy, with the page ids of
 //             the next tile fetched a tile ahead into registers (pg, the caller's array).
-//             prologue / advance: the ring's schedule, for both kernels.
+//             prologue / advance: the ring's schedule, for every kernel; tile: a step's tile in the ring.
 #pragma once
 #include "attncore/ptx.cuh"
 #include "xqa_config.cuh"
@@ -133,6 +133,16 @@ struct KvCopy {
       if (ni + 1 < w.my_tiles) fetch_pages(pg, w.t_first + ni + 1);
     }
     ac::cp_async_commit();
+  }
+
+  // Step it's tile: its K and V tiles in the ring (shared-space addresses) and its first key.
+  struct Tile {
+    uint32_t ks, vs;
+    int start;
+  };
+  __device__ __forceinline__ Tile tile(int it) const {
+    const uint32_t ks = ac::smem_u32(sm_big + (it % Cfg::STAGES) * Cfg::STAGE_BYTES);
+    return {ks, ks + TILE * RB, w.kv_begin + (w.t_first + it) * TILE};
   }
 
   // Page ids of this thread's rows of `tile` into pg (one load when they share a page).

@@ -29,7 +29,7 @@ namespace xqa {
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(const __grid_constant__ XqaParams p) {
   constexpr int D = Cfg::D, MT = Cfg::MT, RB = Cfg::RB, C = Cfg::C, ROWS = Cfg::ROWS;
-  constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, DIAG = Cfg::DIAG;
+  constexpr int TILE = Cfg::TILE, DIAG = Cfg::DIAG;
   constexpr int KT = TILE / 16;  // 16-key blocks of a tile (O += P V's k steps)
   constexpr int PC = TILE / 8;   // 16-byte chunks of a P row
   static_assert(Cfg::SD && KVK != 0 && D == 128 && TILE == 64, "the split-dims kernel's configuration");
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
   const int g = lane >> 2, t = lane & 3, lm = lane >> 3;
 
   const Work<Cfg> wk(p);  // after the previous kernel's writes (PDL)
-  const int kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
+  const int my_tiles = wk.my_tiles;
 
   const KvCopy<Cfg> kv(p, wk, sm.big, tid);
   int pg[Cfg::RPT];
@@ -71,10 +71,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
 
   for (int it = 0; it < my_tiles; ++it) {
     kv.advance(pg, it);
-    const int stage = it % STAGES;
-    const uint32_t ks = ac::smem_u32(sm.big + stage * Cfg::STAGE_BYTES);
-    const uint32_t vs = ks + TILE * RB;
-    const int tile_start = kv_begin + (t_first + it) * TILE;
+    const auto [ks, vs, tile_start] = kv.tile(it);
 
     if constexpr (DIAG == 1) continue;
 
@@ -203,17 +200,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
   __syncthreads();  // pipeline smem is reused below
 
   // ---- merge: every warp holds the CTA's m and its keys' l; O's dims are disjoint, one slot
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float l = ac::quad_sum(l_run[mt][h]);
-      if (t == 0) {
-        const int r = 16 * mt + g + 8 * h;
-        sm.ml[(warp * ROWS + r) * 2 + 0] = m_run[mt][h];
-        sm.ml[(warp * ROWS + r) * 2 + 1] = l;
-      }
-    }
+  store_ml<Cfg>(sm.ml, m_run, l_run, warp, g, t);
   __syncthreads();
   warp_weights<Cfg>(sm.ml, sm.stat, tid);  // M = the CTA's m, L = the sum of the warps' l, weights 1 (0: no key)
   __syncthreads();

@@ -91,7 +91,7 @@ __device__ __forceinline__ void merge_warps_t(const Smem<Cfg>& sm, const float (
 template <typename QT, int KVK, int OUTK, typename Cfg>
 __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(const __grid_constant__ XqaParams p) {
   constexpr int D = Cfg::D, RB = Cfg::RB, C = Cfg::C;
-  constexpr int STAGES = Cfg::STAGES, TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
+  constexpr int TILE = Cfg::TILE, KPW = Cfg::KPW, KB = Cfg::KB, DIAG = Cfg::DIAG;
   constexpr int DT = D / 16;  // k steps of S^T, m16 tiles of O^T
   constexpr bool FP8 = KVK != 0;
   using CT = typename std::conditional<FP8, __half, QT>::type;  // MMA operand type (xqa_decode.cuh)
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
   const int g = lane >> 2, t = lane & 3;
 
   const Work<Cfg> wk(p);  // after the previous kernel's writes (PDL)
-  const int seq_len = wk.seq_len, kv_begin = wk.kv_begin, t_first = wk.t_first, my_tiles = wk.my_tiles;
+  const int seq_len = wk.seq_len, my_tiles = wk.my_tiles;
 
   const KvCopy<Cfg> kv(p, wk, sm.big, tid);
   int pg[Cfg::RPT];  // page ids of this thread's rows of the next tile
@@ -129,10 +129,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
 
   for (int it = 0; it < my_tiles; ++it) {
     kv.advance(pg, it);
-    const int stage = it % STAGES;
-    const uint32_t ks = ac::smem_u32(sm.big + stage * Cfg::STAGE_BYTES);
-    const uint32_t vs = ks + TILE * RB;
-    const int tile_start = kv_begin + (t_first + it) * TILE;
+    const auto [ks, vs, tile_start] = kv.tile(it);
 
     if constexpr (DIAG == 1) continue;
 
