@@ -58,7 +58,8 @@ struct Config {
   static_assert(D % 32 == 0, "head dim must be a multiple of 32");
   static_assert(KPW == 16 || KPW == 32, "keys per warp");
   static_assert(!SWAP || MT == 1, "the swapped products serve one 8-row tile");
-  static_assert(!SD || (!SWAP && KVB == 1 && D == 128 && KPW == 16), "the split-dims kernel: fp8 KV, d128, 64-key tiles");
+  static_assert(!SD || (!SWAP && KVB == 1 && D == 128 && KPW == 16),
+                "the split-dims kernel: fp8 KV, d128, 64-key tiles");
   static_assert(STAGES >= 2, "ring depth");
   static_assert(L2PF == 0 || L2PF == 64 || L2PF == 128 || L2PF == 256, "L2 prefetch size");
   static_assert(NT % C == 0 && RPT >= 1 && TILE % RPT == 0, "copy mapping");
@@ -113,11 +114,11 @@ struct Smem {
   float* const stat;  // [ROWS][NW + 2]
   int* const flag;
   uint8_t* const big;  // the ring, then the merge buffer
-  float* const red;    // [NW][ROWS][RED_PITCH]
+  float* const red;    // [SLOTS][ROWS][RED_PITCH]
   __device__ __forceinline__ explicit Smem(uint8_t* base)
-      : q(base), pt(base + Cfg::Q_BYTES), ml(reinterpret_cast<float*>(base + Cfg::Q_BYTES + Cfg::P_BYTES)), stat(ml + NW * Cfg::ROWS * 2),
-        flag(reinterpret_cast<int*>(stat + Cfg::ROWS * (NW + 2))), big(base + Cfg::BIG_OFF),
-        red(reinterpret_cast<float*>(big)) {}
+      : q(base), pt(base + Cfg::Q_BYTES), ml(reinterpret_cast<float*>(base + Cfg::Q_BYTES + Cfg::P_BYTES)),
+        stat(ml + NW * Cfg::ROWS * 2), flag(reinterpret_cast<int*>(stat + Cfg::ROWS * (NW + 2))),
+        big(base + Cfg::BIG_OFF), red(reinterpret_cast<float*>(big)) {}
 };
 
 }  // namespace xqa

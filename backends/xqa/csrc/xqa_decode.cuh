@@ -7,7 +7,7 @@
 //   MT       m16 tiles per CTA (1 or 2)    MG = ceil(R / (16 MT))  m-groups (grid.x)
 //   D        head dim (64 / 128 / 256)     PS = 2^page_size_log2   page size
 //   T        keys per pipeline tile        T = NW * KPW: NW = 4 warps split the keys, KPW keys per
-//            (TILE)                        warp (16, or 32 for fp8 KV in 16-row CTAs, D <= 128)
+//            (TILE)                        warp (16, or 32 for fp8 KV in this kernel's 16-row CTAs, D <= 128)
 //   S        splits of one request's kv range across CTAs (grid.y = S * Hkv, grid.z = B)
 //   STAGES   cp.async ring depth           C = D * sizeof(kv) / 16  16-byte chunks per key row
 //   s        base-2 logits: qk * qk_scale_log2 (bmm1 scale * log2 e)
