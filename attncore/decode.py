@@ -328,12 +328,15 @@ def xqa_batch_decode_with_kv_cache(
                           else (query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
-    # checked by the constructor: a mismatch is an error naming the request, never "attend over what
-    # fits" (issue 13). On the CPU they are read without a copy; on a device, one copy of B ints (a device
-    # sync, the price of that guarantee), and backends then reuse the host list. Inside CUDA-graph capture
-    # nothing can be read back: there the values are the caller's responsibility (docs/semantics.md).
+    # checked before the launch: a mismatch is an error naming the request, never "attend over what
+    # fits" (issue 13). On the CPU they are read here without a copy; on a device, one copy of B ints (a
+    # device sync, the price of that guarantee) just before the launch, so that the checks, the selection
+    # and the plan above it run while the stream's earlier kernels do (selection and plan take max_seq_len
+    # as the batch's longest; xqa's plan reads no lengths). Inside CUDA-graph capture nothing can be read
+    # back: there the values are the caller's responsibility (docs/semantics.md).
+    on_host = seq_lens.device.type == "cpu"
     meta = BatchMeta.from_block_tables(block_tables, seq_lens, max_seq_len, page_size, device=device, params=params,
-                                       q_len_per_req=q_len, workspace=workspace_buffer)
+                                       q_len_per_req=q_len, workspace=workspace_buffer, read_seq_lens=on_host)
     sinks = _checks.check_sinks(sinks, hq, device)
     v_scale, o_scale = _params.scale("bmm2_scale", bmm2_scale), _params.scale("o_scale", o_scale)
     # one call plans and runs: select with the run-time features
@@ -347,6 +350,8 @@ def xqa_batch_decode_with_kv_cache(
                else _fp8_query.plan(problem, meta, backend, query.dtype, out_name="out"))
     if out is None:
         out = torch.empty_like(query)
+    if not on_host and not torch.cuda.is_current_stream_capturing():
+        meta.host_kv_lens()  # read back and checked (above); a backend's plan may have done it already
     planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,
                         enable_pdl=bool(enable_pdl)))
     return out
