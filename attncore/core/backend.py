@@ -90,8 +90,9 @@ class BatchMeta:
 
     * ``kv_lens`` (int32 ``[B]`` on ``device``) and ``kv_lens_host`` (Python ints): each request's KV
       length.  One exception: block tables planned inside CUDA-graph capture, where ``seq_lens``
-      cannot be read back; ``kv_lens_host`` is None there, ``max_seq_len`` bounds every length and
-      ``host_kv_lens()`` reads and checks them (a device sync);
+      cannot be read back, or by the one-call xqa API, which reads them just before its launch (so that
+      its plan overlaps earlier kernels); ``kv_lens_host`` is None there, ``max_seq_len`` bounds every
+      length and ``host_kv_lens()`` reads and checks them (a device sync);
     * ``mask``: what the kernels apply, ``"none"``, ``"causal"`` (bottom-right) or ``"custom"`` (then
       ``packed_mask``, ``mask_indptr`` and ``mask_indptr_host`` are set), resolved once from the
       problem's mask kind by ``resolve_mask`` (a custom mask wins over causal; decode with no mask
