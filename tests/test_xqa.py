@@ -676,10 +676,13 @@ def test_gpu_fp8_large_q_prescale():
 @gpu
 @pytest.mark.parametrize("dtype,kv_dtype,d,mt_rows", [
     (torch.bfloat16, torch.float8_e4m3fn, 128, 8), (torch.float16, torch.float8_e4m3fn, 64, 32),
-    (torch.bfloat16, torch.float8_e5m2, 128, 4), (torch.bfloat16, torch.bfloat16, 128, 32)])
+    (torch.bfloat16, torch.float8_e5m2, 128, 4), (torch.bfloat16, torch.bfloat16, 128, 32),
+    (torch.bfloat16, torch.float8_e4m3fn, 128, 32), (torch.float16, torch.float8_e5m2, 128, 16)])
 def test_gpu_sm80_code_path_via_ptx(tmp_path, dtype, kv_dtype, d, mt_rows):
     """The sm_80 code (software fp8 widening, no PDL instructions) run on this GPU: compiled to
-    compute_80 PTX only, so the driver JIT-compiles it for the device with __CUDA_ARCH__ == 800."""
+    compute_80 PTX only, so the driver JIT-compiles it for the device with __CUDA_ARCH__ == 800.  The
+    kernel is the one this GPU's plan picks: swapped (<= 8 rows), split-dims (fp8 at d128, 16 / 32 rows),
+    main (the rest)."""
     import ctypes
     import subprocess
 
@@ -693,6 +696,7 @@ def test_gpu_sm80_code_path_via_ptx(tmp_path, dtype, kv_dtype, d, mt_rows):
     c = Case(dtype=dtype, kv_dtype=kv_dtype, d=d, hq=hq, hkv=hkv, q_len=q_len, kv_lens=[q_len, 100, 3000],
              sinks=True, seed=d + mt_rows)
     plan = b.plan(c.problem, c.meta)
+    assert plan.lib.key.sd == (kv_dtype != dtype and d == 128 and mt_rows > 8)
     spec = plan.lib.key.spec()
     so = tmp_path / "xqa_ptx80.so"
     flags = list(jit.DEFAULT_FLAGS) + [f"-D{k}={v}" for k, v in spec.defines] + [f"-I{i}" for i in spec.include_dirs]
