@@ -169,7 +169,7 @@ def main():
     arch = jit.current_arch()
     specs = {}
 
-    def add(*args, tune=(), **kw):  # the key with the variant's kernel options (its "swap" is the backend's knob)
+    def add(*args, tune=(), **kw):  # the key with the variant's kernel options (PSEUDO options are the backend's knobs)
         k = XqaKey(*args, tuple(x for x in tune if x[0] not in PSEUDO), **kw)
         specs[k.uri] = k
 
