@@ -350,10 +350,19 @@ def xqa_batch_decode_with_kv_cache(
                else _fp8_query.plan(problem, meta, backend, query.dtype, out_name="out"))
     if out is None:
         out = torch.empty_like(query)
-    if not on_host and not torch.cuda.is_current_stream_capturing():
-        meta.host_kv_lens()  # read back and checked (above); a backend's plan may have done it already
-    planned.run(RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,
-                        enable_pdl=bool(enable_pdl)))
+    args = RunArgs(q=query, k=k, v=v, out=out, sinks=sinks, v_scale=v_scale, o_scale=o_scale, spec_mask=mask,
+                   enable_pdl=bool(enable_pdl))
+    if on_host or torch.cuda.is_current_stream_capturing():
+        planned.run(args)
+        return out
+    # the launch is made ready too (the backend's relaunch, where it offers one), so that after the readback the GPU
+    # waits only for the check and the launch itself
+    go = planned.relaunch(args)
+    meta.host_kv_lens()  # read back and checked (above); a backend's plan may have done it already
+    if go:
+        go(query, k, v, out, None, sinks)
+    else:
+        planned.run(args)
     return out
 
 
