@@ -204,12 +204,13 @@ def test_xqa_entry_point_with_an_fp8_query():
 
 
 def test_cuda_graph_wrapper_keeps_the_upcast_buffer_across_replans():
-    # CUDA-graph mode (here on the CPU: run() never plans): the buffer keeps its address when a re-plan has the
-    # same q rows (a frozen decode batch), so a captured copy and kernel keep reading the right memory
+    # CUDA-graph mode (run() never plans): the buffer keeps its address when a re-plan has the same q rows (a
+    # frozen decode batch), so a captured copy and kernel keep reading the right memory.  The reference declares
+    # graph mode on the CPU only (where there is no capture); on a GPU Triton runs it
     g = torch.Generator().manual_seed(31)
     bufs = [torch.empty(n, dtype=torch.int32, device=DEV) for n in (4, 32, 3)]
     w = attncore.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV),
-                                                             *bufs, backend="reference")
+                                                             *bufs, backend="reference" if DEV == "cpu" else "triton")
     ptrs = []
     for seed, kv_lens in ((1, [5, 9, 2]), (2, [30, 1, 17])):
         cache, indptr, idx, last, ks, vs = _paged_batch(g, kv_lens, 4, 2, 32, torch.float8_e5m2)
