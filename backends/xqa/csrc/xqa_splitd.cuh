@@ -5,8 +5,8 @@
 // hide the fp8 widening and the MMAs under the loads (X1 q4 e4m3 at 64% of the read ceiling).  Here the warps
 // split the keys for S = Q K^T as before, and the dims for O += P V: P goes through shared memory, and warp w keeps
 // O for dims 32 w .. 32 w + 31 only (32 accumulators per thread), so 4 CTAs fit an SM.  The warps then share each
-// row's max: a tile's maxima are exchanged through smem only when one of them moves it (ac::next_max; a
-// __syncthreads_or votes first), which after the first tiles is rare.
+// row's max: a tile's maxima are exchanged through smem only when one of them moves it (ac::next_max; the
+// __syncthreads_or that completes P's tile votes on it), which after the first tiles is rare.
 //
 // Layouts (lane = 4 g + t), the main kernel's (xqa_mma.cuh):
 //   s[mt][j][e]   row 16 mt + g + 8 (e / 2), key 16 warp + 8 j + 2 t + e % 2
@@ -99,7 +99,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
         }
     }
 
-    // ---- the rows' max over the tile's 64 keys, exchanged only when it moves (xqa_softmax.cuh's rule)
+    // ---- the rows' max over the tile's 64 keys, exchanged only when it moves (xqa_softmax.cuh's rule).  A warp
+    // whose rows keep the CTA's max writes its P at once; the barrier that completes P's tile also votes on a move
+    // (the ring's barrier above has freed the tile).  On a move (rare after the first tiles) the warps exchange
+    // their maxima, P is rewritten at the new max and a second barrier completes it.
     float mx[MT][2];
     bool up = false;
 #pragma unroll
@@ -110,17 +113,49 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
         mx[mt][h] = ac::quad_max(a);
         up |= ac::next_max(m_run[mt][h], mx[mt][h]) != m_run[mt][h];
       }
-    float alpha[MT][2];
-    // (every warp has finished the previous tile's O += P V here, so P's tile is free)
-    const bool grew = __syncthreads_or(up);
-    if (grew) {
+    up = __any_sync(0xffffffffu, up);  // warp-uniform: this warp's P waits for the exchange
+    auto store_p = [&](int mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * mt + g + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          *reinterpret_cast<uint32_t*>(sm.pt + r * (TILE * 2) + (ac::swz_chunk<PC>(r, 2 * warp + j) << 4) + 4 * t) =
+              ac::pack2<__half>(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+      }
+    };
+    // P = 2^(s - m) in s, this lane's sums into l_run (scaled by alpha first where given), P -> smem (4-byte
+    // stores: a row's 8 lanes hit 8 distinct chunks)
+    auto write_p = [&](const float (*alpha)[2]) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float m_use = m_run[mt][h] == -INFINITY ? 0.f : m_run[mt][h];
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pv = ac::ex2(s[mt][j][2 * h + e] - m_use);
+              s[mt][j][2 * h + e] = pv;
+              sum += pv;
+            }
+          l_run[mt][h] = (alpha ? l_run[mt][h] * alpha[mt][h] : l_run[mt][h]) + sum;
+        }
+        store_p(mt);
+      }
+    };
+    if (!up) write_p(nullptr);
+    if (__syncthreads_or(up)) {
       if (t == 0) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) xmax[warp * ROWS + 16 * mt + g + 8 * h] = mx[mt][h];
       }
-      __syncthreads();  // (the next writes come after the next tile's vote, which every reader has passed)
+      __syncthreads();  // (the next writes come after the next move's vote, which every reader has passed)
+      float alpha[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -131,42 +166,30 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
           alpha[mt][h] = ac::ex2(m_run[mt][h] - (m_new == -INFINITY ? 0.f : m_new));
           m_run[mt][h] = m_new;
         }
-    }
-    // P = 2^(s - m) and this lane's sums; P -> smem (4-byte stores: a row's 8 lanes hit 8 distinct chunks)
+      if (up) {
+        write_p(alpha);
+      } else {  // P and the sums were taken at the old max
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_use = m_run[mt][h] == -INFINITY ? 0.f : m_run[mt][h];
-        float sum = 0.f;
+          for (int h = 0; h < 2; ++h) {
+            l_run[mt][h] *= alpha[mt][h];
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+            for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = ac::ex2(s[mt][j][2 * h + e] - m_use);
-            s[mt][j][2 * h + e] = pv;
-            sum += pv;
+              for (int e = 0; e < 2; ++e) s[mt][j][2 * h + e] *= alpha[mt][h];
           }
-        l_run[mt][h] = (grew ? l_run[mt][h] * alpha[mt][h] : l_run[mt][h]) + sum;
+          store_p(mt);
+        }
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * mt + g + 8 * h;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          *reinterpret_cast<uint32_t*>(sm.pt + r * (TILE * 2) + (ac::swz_chunk<PC>(r, 2 * warp + j) << 4) + 4 * t) =
-              ac::pack2<__half>(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
-      }
-    }
-    if (grew) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[mt][n][e] *= alpha[mt][e >> 1];
+      __syncthreads();  // P's tile complete
     }
-    __syncthreads();  // P's tile complete
 
     // ---- O += P V for this warp's dims (fp8 chunks 2 warp, 2 warp + 1) over the tile's 64 keys
 #pragma unroll
