@@ -407,7 +407,7 @@ def test_sm_scale_nan_raises_on_every_backend(with_sdpa, backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_logits_soft_cap_inf_is_no_cap(backend):
+def test_logits_soft_cap_inf_is_no_cap(backend, cpu_backend):
     """Reproduction: logits_soft_cap=inf computed inf * tanh(x / inf) = NaN everywhere."""
     from attncore.core import params
 
