@@ -10,7 +10,7 @@
 //
 // Layouts (lane = 4 g + t), the main kernel's (xqa_mma.cuh):
 //   s[mt][j][e]   row 16 mt + g + 8 (e / 2), key 16 warp + 8 j + 2 t + e % 2
-//   P tile        [ROWS][64 keys] fp16, 16-byte chunks swizzled (ac::swz_chunk), written by stmatrix from s
+//   P tile        [ROWS][64 keys] fp16, 16-byte chunks swizzled (ac::swz_chunk), written from s by 4-byte stores
 //   o[mt][n][e]   row 16 mt + g + 8 (e / 2), dims of this warp's n8 tile n: the fp8 V layout's permuted columns,
 //                 dim 16 (2 warp + n / 2) + 4 t + 2 (e % 2) + n % 2 (undone in the merge)
 //   m_run[mt][h], l_run[mt][h]   row 16 mt + g + 8 h; m_run is the CTA's, l_run this lane's sum over its keys
