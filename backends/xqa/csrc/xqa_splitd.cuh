@@ -75,15 +75,10 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
 
     if constexpr (DIAG == 1) continue;
 
-    // ---- S = Q K^T for this warp's 16 keys (xqa_mma.cuh), scaled and masked (xqa_mask.cuh)
+    // ---- S = Q K^T for this warp's 16 keys (xqa_mma.cuh), masked (xqa_mask.cuh).  Left unscaled: the row max is
+    // scaled (qk_scale > 0, so the max commutes with it) and P = 2^(s qk_scale - m) takes one FFMA an element
     float s[MT][2][4];
     compute_s<Cfg, __half, KVK>(s, ks, q_s, lm, kw0, lane);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][j][e] *= qk_scale;
     if (rows.tile_needs_mask(p, tile_start, TILE)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -110,7 +105,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float a = fmaxf(fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]), fmaxf(s[mt][1][2 * h], s[mt][1][2 * h + 1]));
-        mx[mt][h] = ac::quad_max(a);
+        mx[mt][h] = ac::quad_max(a) * qk_scale;
         up |= ac::next_max(m_run[mt][h], mx[mt][h]) != m_run[mt][h];
       }
     up = __any_sync(0xffffffffu, up);  // warp-uniform: this warp's P waits for the exchange
@@ -137,7 +132,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_sd_kernel(cons
           for (int j = 0; j < 2; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float pv = ac::ex2(s[mt][j][2 * h + e] - m_use);
+              const float pv = ac::ex2(fmaf(s[mt][j][2 * h + e], qk_scale, -m_use));
               s[mt][j][2 * h + e] = pv;
               sum += pv;
             }

@@ -171,11 +171,8 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
         }
     }
 
-    // ---- scale, mask (boundary tiles only; xqa_mask.cuh)
-#pragma unroll
-    for (int kb_ = 0; kb_ < KB; ++kb_)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[kb_][e] *= qk_scale;
+    // ---- mask (boundary tiles only; xqa_mask.cuh).  S stays unscaled: the row max is scaled (qk_scale > 0, so the
+    // max commutes with it) and P = 2^(s qk_scale - m) takes one FFMA an element
     if (rows.tile_needs_mask(p, tile_start, TILE)) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -197,7 +194,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
       float mx = fmaxf(s[0][h], s[0][2 + h]);
 #pragma unroll
       for (int kb_ = 1; kb_ < KB; ++kb_) mx = fmaxf(mx, fmaxf(s[kb_][h], s[kb_][2 + h]));
-      mx = ac::col_max(mx);
+      mx = ac::col_max(mx) * qk_scale;
       const float m_new = ac::next_max(m_run[h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       alpha[h] = ac::ex2(m_run[h] - m_use);
@@ -208,7 +205,7 @@ __global__ void __launch_bounds__(NT, Cfg::MIN_BLOCKS) xqa_decode_swap_kernel(co
       for (int kb_ = 0; kb_ < KB; ++kb_)
 #pragma unroll
         for (int hk = 0; hk < 2; ++hk) {
-          const float pv = ac::ex2(s[kb_][2 * hk + h] - m_use);
+          const float pv = ac::ex2(fmaf(s[kb_][2 * hk + h], qk_scale, -m_use));
           s[kb_][2 * hk + h] = pv;
           sum += pv;
         }
