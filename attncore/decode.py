@@ -13,6 +13,7 @@ import torch
 
 from attncore.core import _api
 from attncore.core import checks as _checks
+from attncore.core import current
 from attncore.core import fp8_query as _fp8_query
 from attncore.core import ops as _ops
 from attncore.core import params as _params
@@ -328,12 +329,12 @@ def xqa_batch_decode_with_kv_cache(
                           else (query.dtype, torch.float8_e4m3fn, torch.float8_e5m2))
         out_dtype = out.dtype
     # seq_lens' values (q_len_per_req <= seq_lens[i] <= max_seq_len, so within the block table too) are
-    # checked before the launch: a mismatch is an error naming the request, never "attend over what
-    # fits" (issue 13). On the CPU they are read here without a copy; on a device, one copy of B ints (a
-    # device sync, the price of that guarantee) just before the launch, so that the checks, the selection
-    # and the plan above it run while the stream's earlier kernels do (selection and plan take max_seq_len
-    # as the batch's longest; xqa's plan reads no lengths). Inside CUDA-graph capture nothing can be read
-    # back: there the values are the caller's responsibility (docs/semantics.md).
+    # checked in every call: a mismatch is an error naming the request, never "attend over what fits"
+    # (issue 13). On the CPU they are read here without a copy; on a device, one copy of B ints (a device
+    # sync, the price of that guarantee) at the launch (below), so that the checks, the selection and the
+    # plan above it run while the stream's earlier kernels do (selection and plan take max_seq_len as the
+    # batch's longest; xqa's plan reads no lengths). Inside CUDA-graph capture nothing can be read back:
+    # there the values are the caller's responsibility (docs/semantics.md).
     on_host = seq_lens.device.type == "cpu"
     meta = BatchMeta.from_block_tables(block_tables, seq_lens, max_seq_len, page_size, device=device, params=params,
                                        q_len_per_req=q_len, workspace=workspace_buffer, read_seq_lens=on_host)
@@ -355,9 +356,16 @@ def xqa_batch_decode_with_kv_cache(
     if on_host or torch.cuda.is_current_stream_capturing():
         planned.run(args)
         return out
-    # the launch is made ready too (the backend's relaunch, where it offers one), so that after the readback the GPU
-    # waits only for the check and the launch itself
+    # A backend whose kernels never read past max_seq_len (Backend.bounds_seq_lens: xqa) launches first and the
+    # lengths are read behind that launch, so the GPU goes from the work before it straight to it; a bad length
+    # still raises here (``out`` then holds undefined values).  Otherwise the launch is made ready (the backend's
+    # relaunch), so that after the readback the GPU waits only for the check and the launch itself.
     go = planned.relaunch(args)
+    if go and planned.bounds_seq_lens(args):
+        at = current.mark(current.index_of(device))
+        go(query, k, v, out, None, sinks)
+        meta.host_kv_lens(at)
+        return out
     meta.host_kv_lens()  # read back and checked (above); a backend's plan may have done it already
     if go:
         go(query, k, v, out, None, sinks)

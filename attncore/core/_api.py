@@ -235,6 +235,10 @@ class Planned:
         b, plan = self.serving(args)
         return b.relaunch(plan, args)
 
+    def bounds_seq_lens(self, args: RunArgs) -> bool:
+        """Whether the backend that serves ``args`` may launch before seq_lens is checked (Backend.bounds_seq_lens)."""
+        return self.serving(args)[0].bounds_seq_lens
+
     def split_runs(self, args: RunArgs, sms: int, tail_sms: int) -> Optional[tuple]:
         """POD's SM split: (first, tail), two callables that together run ``args`` (Backend.split_launches),
         ``first`` on ``sms`` SMs and ``tail`` after the other part on its ``tail_sms``; None where the backend has no

@@ -29,6 +29,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from attncore.core import checks as _checks
+from attncore.core import current
 from attncore.core import uploads
 from attncore.core.page_table import _check_seq_lens, _host_ints, _paged_kv_lens, _read_page_table, _seq_lens_int32
 from attncore.core.capabilities import Capabilities, Reason, check
@@ -164,11 +165,13 @@ class BatchMeta:
         self.__dict__["_qo_lens"] = (p, lens)
         return lens
 
-    def host_kv_lens(self) -> List[int]:
-        """Each request's KV length as Python ints.  Filled at construction, except for block tables
-        planned inside CUDA-graph capture: ``seq_lens`` is read here then (a device sync) and checked."""
+    def host_kv_lens(self, at: Optional[tuple] = None) -> List[int]:
+        """Each request's KV length as Python ints.  Filled at construction, except for block tables built
+        without reading ``seq_lens`` (inside CUDA-graph capture; the one-call xqa function): read here then (a
+        device sync; with ``at``, a ``current.mark``, behind that mark: ``current.read_at``) and checked."""
         if self.kv_lens_host is None:
-            self.kv_lens_host = _check_seq_lens(self.seq_lens, self.q_len_per_req, self.max_seq_len,
+            host = self.seq_lens.tolist() if at is None else current.read_at(at, self.seq_lens)
+            self.kv_lens_host = _check_seq_lens(host, self.q_len_per_req, self.max_seq_len,
                                                 self.block_tables.shape[1], self.page_size)
         return self.kv_lens_host
 
@@ -335,7 +338,7 @@ class BatchMeta:
         custom = custom_mask is not None or packed_custom_mask is not None
         if read_seq_lens is None:
             read_seq_lens = seq_lens.device.type == "cpu" or not torch.cuda.is_current_stream_capturing()
-        host = (_check_seq_lens(seq_lens, q_len_per_req, max_seq_len, block_tables.shape[1], page_size)
+        host = (_check_seq_lens(seq_lens.tolist(), q_len_per_req, max_seq_len, block_tables.shape[1], page_size)
                 if read_seq_lens or custom else None)
         qo_host = [i * q_len_per_req for i in range(b + 1)]
         mask, packed, mask_indptr, mask_host = _mask_fields(False, custom_mask, packed_custom_mask, qo_host, host,
@@ -464,6 +467,10 @@ class Backend:
     # True: plan() sends the batch's staged index tables (BatchMeta.staged) with its own tables in one copy
     # (attncore.core.uploads); else they are sent before plan() runs.
     sends_index_tables: bool = False
+    # True: its xqa_decode kernels read each request's length as at most BatchMeta.max_seq_len whatever
+    # ``seq_lens`` holds (no read past the block table), so the one-call xqa function may launch before it has
+    # read and checked them (the GPU then need not wait for that check); else it checks, then launches.
+    bounds_seq_lens: bool = False
 
     def __init_subclass__(cls, **kw) -> None:
         """Every backend's ``plan()`` runs with the batch's index tables sent (before it, or after it when the

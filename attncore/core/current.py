@@ -72,3 +72,25 @@ class on:
             _set_stream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
         elif prev is not None:
             prev.__exit__(*exc)
+
+
+_marks: dict = {}  # device index -> (event, side stream), made once (host time)
+
+
+def mark(index: int) -> tuple:
+    """A mark of what device ``index``'s current stream has queued so far (``read_at``): one event per device,
+    recorded again by each mark, so a mark is read before the next is made."""
+    hit = _marks.get(index)
+    if hit is None:
+        hit = _marks[index] = (torch.cuda.Event(), torch.cuda.Stream(device=index))
+    hit[0].record(current_stream(index))
+    return hit
+
+
+def read_at(at: tuple, t: torch.Tensor) -> list:
+    """``t``'s values (a small device tensor) as Python values once the work queued before the mark ``at`` is
+    done: copied on a side stream that waits for the mark, so the host does not wait for what was queued since."""
+    event, side = at
+    side.wait_event(event)
+    with on(side):
+        return t.tolist()

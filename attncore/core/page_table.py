@@ -106,10 +106,9 @@ def _paged_kv_lens(kv_indptr_host: List[int], last_host: List[int], page_size: i
     return kv_lens
 
 
-def _check_seq_lens(seq_lens: torch.Tensor, q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
-    """xqa's seq_lens as host ints, each within ``[q_len_per_req, max_seq_len]`` (one read of the tensor:
-    a device-to-host copy when it lives on a device)."""
-    host = seq_lens.tolist()  # int32 or uint32: Python ints
+def _check_seq_lens(host: List[int], q_len: int, max_seq_len: int, pages: int, page_size: int) -> List[int]:
+    """xqa's seq_lens read to the host (``tolist()`` of the int32 or uint32 tensor), each checked within
+    ``[q_len_per_req, max_seq_len]``."""
     if not host or (q_len <= min(host) and max(host) <= max_seq_len):  # host time: the common case in C
         return host
     for i, n in enumerate(host):

@@ -41,6 +41,7 @@ class XqaParams(ctypes.Structure):
         ("group", ctypes.c_int32), ("q_len", ctypes.c_int32), ("rows", ctypes.c_int32),
         ("m_groups", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
         ("window_left", ctypes.c_int32), ("causal", ctypes.c_int32), ("mask_words16", ctypes.c_int32),
+        ("max_seq_len", ctypes.c_int32),
         ("qk_scale_log2", ctypes.c_float), ("out_scale", ctypes.c_float),
         ("enable_pdl", ctypes.c_int32), ("device", ctypes.c_int32),
     ]

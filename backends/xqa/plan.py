@@ -265,6 +265,7 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     params.page_table_indptr = indptr.data_ptr() if indptr is not None else None
     params.page_table_stride = pt_stride
     params.seq_lens = meta.kv_lens.data_ptr()
+    params.max_seq_len = max_len if problem.op == "xqa_decode" else 2 ** 31 - 1  # paged: lengths checked at plan
     params.batch = B
     params.num_q_heads = problem.num_qo_heads
     params.num_kv_heads = Hkv
