@@ -233,10 +233,13 @@ def test_xqa_device_seq_lens_past_max_seq_len_raise(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens,dtype,msg", [
     ([13, 5], torch.int32, r"seq_lens\[0\] = 13 \(request 0\)"), ([3, -2], torch.int32, r"seq_lens\[1\] = -2 "),
-    ([2 ** 32 - 1, 5], torch.uint32, r"seq_lens\[0\] = 4294967295 "), ([0, 5], torch.int32, r"seq_lens\[0\] = 0 ")])
-def test_xqa_launch_before_check_reads_nothing_past_the_table(lens, dtype, msg):
+    ([2 ** 32 - 1, 5], torch.uint32, r"seq_lens\[0\] = 4294967295 "), ([0, 5], torch.int32, r"seq_lens\[0\] = 0 "),
+    ([9, 12], torch.int32, r"seq_lens\[1\] = 12 ")])
+@pytest.mark.parametrize("padding", [None, -7, 10 ** 6])
+def test_xqa_launch_before_check_reads_nothing_past_the_table(lens, dtype, msg, padding):
     """xqa launches before it reads seq_lens back (Backend.bounds_seq_lens): the call still raises, the kernel
-    read no page past the block table (no CUDA error), and the next call is right."""
+    read nothing outside the block table and the cache (no CUDA error), also where a bad length reaches the table's
+    padding (``padding``: request 1's unused last entry), and the next call is right."""
     from attncore.testing.contract import assert_batch
 
     if not torch.cuda.is_available():
@@ -244,17 +247,19 @@ def test_xqa_launch_before_check_reads_nothing_past_the_table(lens, dtype, msg):
     if not attncore.core.registry.get_entry("xqa").is_available:
         pytest.skip("xqa unavailable")
     q, cache, _, bt = (t.cuda() for t in _xqa_case())
+    if padding is not None:
+        bt[1, 2] = padding
     ws = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
     out = torch.full_like(q, float("nan"))
     with pytest.raises(ValueError, match=r"seq_lens: got " + msg):
         attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor(lens, dtype=dtype).cuda(), 9,
                                                 out=out, backend="xqa")
-    torch.cuda.synchronize()  # raises here if the kernel had read past the block table
+    torch.cuda.synchronize()  # raises here had the kernel read outside the table or the cache
     out.fill_(float("nan"))
     good = [9, 5]
     attncore.xqa_batch_decode_with_kv_cache(q, cache, ws, bt, torch.tensor(good, dtype=dtype).cuda(), 9, out=out,
                                             backend="xqa")
-    kv = [cache[bt[i].long()].transpose(0, 1).reshape(2, -1, 2, 64)[:, :n] for i, n in enumerate(good)]
+    kv = [cache[bt[i, :-(-n // 4)].long()].transpose(0, 1).reshape(2, -1, 2, 64)[:, :n] for i, n in enumerate(good)]
     assert_batch([(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(2)], out, causal=True, sm_scale=1.0)
 
 

@@ -221,8 +221,8 @@ def test_params_struct_layout():
 
     from attncore.backends.xqa.binding import XqaParams
 
-    # 13 pointers, 13 int64 strides, 13 int32, 2 floats, 2 int32, padded to 8 bytes (mirrors csrc/xqa_params.h)
-    assert ctypes.sizeof(XqaParams) == 13 * 8 + 13 * 8 + 13 * 4 + 2 * 4 + 2 * 4 + 4
+    # 13 pointers, 13 int64 strides, 14 int32, 2 floats, 2 int32 (mirrors csrc/xqa_params.h)
+    assert ctypes.sizeof(XqaParams) == 13 * 8 + 13 * 8 + 14 * 4 + 2 * 4 + 2 * 4
 
 
 def _nvcc():

@@ -467,9 +467,9 @@ class Backend:
     # True: plan() sends the batch's staged index tables (BatchMeta.staged) with its own tables in one copy
     # (attncore.core.uploads); else they are sent before plan() runs.
     sends_index_tables: bool = False
-    # True: its xqa_decode kernels read each request's length as at most BatchMeta.max_seq_len whatever
-    # ``seq_lens`` holds (no read past the block table), so the one-call xqa function may launch before it has
-    # read and checked them (the GPU then need not wait for that check); else it checks, then launches.
+    # True: its xqa_decode kernels read nothing outside the block table and the K/V caches whatever ``seq_lens`` and
+    # the table hold, so the one-call xqa function may launch before it has read and checked the lengths (the GPU
+    # then need not wait for that check); else it checks, then launches.
     bounds_seq_lens: bool = False
 
     def __init_subclass__(cls, **kw) -> None:

@@ -96,7 +96,7 @@ class XqaBackend(Backend):
                    "9-32 rows: O's dims split over the warps; paged cp.async, split-KV), sm80/sm90")
     capabilities = CAPABILITIES
     sends_index_tables = True  # one copy with its zeroed counters (plan.make_plan, attncore.core.uploads)
-    bounds_seq_lens = True  # its Work reads min(seq_lens[b], max_seq_len) (csrc/xqa_config.cuh)
+    bounds_seq_lens = True  # lengths read as at most the table's tokens, page ids as at most the caches' last page
 
     # Policy knobs (benchmarks and tests flip them; defaults were chosen from measurements).
     mt2_for_fp8 = True  # 17..32 rows with fp8 KV: one 32-row CTA (True) or two 16-row CTAs

@@ -41,7 +41,7 @@ class XqaParams(ctypes.Structure):
         ("group", ctypes.c_int32), ("q_len", ctypes.c_int32), ("rows", ctypes.c_int32),
         ("m_groups", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
         ("window_left", ctypes.c_int32), ("causal", ctypes.c_int32), ("mask_words16", ctypes.c_int32),
-        ("max_seq_len", ctypes.c_int32),
+        ("kv_cap", ctypes.c_int32), ("max_page", ctypes.c_int32),
         ("qk_scale_log2", ctypes.c_float), ("out_scale", ctypes.c_float),
         ("enable_pdl", ctypes.c_int32), ("device", ctypes.c_int32),
     ]
@@ -160,6 +160,7 @@ def _set_layout(p: XqaParams, plan, qs, os_, ks, vs, args) -> None:
     p.v_stride_page, p.v_stride_head, p.v_stride_tok = _kv_strides(vs, plan.layout)
     if args.lse is not None:
         p.lse_stride_tok, p.lse_stride_head = args.lse.stride()
+    p.max_page = min(args.k.shape[0], args.v.shape[0]) - 1  # the caches' pages (a bad id reads no further)
     p.qk_scale_log2 = plan.sm_scale * args.q_scale * args.k_scale * LOG2E * plan.fp8_fold
     p.out_scale = args.v_scale / args.o_scale * plan.fp8_fold
     p.enable_pdl = 1 if (args.enable_pdl and plan.pdl_ok) else 0

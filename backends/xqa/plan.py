@@ -265,7 +265,9 @@ def make_plan(problem: AttentionProblem, meta: BatchMeta, lib, dev: torch.device
     params.page_table_indptr = indptr.data_ptr() if indptr is not None else None
     params.page_table_stride = pt_stride
     params.seq_lens = meta.kv_lens.data_ptr()
-    params.max_seq_len = max_len if problem.op == "xqa_decode" else 2 ** 31 - 1  # paged: lengths checked at plan
+    # a length past the block table is read as its end (the table's shape, not max_seq_len: the same for every re-plan
+    # a captured graph replays); the paged form's lengths come from its indptr
+    params.kv_cap = min(bt.shape[1] * ps, 2 ** 31 - 1) if problem.op == "xqa_decode" else 2 ** 31 - 1
     params.batch = B
     params.num_q_heads = problem.num_qo_heads
     params.num_kv_heads = Hkv

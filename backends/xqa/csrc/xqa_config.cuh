@@ -89,7 +89,7 @@ struct Work {
     G = p.group, QL = p.q_len;
     row0 = mg * Cfg::ROWS;
     rows_here = min(Cfg::ROWS, p.rows - row0);
-    seq_len = (int)min((unsigned)p.seq_lens[b], (unsigned)p.max_seq_len);  // a bad length reads no further
+    seq_len = (int)min((unsigned)p.seq_lens[b], (unsigned)p.kv_cap);  // a bad length reads no table entry past it
     lo = 0;
     if (p.window_left >= 0) lo = max(0, seq_len - QL - p.window_left);
     kv_begin = (lo / Cfg::TILE) * Cfg::TILE;

@@ -174,7 +174,7 @@ struct KvCopy {
       // RPT consecutive slots of one page: one address, then constant steps.  Rows past seq_len
       // (zero-filled, nothing read) still point inside that page (or page 0 when the whole run is
       // past the end), so no select is needed.
-      const int64_t page = pg[0];
+      const int64_t page = min((unsigned)pg[0], (unsigned)p.max_page);  // a bad id reads no page past the caches
       const int64_t slot = tok0 & w.ps_mask;
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
       const uint8_t* vsrc = vbase + (page * p.v_stride_page + slot * p.v_stride_tok) * Cfg::KVB;
@@ -194,7 +194,7 @@ struct KvCopy {
       const int tok = tok0 + k;
       const bool valid = tok < w.seq_len && (!EDGE || tok >= w.lo);
       const int64_t slot = tok & w.ps_mask;
-      const int64_t page = pg[k];
+      const int64_t page = min((unsigned)pg[k], (unsigned)p.max_page);
       const uint8_t* ksrc = kbase + (page * p.k_stride_page + slot * p.k_stride_tok) * Cfg::KVB;
       const uint8_t* vsrc = vbase + (page * p.v_stride_page + slot * p.v_stride_tok) * Cfg::KVB;
       const uint32_t off = r * RB + (ac::swz_chunk<C>(r, ld_c) << 4);

@@ -50,7 +50,8 @@
   F(int32_t, window_left)                                                                                 \
   F(int32_t, causal)                                                                                      \
   F(int32_t, mask_words16)                                                                                \
-  F(int32_t, max_seq_len)          /* seq_lens[b] read as at most this: no read past block_tables */      \
+  F(int32_t, kv_cap)               /* seq_lens[b] read as at most this: the block table's tokens */       \
+  F(int32_t, max_page)             /* page ids read as at most this (unsigned): the caches' last page */  \
   /* Scales: logits in base 2 are qk * qk_scale_log2; out = softmax @ v * out_scale. */                   \
   F(float, qk_scale_log2)                                                                                 \
   F(float, out_scale)                                                                                     \
