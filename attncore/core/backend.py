@@ -165,7 +165,7 @@ class BatchMeta:
         self.__dict__["_qo_lens"] = (p, lens)
         return lens
 
-    def host_kv_lens(self, at: Optional[tuple] = None) -> List[int]:
+    def host_kv_lens(self, at: Optional[list] = None) -> List[int]:
         """Each request's KV length as Python ints.  Filled at construction, except for block tables built
         without reading ``seq_lens`` (inside CUDA-graph capture; the one-call xqa function): read here then (a
         device sync; with ``at``, a ``current.mark``, behind that mark: ``current.read_at``) and checked."""
