@@ -771,3 +771,44 @@ def test_gpu_cuda_graph_replan_after_plan_dropped():
     b.run(plan_b, args)
     torch.cuda.synchronize()
     assert torch.equal(out, replay), "graph replay must equal an eager run of the re-planned plan"
+
+
+@gpu
+def test_gpu_one_call_cached_launch():
+    """The one-call API's later calls of a signature take its cached launch (plan_cache.XQA_LAUNCHES): new cache
+    contents, another cache of the same layout and new lengths in the same seq_lens buffer are all read; a bad
+    length still raises naming the request."""
+    import attncore
+    from attncore.core import plan_cache
+
+    torch.manual_seed(20)
+    B, hq, hkv, d, ps, pages = 3, 16, 4, 128, 16, 8
+    q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+    bt = torch.randperm(B * pages, device="cuda").to(torch.int32).view(B, pages)
+    ws = torch.zeros(8 << 20, dtype=torch.uint8, device="cuda")
+    seq = torch.tensor([100, 1, 128], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def cache():
+        return torch.randn(B * pages, 2, ps, hkv, d, device="cuda", dtype=torch.bfloat16)
+
+    def call_and_check(c, lens):
+        seq.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        attncore.xqa_batch_decode_with_kv_cache(q, c, ws, bt, seq, pages * ps, bmm1_scale=d ** -0.5, out=out,
+                                                backend="xqa")
+        kv = [c[bt[i, :-(-n // ps)].long()].transpose(0, 1).reshape(2, -1, hkv, d)[:, :n] for i, n in enumerate(lens)]
+        assert_batch([(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(B)], out, causal=True, sm_scale=d ** -0.5)
+
+    c = cache()
+    call_and_check(c, [100, 1, 128])
+    hits = plan_cache.XQA_LAUNCHES.hits
+    c.copy_(cache())
+    call_and_check(c, [64, 128, 7])
+    c2 = cache()
+    call_and_check(c2, [1, 17, 90])
+    assert plan_cache.XQA_LAUNCHES.hits == hits + 2
+    with pytest.raises(ValueError, match=r"seq_lens: got seq_lens\[0\] = 129 \(request 0\)"):
+        call_and_check(c2, [129, 5, 5])
+    torch.cuda.synchronize()
+    assert plan_cache.XQA_LAUNCHES.hits == hits + 3

@@ -65,6 +65,9 @@ class PlanCache:
 
 #: the one-call functions' plans, keyed as above
 ONE_CALL_PLANS = PlanCache()
+#: the one-call xqa function's launches (attncore.decode._xqa_key): keyed also by the addresses of the caller's block
+#: table, seq_lens and workspace, which its plans keep alive, so few (a serving step reuses one set of buffers)
+XQA_LAUNCHES = PlanCache(8)
 
 ONE_CALL_WORKSPACE_BYTES = 32 << 20  # the one-call functions' float workspace per device (FlashInfer: 32 MiB)
 _ONE_CALL_WS: Dict[torch.device, torch.Tensor] = {}
