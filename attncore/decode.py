@@ -373,8 +373,8 @@ def xqa_batch_decode_with_kv_cache(
         return out
     # A backend whose kernels read nothing outside the table and the caches (Backend.bounds_seq_lens: xqa) launches
     # first and the lengths are read behind that launch, so the GPU goes from the work before it straight to it; a
-    # bad length still raises here (``out`` then holds undefined values).  Otherwise the launch is made ready (the backend's
-    # relaunch), so that after the readback the GPU waits only for the check and the launch itself.
+    # bad length still raises here (``out`` then holds undefined values).  Otherwise the launch is made ready (the
+    # backend's relaunch), so that after the readback the GPU waits only for the check and the launch itself.
     go = planned.relaunch(args)
     if go and planned.bounds_seq_lens(args):
         at = current.mark(current.index_of(device))

@@ -90,8 +90,8 @@ def mark(index: int) -> list:
 def read_at(at: list, t: torch.Tensor) -> list:
     """``t``'s values (a small device tensor) as Python values once the work queued before the mark ``at`` is
     done: copied on a side stream that waits for the mark, so the host does not wait for what was queued since.
-    The copy lands in pinned memory: a copy to pageable memory waited for the current stream's kernels too (H200:
-    ~0.25 ms a call behind xqa's X1-fp8 launch)."""
+    The copy lands in pinned memory, so that it is asynchronous on the side stream (a copy to pageable memory is
+    staged by the driver and may wait for more than the side stream's work)."""
     event, side, buf = at
     n = t.numel() * t.element_size()
     if buf is None or buf.numel() < n:
