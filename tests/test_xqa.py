@@ -812,3 +812,31 @@ def test_gpu_one_call_cached_launch():
         call_and_check(c2, [129, 5, 5])
     torch.cuda.synchronize()
     assert plan_cache.XQA_LAUNCHES.hits == hits + 3
+
+
+@gpu
+def test_gpu_one_call_tensor_scale_is_read_each_call():
+    """A 1-element tensor bmm1_scale is read in every call (never part of a cached launch): a changed value changes
+    the result."""
+    import attncore
+    from attncore.core import plan_cache
+
+    torch.manual_seed(21)
+    B, hq, hkv, d, ps, pages = 2, 8, 2, 128, 16, 4
+    q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+    bt = torch.arange(B * pages, device="cuda", dtype=torch.int32).view(B, pages)
+    ws = torch.zeros(8 << 20, dtype=torch.uint8, device="cuda")
+    seq = torch.tensor([40, 64], dtype=torch.int32, device="cuda")
+    c = torch.randn(B * pages, 2, ps, hkv, d, device="cuda", dtype=torch.bfloat16)
+    scale = torch.tensor([d ** -0.5], device="cuda")
+    outs = []
+    misses = plan_cache.XQA_LAUNCHES.misses
+    for s in (d ** -0.5, 4 * d ** -0.5):
+        scale.fill_(s)
+        outs.append(attncore.xqa_batch_decode_with_kv_cache(q, c, ws, bt, seq, pages * ps, bmm1_scale=scale,
+                                                            backend="xqa"))
+        kv = [c[bt[i, :-(-n // ps)].long()].transpose(0, 1).reshape(2, -1, hkv, d)[:, :n]
+              for i, n in enumerate([40, 64])]
+        assert_batch([(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(B)], outs[-1], causal=True, sm_scale=s)
+    assert not torch.equal(outs[0], outs[1])
+    assert plan_cache.XQA_LAUNCHES.misses == misses  # never looked up: no key for a tensor scale
