@@ -288,9 +288,7 @@ def xqa_batch_decode_with_kv_cache(
     hit = None if key is None else _plan_cache.XQA_LAUNCHES.get(key)
     if hit is not None:
         go, lens = hit
-        if kv_cache.__class__ is not tuple and kv_cache.shape[1] == 1:
-            kv_cache = (kv_cache[:, 0], kv_cache[:, 0])
-        k, v = unpack_paged_kv_cache(kv_cache, kv_layout)
+        k, v = unpack_paged_kv_cache(_shared_kv(kv_cache), kv_layout)
         if out is None:
             out = torch.empty_like(query)
         at = current.mark(query.device.index)
@@ -313,8 +311,7 @@ def xqa_batch_decode_with_kv_cache(
     if query.shape[0] != b * q_len:
         raise ValueError(f"query: got {query.shape[0]} rows, expected batch_size * q_len_per_req = {b * q_len}")
     _checks.check_tensor("workspace_buffer", workspace_buffer, device=device)
-    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1:
-        kv_cache = (kv_cache[:, 0], kv_cache[:, 0])  # K and V share storage
+    kv_cache = _shared_kv(kv_cache)
     k_cache, _ = unpack_paged_kv_cache(kv_cache, kv_layout)
     page_size = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
     hkv = k_cache.shape[2] if kv_layout == "NHD" else k_cache.shape[1]
@@ -389,6 +386,14 @@ def xqa_batch_decode_with_kv_cache(
     else:
         planned.run(args)
     return out
+
+
+def _shared_kv(kv_cache):
+    """xqa's 5-D cache of one K/V slot (``[pages, 1, ...]``: K and V share storage) as a (K, V) pair of views; any
+    other cache as given."""
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1:
+        return kv_cache[:, 0], kv_cache[:, 0]
+    return kv_cache
 
 
 def _xqa_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,

@@ -773,6 +773,15 @@ def test_gpu_cuda_graph_replan_after_plan_dropped():
     assert torch.equal(out, replay), "graph replay must equal an eager run of the re-planned plan"
 
 
+def _block_table_reqs(q, cache, bt, lens):
+    """assert_batch's requests of a one-call xqa batch: request i's q row and its K / V gathered through block
+    table row i from a combined NHD cache ``[pages, 2, page_size, Hkv, D]``."""
+    ps = cache.shape[2]
+    kv = [cache[bt[i, :-(-n // ps)].long()].transpose(0, 1).reshape(2, -1, *cache.shape[3:])[:, :n]
+          for i, n in enumerate(lens)]
+    return [(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(len(lens))]
+
+
 @gpu
 def test_gpu_one_call_cached_launch():
     """The one-call API's later calls of a signature take its cached launch (plan_cache.XQA_LAUNCHES): new cache
@@ -797,8 +806,7 @@ def test_gpu_one_call_cached_launch():
         out.fill_(float("nan"))
         attncore.xqa_batch_decode_with_kv_cache(q, c, ws, bt, seq, pages * ps, bmm1_scale=d ** -0.5, out=out,
                                                 backend="xqa")
-        kv = [c[bt[i, :-(-n // ps)].long()].transpose(0, 1).reshape(2, -1, hkv, d)[:, :n] for i, n in enumerate(lens)]
-        assert_batch([(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(B)], out, causal=True, sm_scale=d ** -0.5)
+        assert_batch(_block_table_reqs(q, c, bt, lens), out, causal=True, sm_scale=d ** -0.5)
 
     c = cache()
     call_and_check(c, [100, 1, 128])
@@ -835,8 +843,6 @@ def test_gpu_one_call_tensor_scale_is_read_each_call():
         scale.fill_(s)
         outs.append(attncore.xqa_batch_decode_with_kv_cache(q, c, ws, bt, seq, pages * ps, bmm1_scale=scale,
                                                             backend="xqa"))
-        kv = [c[bt[i, :-(-n // ps)].long()].transpose(0, 1).reshape(2, -1, hkv, d)[:, :n]
-              for i, n in enumerate([40, 64])]
-        assert_batch([(q[i:i + 1], kv[i][0], kv[i][1]) for i in range(B)], outs[-1], causal=True, sm_scale=s)
+        assert_batch(_block_table_reqs(q, c, bt, [40, 64]), outs[-1], causal=True, sm_scale=s)
     assert not torch.equal(outs[0], outs[1])
     assert plan_cache.XQA_LAUNCHES.misses == misses  # never looked up: no key for a tensor scale
