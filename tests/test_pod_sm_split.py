@@ -228,7 +228,8 @@ def test_split_tail_follows_a_queued_prefill_even_when_the_decode_raises(h100, m
 def test_run_parts_gives_the_prefills_tail_to_the_decodes_sms(h100, monkeypatch):
     """run_parts() on an SM split: the decode runs with its share's SMs, the prefill as the two launches its backend
     offers for (prefill SMs, decode SMs) (Planned.split_runs), the tail after the decode on its stream; with
-    SPLIT_TAIL off, or where the backend offers none, the prefill runs whole; serially, no SMs are asked for."""
+    SPLIT_TAIL off, where the backend offers none, or where the model has the decode clearly ending last (the tail would
+    find no work), the prefill runs whole; serially, no SMs are asked for."""
     import contextlib
 
     ran, asked = [], []
@@ -249,14 +250,19 @@ def test_run_parts_gives_the_prefills_tail_to_the_decodes_sms(h100, monkeypatch)
 
     st = streams.Streams("sm_split", torch.device("cuda", 0))
     st.pair = ((_FakeStream("prefill", []), 40), (_FakeStream("decode", []), 92))
+    choice = lambda p_s, d_s: streams.SplitChoice(40, 1.0, 1.2, True, "", p_s, d_s)  # noqa: E731
+    st.choice = choice(0.30, 0.32)  # the prefill ends last, or close enough that the model could be wrong
     st.run_parts(Part("p", True), None, Part("d", False), None, None)
     assert asked == [(40, 92)]
     assert ran == ["on prefill", "first", "on decode", "d 92", "on decode", "tail"]
-    for part, tail_on in ((Part("p", False), True), (Part("p", True), False)):
-        ran.clear()
+    for part, tail_on, c in ((Part("p", False), True, st.choice), (Part("p", True), False, st.choice),
+                             (Part("p", True), True, choice(0.30, 0.34))):  # the decode ends last by > 10%
+        ran.clear(), asked.clear()
         monkeypatch.setattr(streams, "SPLIT_TAIL", tail_on)
+        st.choice = c
         st.run_parts(part, None, Part("d", False), None, None)
         assert ran == ["on prefill", "p None", "on decode", "d 92"]
+        assert asked == ([(40, 92)] if c.tail_pays else [])
     ran.clear(), asked.clear()
     st.run_parts(Part("p", True), None, Part("d", False), None, "overlap='serial': asked")
     assert ran == ["p None", "d None"] and asked == [] and st.mode == "serial"
@@ -316,20 +322,27 @@ POD_ARGS = ["explain", "--op", "pod", "--device", "cuda", "--heads", "32/8", "--
             "bfloat16", "--mask", "causal"]
 
 
-@pytest.mark.parametrize("sizes,cc,sms,want", [
-    ("2048,2048,64,4096", "9.0", "132", "overlap='auto': SM split, the prefill on 40 SMs, the decode on 92 (model: "),
-    ("512,512,8,1024", "9.0", "132", "overlap='auto': serial (model: prefill"),
+TAIL = "the prefill's work left when the decode ends then moves to the decode's SMs"
+NO_TAIL = "no tail for the prefill: the model has it ending first (326 us on its SMs against the decode's 368)"
+
+
+@pytest.mark.parametrize("sizes,cc,sms,want,tail", [
+    ("2048,2048,64,4096", "9.0", "132", "overlap='auto': SM split, the prefill on 40 SMs, the decode on 92 (model: ",
+     NO_TAIL),  # PD1: the decode ends last (streams.SPLIT_TAIL_MIN_RATIO)
+    ("4096,4096,32,4096", "9.0", "132", "overlap='auto': SM split, the prefill on 96 SMs, the decode on 36 (model: ",
+     TAIL),  # PD2: the prefill ends last
+    ("512,512,8,1024", "9.0", "132", "overlap='auto': serial (model: prefill", None),
     ("2048,2048,64,4096", "8.0", "108", "overlap='auto': serial on sm_80 (the SM split's model was fitted on "
-                                        "sm_90); overlap='sm_split' would put the prefill on 32 of 108 SMs"),
+                                        "sm_90); overlap='sm_split' would put the prefill on 32 of 108 SMs", None),
 ])
-def test_explain_says_how_auto_runs_a_pod_of_these_sizes(capsys, sizes, cc, sms, want):
+def test_explain_says_how_auto_runs_a_pod_of_these_sizes(capsys, sizes, cc, sms, want, tail):
     from attncore.cli import main
 
     main(POD_ARGS + ["--cc", cc, "--pod-sizes", sizes, "--sms", sms])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"pod sizes: prefill {sizes.split(',')[0]} x") and want in last, last
-    tail = "the prefill's work left when the decode ends then moves to the decode's SMs"
-    assert (tail in last) == ("'auto': SM split" in want), last  # (the split's tail: streams.SPLIT_TAIL)
+    for t in (TAIL, NO_TAIL):  # the split's tail (streams.SPLIT_TAIL), said only of a split
+        assert (t in last) == (t == tail), last
 
 
 @pytest.mark.parametrize("extra,err", [

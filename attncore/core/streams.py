@@ -25,6 +25,11 @@ PREFILL_FIRST = True  # the launch order on two streams or an SM split (Streams.
 # 32 x 4k 0.193 / 0.190 (the decode the longer part: the tail's launch costs); a split that starves the prefill
 # loses 10-32% less.
 SPLIT_TAIL = True
+# ... but only where the model has the prefill on its share taking at least this share of the decode's time on its
+# share: where the decode clearly ends last, the tail finds no work and its launch (two waves of CTAs that exit at once)
+# sits between the decode's end and the join.  H200 (2026-11-30, BENCHMARKS.md 2ax, PD1 at 40 / 92 SMs, 5 interleaved
+# rounds): 0.2864 ms with the tail, 0.2817 without (serial 0.3222); the model's ratio there is 0.89.
+SPLIT_TAIL_MIN_RATIO = 0.9
 # Why overlap="auto" never picks "streams": measured on an H100 (2026-11-24, scripts/gpu_pod_streams.sh, bf16
 # 32/8 heads d128 page 16), streams / serial 1.01 on PD1 (0.447 vs 0.452 ms) and PD2 (0.465 vs 0.470), a median
 # of 1.005 over the 27-point sweep, 1.02-1.04 at best and 0.57-0.83 beside short decodes (kv 1k, batch <= 32:
@@ -84,6 +89,13 @@ class SplitChoice:
     serial_s: float
     worth: bool
     reason: str
+    prefill_share_s: float = 0.0  # the model's time of each part on its share of the SMs
+    decode_share_s: float = 0.0
+
+    @property
+    def tail_pays(self) -> bool:
+        """Whether the prefill's tail (SPLIT_TAIL) is launched: the model does not have the decode clearly ending last."""
+        return SPLIT_TAIL and self.prefill_share_s >= SPLIT_TAIL_MIN_RATIO * self.decode_share_s
 
 
 def prefill_flops(lens, causal: bool, num_qo_heads: int, head_dim_qk: int, head_dim_vo: int) -> float:
@@ -122,19 +134,21 @@ def choose_split(flops: float, nbytes: float, sms: int, granularity: int = green
     serial = p_all + d_all
     best = None
     for s in range(granularity, sms - granularity + 1, granularity):
-        t = max(p_all * sms / s, d_all * max(1.0, DECODE_SATURATION * sms / (sms - s))) + SPLIT_COST_S
+        p_s, d_s = p_all * sms / s, d_all * max(1.0, DECODE_SATURATION * sms / (sms - s))
+        t = max(p_s, d_s) + SPLIT_COST_S
         if best is None or t < best[0]:
-            best = (t, s)
+            best = (t, s, p_s, d_s)
     if best is None:
         return SplitChoice(None, serial, serial, False, f"{sms} SMs: too few to split in groups of {granularity}")
-    t, s = best
+    t, s, p_s, d_s = best
     fig = (f"model: prefill {p_all * 1e6:.0f} us + decode {d_all * 1e6:.0f} us one after the other, "
            f"{t * 1e6:.0f} us with the prefill on {s} of {sms} SMs")
     if flops < SPLIT_MIN_PREFILL_FLOPS:
         return SplitChoice(s, t, serial, False, f"{fig}: a prefill of {flops / 1e9:.1f} GFLOP, under the "
-                           f"{SPLIT_MIN_PREFILL_FLOPS / 1e9:.0f} below which the split measured slower than serial")
+                           f"{SPLIT_MIN_PREFILL_FLOPS / 1e9:.0f} below which the split measured slower than serial",
+                           p_s, d_s)
     worth = t <= margin * serial
-    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - margin:.0%} saved")
+    return SplitChoice(s, t, serial, worth, fig if worth else f"{fig}: under {1 - margin:.0%} saved", p_s, d_s)
 
 
 def _fitted_elsewhere(cc) -> str:
@@ -153,8 +167,14 @@ def describe_split(flops: float, nbytes: float, sms: int, compute_capability,
                 f"({c.reason})")
     if c.prefill_sms is None or not c.worth:
         return f"overlap='auto': serial ({c.reason})"
-    tail = ("; the prefill's work left when the decode ends then moves to the decode's SMs where its backend "
-            "splits its launch (Backend.split_launches: cuda_fa2's prefill90)") if SPLIT_TAIL else ""
+    if c.tail_pays:
+        tail = ("; the prefill's work left when the decode ends then moves to the decode's SMs where its backend "
+                "splits its launch (Backend.split_launches: cuda_fa2's prefill90)")
+    elif SPLIT_TAIL:
+        tail = (f"; no tail for the prefill: the model has it ending first ({c.prefill_share_s * 1e6:.0f} us on its "
+                f"SMs against the decode's {c.decode_share_s * 1e6:.0f})")
+    else:
+        tail = ""
     return (f"overlap='auto': SM split, the prefill on {c.prefill_sms} SMs, the decode on {sms - c.prefill_sms} "
             f"({c.reason}){tail}")
 
@@ -241,11 +261,11 @@ class Streams:
         """compose() of two planned parts (attncore.core._api.Planned) with ``decide()``'s answer: on an SM split
         the decode runs a plan for its share (``Planned.run``'s sms) and, where the prefill's backend can
         (``Planned.split_runs``; ``SPLIT_TAIL``), the prefill's work left when the decode is done is taken over on
-        the decode's SMs."""
+        the decode's SMs, unless the model has the decode ending last (``SplitChoice.tail_pays``)."""
         sms = self.split_sms(why_serial)
         if sms is None:
             return self.compose(lambda: planned_p.run(args_p), lambda: planned_d.run(args_d), why_serial)
-        pair = planned_p.split_runs(args_p, *sms) if SPLIT_TAIL else None
+        pair = planned_p.split_runs(args_p, *sms) if self.choice.tail_pays else None
         first, tail = pair or ((lambda: planned_p.run(args_p)), None)
         self.compose(first, lambda: planned_d.run(args_d, sms[1]), why_serial, tail=tail)
 
