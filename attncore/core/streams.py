@@ -265,7 +265,8 @@ class Streams:
         sms = self.split_sms(why_serial)
         if sms is None:
             return self.compose(lambda: planned_p.run(args_p), lambda: planned_d.run(args_d), why_serial)
-        pair = planned_p.split_runs(args_p, *sms) if self.choice.tail_pays else None
+        c = self.choice  # (None: a pair set without the model's figures keeps the tail)
+        pair = planned_p.split_runs(args_p, *sms) if (c.tail_pays if c is not None else SPLIT_TAIL) else None
         first, tail = pair or ((lambda: planned_p.run(args_p)), None)
         self.compose(first, lambda: planned_d.run(args_d, sms[1]), why_serial, tail=tail)
 
