@@ -15,6 +15,9 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#ifndef FA2_SM90_KV_EVICT_LAST
+#define FA2_SM90_KV_EVICT_LAST 1  // experiment (session 54): TMA K/V loads with an L2 evict-last hint
+#endif
 #ifndef FA2_SM90_WAIT_NS
 #define FA2_SM90_WAIT_NS 10000000  // mbar_wait's suspend-time hint (ns); 0: none
 #endif
@@ -102,9 +105,17 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes) {
 // TMA: the box of tensor map `map` (a kernel parameter's address) at coordinates (c0, c1, c2) into shared memory at
 // `dst`, its bytes completing on mbarrier `bar`
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
+#if FA2_SM90_KV_EVICT_LAST
+  // L2 evict-last: the K/V a prefill re-reads for every query tile stays in L2 beside a streaming decode (POD)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar),
+      "l"(0x14F0000000000000ull) : "memory");
+#else
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+#endif
 }
 // until phase `parity` of `a` completes.  Each try suspends the thread until then or for at most FA2_SM90_WAIT_NS
 // (CUTLASS's 10 ms; 0: the hardware's own limit, which returned every ~65 clocks: a consumer's wait for a unit's
