@@ -15,8 +15,11 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+// TMA K/V loads with an L2 evict-last hint (as FlashAttention-3's): the K/V every query tile re-reads stays in L2
+// beside a decode streaming its cache (POD's SM split).  H200 (2026-11-30, BENCHMARKS.md 2ax, same run): PD1 0.2810
+// -> 0.2779 ms, the prefill alone on its 40 SMs level (0.2107 / 0.2103).  0: no hint.
 #ifndef FA2_SM90_KV_EVICT_LAST
-#define FA2_SM90_KV_EVICT_LAST 1  // experiment (session 54): TMA K/V loads with an L2 evict-last hint
+#define FA2_SM90_KV_EVICT_LAST 1
 #endif
 #ifndef FA2_SM90_WAIT_NS
 #define FA2_SM90_WAIT_NS 10000000  // mbar_wait's suspend-time hint (ns); 0: none
@@ -106,7 +109,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes) {
 // `dst`, its bytes completing on mbarrier `bar`
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
 #if FA2_SM90_KV_EVICT_LAST
-  // L2 evict-last: the K/V a prefill re-reads for every query tile stays in L2 beside a streaming decode (POD)
+  // 0x14F0000000000000: the evict-last cache policy (CUTLASS's CacheHintSm90::EVICT_LAST); tma_kv_tile is the one caller
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
       "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar),
