@@ -4,6 +4,7 @@
 //   cuobjdump -sass mma_rate | grep -oE "(HMMA|QMMA|F2FP)[.A-Z0-9_]*" | sort | uniq -c
 // H200 (session 54, backends/xqa/bench/xqa.md): 0.60 / 0.56 / 2.05 at 16 warps; the SASS holds no fp8 MMA opcode.
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cuda_runtime.h>
 #define N_ITER 4096
@@ -38,18 +39,20 @@ __global__ void k(float* out, uint32_t seed) {
 }
 template <int KIND>
 void run(const char* name, int warps_per_sm, int sms) {
-  float* out; cudaMalloc(&out, sms * warps_per_sm * 32 * 4 * 4);
+  float* out; cudaMalloc(&out, sizeof(float) * sms * warps_per_sm * 32);
   k<KIND><<<sms, warps_per_sm * 32>>>(out, 1);
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   cudaEventRecord(e0);
   k<KIND><<<sms, warps_per_sm * 32>>>(out, 2);
   cudaEventRecord(e1); cudaEventSynchronize(e1);
+  const cudaError_t err = cudaGetLastError();  // a failed launch would time nothing
+  if (err != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(err)); exit(1); }
   float ms; cudaEventElapsedTime(&ms, e0, e1);
   int clk; cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0);
   double instr = (double)N_ITER * 8 * (KIND == 2 ? 2 : 1) * warps_per_sm;  // warp-instructions per SM
   double cycles = ms * 1e-3 * clk * 1e3;
   printf("%-26s warps/SM %2d: %.3f ms, %.2f warp-instr per SM-clock (at %d MHz nominal)\n", name, warps_per_sm, ms, instr / cycles, clk / 1000);
-  cudaFree(out);
+  cudaEventDestroy(e0); cudaEventDestroy(e1); cudaFree(out);
 }
 int main() {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
