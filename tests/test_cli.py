@@ -149,6 +149,51 @@ def test_bench_sustained_is_the_mean_over_a_back_to_back_window():
     assert 100 <= ms * timed <= 100 + 20 * ms + 50
 
 
+def test_bench_sustain_times_every_column_back_to_back(monkeypatch, tmp_path):
+    """--sustain: each figure is ``sustained``'s window (not do_bench's flushed calls), the run says so, and
+    back-to-back runs rotate twice as many bytes as flushed ones (no flush separates the calls)."""
+    from attncore.cli import bench
+
+    windows = []
+
+    def fake(fn, secs, device="cuda"):
+        fn()
+        windows.append((secs, device))
+        return 0.25
+
+    monkeypatch.setattr(bench, "sustained", fake)
+    info = bench.run_bench(["reference"], ids=["D2-B1", "P1-causal"], device="cpu", sustain=0.3, rounds=2)
+    assert info["timing"] == "back to back for 0.3 s"
+    assert [r["time_ms"] for r in info["results"]] == [0.25, 0.25] and windows == [(0.3, "cpu")] * 4
+    assert "timing: back to back for 0.3 s" in bench.format_table(info)
+    assert bench.run_bench(["reference"], ids=["D1"], device="cpu")["timing"] == "median of 3 calls"
+    with pytest.raises(ValueError, match="sustain"):
+        bench.run_bench(ids=["D1"], device="cpu", sustain=0)
+    d2b1, d1 = (next(w for w in bench.WORKLOADS if w.id == i) for i in ("D2-B1", "D1"))  # 134 MB, 537 MB of K/V
+    assert [bench.copies_for(d2b1, "cuda"), bench.copies_for(d2b1, "cuda", back_to_back=True)] == [1, 2]
+    assert [bench.copies_for(d1, "cuda"), bench.copies_for(d1, "cuda", back_to_back=True)] == [1, 1]
+    assert bench.copies_for(d2b1, "cpu", back_to_back=True) == 1
+    j = tmp_path / "b.json"
+    r = _run("bench", "--workload", "D2-B1", "--sustain", "0.01", "--json", str(j), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "timing: back to back for 0.01 s" in r.stdout and json.loads(j.read_text())["results"][0]["time_ms"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sustain", "0"], "--sustain: expected a positive number of seconds, got '0'"),
+    (["--sustain", "inf"], "--sustain: expected a positive number of seconds, got 'inf'"),
+    (["--sustain", "1", "--workload", "PD1"], "--sustain: times the non-POD workloads"),
+    (["--sustain", "1", "--pod-sweep"], "--sustain: times the non-POD workloads"),
+    (["--sustain", "1", "--latency"], "--sustain: not used with --latency"),
+])
+def test_bench_sustain_refuses_what_it_would_not_time(args, message, capsys):
+    from attncore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--device", "cpu", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_bench_a_column_that_fails_while_timed_is_an_error_row(monkeypatch):
     """A column whose run raises in a timing round gets an ERROR row with the reason; the others are timed."""
     from attncore.cli import bench
@@ -387,6 +432,7 @@ def test_bench_reads_a_decode_against_a_read_of_its_size():
 
     assert bench.read_at_size(4e6, timer, memo, device="cpu") == 0.05
     assert bench.read_at_size(4e6, timer, memo, device="cpu") == 0.05 and len(calls) == 1
+    assert bench.read_at_size(2e6, timer, memo, device="cpu", copies=2) == 0.05 and len(calls) == 2  # rotated
     row = {"workload": "D1", "backend": "xqa", "time_ms": 0.1, "TBps": 2.9, "frac_read": 0.96,
            "frac_read_at_size": 0.5}
     assert bench._fmt_row(row).endswith("2.900 TB/s (96% of read, 50% of a read of its size)")

@@ -17,6 +17,16 @@ def positive(text: str) -> int:
     return n
 
 
+def seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return x
+
+
 def _int_pair(text: str, sep: str, expected: str) -> tuple:
     try:
         a, b = (int(x) for x in text.split(sep))

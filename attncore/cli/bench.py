@@ -2,8 +2,9 @@
 
 Ceilings (read-only bandwidth, device copy, bf16 matmul) and torch SDPA are measured in the same
 run; with ``--flashinfer`` so is FlashInfer (any importable ``flashinfer``), driven through the
-same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median); decode
-inputs rotate among several caches so repeated runs do not measure L2.  A workload's columns (backends, FlashInfer,
+same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median), or with
+``sustain`` back-to-back windows (``sustained``); decode inputs rotate among several caches so repeated runs do not
+measure L2.  A workload's columns (backends, FlashInfer,
 torch SDPA) are planned first and then timed in interleaved rounds (``interleave``), each column's figure the median
 of its rounds.  On a CPU the shapes shrink and the figures only show that the path runs.
 """
@@ -109,9 +110,16 @@ def _shrink(w: Workload) -> Workload:
                    d=min(w.d, 64), dv=min(w.dv, 32))
 
 
-def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = 3) -> Callable[[Callable[[], None]], float]:
+CPU_REPS = 3  # calls a CPU figure is the median of
+
+
+def _timer(device: str, warmup: int = 25, rep: int = 100, cpu_reps: int = CPU_REPS,
+           sustain: Optional[float] = None) -> Callable[[Callable[[], None]], float]:
     """A function timing ``fn`` in ms: on CUDA ``triton.testing.do_bench``'s median (``warmup`` and
-    ``rep`` in ms), on the CPU the median of ``cpu_reps`` calls after one warm-up call."""
+    ``rep`` in ms), on the CPU the median of ``cpu_reps`` calls after one warm-up call; with ``sustain``
+    (seconds) on either, ``sustained``'s mean over a back-to-back window of that length."""
+    if sustain is not None:
+        return lambda fn: sustained(fn, sustain, device)
     if device == "cuda":
         import triton.testing
 
@@ -169,9 +177,12 @@ def interleave(columns: Dict[str, Callable[[], float]], rounds: int) -> Dict[str
     return times
 
 
-def copies_for(w: Workload, device: str) -> int:
-    """How many input copies to rotate so that repeated runs do not read from L2 (1 on the CPU)."""
-    return 1 if device != "cuda" else max(1, min(4, int(2 * 50e6 // max(_bytes(w), 1)) + 1))
+def copies_for(w: Workload, device: str, back_to_back: bool = False) -> int:
+    """How many input copies to rotate so that repeated runs do not read from L2 (1 on the CPU): together
+    twice an L2 (50 MB) of bytes, or four times for back-to-back runs, which no flush separates (one
+    134 MB cache read again at once may still find its lines there)."""
+    span = 4 if back_to_back else 2
+    return 1 if device != "cuda" else max(1, min(4, int(span * 50e6 // max(_bytes(w), 1)) + 1))
 
 
 def time_runs(t: Callable[[Callable[[], None]], float], runs: Sequence[Callable[[], None]]) -> float:
@@ -185,11 +196,12 @@ def time_runs(t: Callable[[Callable[[], None]], float], runs: Sequence[Callable[
     return t(step)
 
 
-def measure_ceilings(device: str) -> Dict[str, float]:
-    """Read-only bandwidth (TB/s), device copy (TB/s, read+write), bf16 matmul (TFLOP/s)."""
+def measure_ceilings(device: str, t: Optional[Callable[[Callable[[], None]], float]] = None) -> Dict[str, float]:
+    """Read-only bandwidth (TB/s), device copy (TB/s, read+write), bf16 matmul (TFLOP/s), timed by ``t``
+    (default: ``_timer``'s do_bench)."""
     if device != "cuda":
         return {}
-    t = _timer(device)
+    t = t or _timer(device)
     x = torch.randn(1 << 30, device=device, dtype=torch.bfloat16)  # 2 GiB: launch and tail costs vanish
     y = torch.empty_like(x)
     # fp32 accumulation: a bf16-output sum ran at 2.76 TB/s where kernels read at 2.9+ (H100, 2026-11-22)
@@ -202,16 +214,18 @@ def measure_ceilings(device: str) -> Dict[str, float]:
     return {"read_TBps": read, "copy_TBps": copy, "bf16_matmul_TFLOPs": mm}
 
 
-def read_at_size(nbytes: float, t: Callable[[Callable[[], None]], float], memo: Dict, device: str = "cuda") -> float:
-    """ms of a plain read of ``nbytes`` (an fp32-accumulated sum), timed like the workloads.  do_bench
-    zeroes a 256 MB buffer before each call, so every call starts with up to 50 MB of dirty L2 lines to
-    write back; that costs a short read as much as a short kernel (H100: a 134 MB read runs at 2.15 TB/s
-    against 3.03 for 2 GiB).  A decode's time over this one is its share of what a read of its size gets."""
+def read_at_size(nbytes: float, t: Callable[[Callable[[], None]], float], memo: Dict, device: str = "cuda",
+                 copies: int = 1) -> float:
+    """ms of a plain read of ``nbytes`` (an fp32-accumulated sum), timed like the workloads, rotating among
+    ``copies`` buffers as they do.  do_bench zeroes a 256 MB buffer before each call, so every call starts
+    with up to 50 MB of dirty L2 lines to write back; that costs a short read as much as a short kernel
+    (H100: a 134 MB read runs at 2.15 TB/s against 3.03 for 2 GiB).  A decode's time over this one is its
+    share of what a read of its size gets."""
     n = int(nbytes) // 2
     if n not in memo:
-        x = torch.empty(n, device=device, dtype=torch.bfloat16).normal_()
-        memo[n] = t(lambda: x.sum(dtype=torch.float32))
-        del x
+        xs = [torch.empty(n, device=device, dtype=torch.bfloat16).normal_() for _ in range(copies)]
+        memo[n] = time_runs(t, [lambda x=x: x.sum(dtype=torch.float32) for x in xs])
+        del xs
     return memo[n]
 
 
@@ -333,11 +347,17 @@ def _sdpa(w: Workload, device: str, dtype: torch.dtype) -> Optional[Callable[[],
 
 def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequence[str]] = None,
               device: Optional[str] = None, progress: Callable[[str], None] = print,
-              page_order: str = PAGE_ORDERS[0], flashinfer: bool = False, rounds: Optional[int] = None) -> Dict:
+              page_order: str = PAGE_ORDERS[0], flashinfer: bool = False, rounds: Optional[int] = None,
+              sustain: Optional[float] = None) -> Dict:
     """``flashinfer``: also time the importable ``flashinfer`` package on each workload (a row
     named ``flashinfer``), in this run.  ``rounds``: each workload's columns timed in that many interleaved
-    rounds (``interleave``; default ``ROUNDS``), a row's ``time_ms`` the median of its ``rounds_ms``."""
+    rounds (``interleave``; default ``ROUNDS``), a row's ``time_ms`` the median of its ``rounds_ms``.
+    ``sustain``: every figure, ceilings included, timed by back-to-back windows of that many seconds over
+    inputs rotated beyond L2 (no flush between calls, as in a serving step's stream of kernels) instead of
+    do_bench's flushed calls."""
     check_page_order(page_order)
+    if sustain is not None and not sustain > 0:
+        raise ValueError(f"sustain {sustain!r}: a window of seconds > 0")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     fi = _import_flashinfer(device) if flashinfer else None
@@ -347,15 +367,15 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
     if device != "cuda":
         progress("no CUDA GPU: running small shapes on the CPU; the figures only show the paths run")
         wls = [_shrink(w) for w in wls]
-    t = _timer(device)
-    ceil = measure_ceilings(device)
+    t = _timer(device, sustain=sustain)
+    ceil = measure_ceilings(device, t)
     if ceil:
         progress("ceilings: read %.2f TB/s, copy %.2f TB/s, bf16 matmul %.0f TFLOP/s" % (
             ceil["read_TBps"], ceil["copy_TBps"], ceil["bf16_matmul_TFLOPs"]))
     rounds = rounds or ROUNDS.get(device, 1)
     rows, at_size = [], {}
     for w in wls:
-        copies = copies_for(w, device)
+        copies = copies_for(w, device, back_to_back=sustain is not None)
         entries = [(n, None) for n in names] + ([("flashinfer", fi)] if fi else [])
         planned: Dict[str, tuple] = {}  # column: (its row, the timing closure)
         for name, api in entries:
@@ -400,15 +420,23 @@ def run_bench(backends: Optional[Sequence[str]] = None, *, ids: Optional[Sequenc
             row.update(time_ms=statistics.median(times[name]), rounds_ms=times[name])
             _figures(row, w, ceil)
             if "TBps" in row and device == "cuda":
-                row["read_at_size_ms"] = read_at_size(_bytes(w), t, at_size)
+                row["read_at_size_ms"] = read_at_size(_bytes(w), t, at_size, copies=copies)
                 row["frac_read_at_size"] = row["read_at_size_ms"] / row["time_ms"]
             progress(_fmt_row(row))
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dtype": str(dtype),
-            "page_order": page_order, "rounds": rounds, "ceilings": ceil, "results": rows}
+            "page_order": page_order, "rounds": rounds, "timing": timing_name(device, sustain), "ceilings": ceil,
+            "results": rows}
     if fi:
         info["flashinfer"] = getattr(fi, "__version__", "?")
     return info
+
+
+def timing_name(device: str, sustain: Optional[float]) -> str:
+    """How the run timed its figures, as its table and JSON say."""
+    if sustain is not None:
+        return f"back to back for {sustain:g} s" + (", inputs rotated beyond L2" if device == "cuda" else "")
+    return "do_bench median, L2 flushed before each call" if device == "cuda" else f"median of {CPU_REPS} calls"
 
 
 def _import_flashinfer(device: str):
@@ -455,6 +483,8 @@ def format_table(info: Dict) -> str:
     lines = [f"device: {info['device']}  date: {info['date']}  dtype: {info['dtype']}  "
              f"pages: {info.get('page_order', 'shuffled')}"
              + (f"  (each figure the median of {rounds} interleaved rounds)" if rounds > 1 else "")]
+    if "timing" in info:
+        lines.append(f"timing: {info['timing']}")
     c = info.get("ceilings") or {}
     if c:
         lines.append("ceilings: read %.2f TB/s  copy %.2f TB/s  bf16 matmul %.0f TFLOP/s" % (

@@ -294,11 +294,14 @@ def _bench_unused(a, pod_ids, only_pod: bool) -> None:
     """A usage error for an argument this kind of bench run would not use (never silently dropped).  ``only_pod``:
     every workload named is a POD one (or none is)."""
     if a.latency:
-        _refuse_unused(_given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order"),
+        _refuse_unused(_given(a, "workload", "pod_sweep", "plot", "pod_backend", "page_order", "sustain"),
                        "with --latency (it times tiny problems of its own)")
         return
     _refuse_unused(_given(a, "calls"), "without --latency (an option of its timing)")
     pod = bool(pod_ids or a.pod_sweep)
+    if pod and a.sustain is not None:  # its points share one input set: back to back, small ones would run from L2
+        raise UsageError("--sustain: times the non-POD workloads; the POD rows (PD1 / PD2, --pod-sweep) keep "
+                         "do_bench's flushed calls")
     if a.pod_backend and not pod:
         raise UsageError("--pod-backend: the backend of the POD rows' fused op; name PD1 / PD2 with --workload "
                          "or give --pod-sweep")
@@ -351,7 +354,7 @@ def cmd_bench(a) -> int:
             return 0
     info = run_bench(a.backend or None, ids=[i for i in a.workload or () if i not in pod_ids] or None,
                      device=a.device, page_order=page_order, flashinfer=a.flashinfer,
-                     progress=progress, rounds=a.rounds)
+                     progress=progress, rounds=a.rounds, sustain=a.sustain)
     print(format_table(info))
     _write_json(a.json, info if pinfo is None else dict(info, pod=pinfo))  # one file: both runs' rows
     return 0
@@ -538,6 +541,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--rounds", type=arg_types.positive, metavar="N",
                    help="timings per figure, the columns (backends, FlashInfer, SDPA; --latency: the rows) "
                         "interleaved; the median is shown (default 3, CPU 1)")
+    b.add_argument("--sustain", type=arg_types.seconds, metavar="SECS",
+                   help="time each figure (ceilings too) as calls back to back for SECS seconds over inputs rotated "
+                        "beyond L2, the mean per call, instead of do_bench's median of calls each after an L2 "
+                        "flush: a serving step's stream of kernels, and a compute-bound kernel at the board's "
+                        "power limit")
     b.add_argument("--pod-sweep", action="store_true",
                    help="POD sweep: prefill 512/2k/8k x decode batch 8/32/128 x kv 1k/4k/16k, fused vs serial")
     b.add_argument("--pod-backend", help="the backend whose fused POD op is timed (default: the one auto ranks first "
