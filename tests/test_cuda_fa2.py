@@ -536,6 +536,7 @@ class Case:
     pad_pages: bool = False  # paged: 16 bytes of padding per page (page stride not a multiple of the token's)
     fused_kv: bool = False  # ragged NHD: K and V views of one [tokens, 2, heads, d] tensor (a fused projection's)
     k_ramp: float = 0.0  # ragged NHD: key t of a request scaled by 1 + k_ramp * t / kv_len (row maxima that grow)
+    k_step: float = 0.0  # NHD: a request's keys from the middle on scaled by k_step (one jump of the row maxima)
 
 
 def run_case(c: Case, seed: int = 0):
@@ -575,6 +576,13 @@ def run_case(c: Case, seed: int = 0):
             k_all, v_all = cache[:, 0], cache[:, 1]
         if c.split_v:
             v_all = v_all.contiguous()
+        if c.k_step:
+            assert c.layout == "NHD"
+            for i, n in enumerate(kv_lens):
+                t = torch.arange(n // 2, n)
+                pg = torch.tensor(pt.pages[i], dtype=torch.long)[t // ps]
+                k_all[pg.to(dev), (t % ps).to(dev)] = (k_all[pg.to(dev), (t % ps).to(dev)].float() * c.k_step).to(
+                    kv_dtype)
         for i, n in enumerate(kv_lens):
             idx = torch.tensor(pt.pages[i], dtype=torch.long, device=dev)
             if c.layout == "NHD":
@@ -598,6 +606,9 @@ def run_case(c: Case, seed: int = 0):
             if c.k_ramp:
                 ramp = torch.cat([1 + c.k_ramp * torch.arange(n, device=dev) / n for n in kv_lens])
                 k_arg = (k_arg.float() * ramp[:, None, None]).to(kv_dtype)
+            if c.k_step:
+                step = torch.cat([(torch.arange(n, device=dev) >= n // 2) * (c.k_step - 1) + 1 for n in kv_lens])
+                k_arg = (k_arg.float() * step[:, None, None]).to(kv_dtype)
             kn, vn = k_arg, v_arg
         else:
             k_arg, v_arg = mk((c.hkv, nnz_kv, c.d)), mk((c.hkv, nnz_kv, dv))
@@ -1046,7 +1057,9 @@ def test_prefill64_for_causal_prefills_under_1_3_waves_cpu(d):
 @pytest.mark.parametrize("cfg", ["prefill", "prefill90-loop", "prefill90-pipe"])
 def test_row_max_slack(cfg, dtype):
     """Row maxima that grow along the keys, by less than kMaxSlack per tile (the stale max kept: P up to 2^8) and by
-    more (O rescaled), against the reference: the softmax's lazy max (attncore/ptx.cuh, ac::next_max)."""
+    more (O rescaled), against the reference: the softmax's lazy max (attncore/ptx.cuh, ac::next_max).  prefill90's
+    fast path (P from the running max, sm90_cta's softmax) must then take its redo: where a row sum passes 2^8, and
+    where one jump of the maxima by up to ~2^8 makes its exponentials inf; paged K/V and the persistent grid too."""
     config, _, loop = cfg.partition("-")
     if config == "prefill90" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("prefill90 needs an sm90 GPU")
@@ -1056,6 +1069,14 @@ def test_row_max_slack(cfg, dtype):
     for ramp in (30.0, 100.0):
         for mask in ("causal", "none"):
             run_case(Case([(300, 3000), (129, 1000), (1, 700)], mask=mask, k_ramp=ramp, **kw))
+    for step in (3.0, 40.0):  # maxima up ~4x (past the slack) and ~40x (2^x overflows) half-way
+        for mask in ("causal", "none"):
+            run_case(Case([(300, 3000), (129, 1000), (1, 700)], mask=mask, k_step=step, **kw))
+        kw2 = {k: v for k, v in kw.items() if k != "paged"}
+        run_case(Case([(300, 2000), (129, 1000), (64, 64)], k_step=step, page_size=16, **kw2))
+        if config == "prefill90":  # the persistent grid (1,344 units): a unit's last tile, its Q handed back, is exact
+            lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3
+            run_case(Case(lens, k_step=step, **dict(kw, hq=32, hkv=8)))
 
 
 @gpu

@@ -16,7 +16,8 @@
 //   movm_t(x)                         movmatrix .trans: this lane's pair of the transposed 8x8 b16 matrix
 //   ex2(x)                            ex2.approx.ftz.f32 (2^x; the softmax runs in base 2)
 //   lg2(x)                            lg2.approx.ftz.f32 (log2 x: an LSE's, once per row)
-//   next_max(m, tile_max)             an online softmax's row max, moved only past kMaxSlack (lazy rescale)
+//   next_max(m, tile_max)             an online softmax's row max, moved only past kMaxSlack (lazy rescale);
+//                                     kMaxP = 2^kMaxSlack, the largest p = 2^(s - m) it lets a row keep
 //   pack2<T>(a, b) / unpack2<T>(u)    two floats <-> two 16-bit values in one 32-bit register
 //   fp8x2_to<T, KIND>(v)              two fp8 (KIND 1 e4m3, 2 e5m2) -> two T, exact (cuda_fp8 path)
 //   cvt_fp8x2_lo / _hi<KIND>(x)       two fp8 -> fp16x2: cvt on sm_89+, integer ops on sm_80 where
@@ -139,6 +140,8 @@ constexpr float kMaxSlack = AC_MAX_SLACK;
 __device__ __forceinline__ float next_max(float m, float tile_max) {
   return tile_max > m + kMaxSlack ? tile_max : m;
 }
+// 2^kMaxSlack: the largest p a row keeps under next_max
+constexpr float kMaxP = (float)(1u << AC_MAX_SLACK);
 
 // Lanes 4i..4i+3 hold the columns of one accumulator row (the mma C layout): xor 1 and 2.
 __device__ __forceinline__ float quad_max(float x) {

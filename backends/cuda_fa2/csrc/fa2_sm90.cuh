@@ -13,7 +13,8 @@
 //   a [rows][D] 16-bit tile is D/64 column blocks of [rows][64 elements], 16-byte chunk c of row r
 //   stored at chunk (c ^ (r % 8)) (tile bases 1024-byte aligned).
 //   S = Q K^T: wgmma m64n{KVT}k16, A = Q and B = K from smem, both K-major (D/16 steps; D = head_dim_qk).
-//   Online softmax in registers (exp2, scale folded, the row max moved lazily: ac::next_max), mask only on
+//   Online softmax in registers (exp2, scale folded, the row max moved lazily: ac::next_max; once a warp's rows have
+//   a max, P from it without the tile's max, checked by the row sums: sm90_cta's softmax), mask only on
 //   tiles that cross the causal diagonal or the kv end.  P is converted to 16-bit in the register-A layout.
 //   O += P V: wgmma m64n{DV}k16, A = P from registers, B = V from smem, MN-major (transpose bit; DV = head_dim_vo,
 //   D but for DeepSeek's 192 / 128).  A stage holds a K tile and then a V tile.
@@ -47,6 +48,9 @@
 #ifndef FA2_H_QLEAN
 #define FA2_H_QLEAN 1  // 0: every Q tile by the general copy (sm90_cta's copy_q)
 #endif
+#ifndef FA2_H_FASTP
+#define FA2_H_FASTP 1  // 0: every tile's softmax waits for the tile's row max (sm90_cta's softmax)
+#endif
 
 namespace fa2 {
 namespace sm90 {
@@ -69,6 +73,9 @@ struct Cfg90 {
   // Measured on H100 (2026-11-25, session 18) with the producer's early arrival: P1 non-causal 0.476 ms
   // against 0.478 without turns and 0.519 for the plain loop; P1 causal 0.276 / 0.284 / 0.295.
   static constexpr bool PP = WS && PIPE && NWG == 2;
+  // FASTP: the softmax's fast path (sm90_cta's softmax), where the consumers have the registers for its redo (without
+  // a producer the pipelined d128 loop spills 40 bytes with it, d64's persistent 192-key tiles 4, d256 40)
+  static constexpr bool FASTP = FA2_H_FASTP && WS && KVT <= 128 && DV <= 128;
   // WS: the producer arrives on a stage's `full` barrier as soon as its copies land (cp.async.mbarrier.arrive), not
   // after waiting for them a tile later.  The pipelined loop needs it (it holds two of three stages); so does a
   // two-stage ring (d256's plain loop), where a waited arrival would hold tile t behind the producer's wait for
@@ -316,16 +323,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     for (int kk = 0; kk < KVT / 16; ++kk) mma_rs_t<T, DV>(o, a[kk], desc_mn<KVT>(vbase, kk));
     o_zero = false;
   };
-  // mask + online softmax of tile `tile` in s (in place: s becomes exp2(s * sc - m), fp32)
-  float alpha[2];
-  bool moved = false;
-  auto softmax = [&](int tile) {
-    if constexpr (KVSPLIT) {
-      if (idle) {  // a warp without a live row (a decode item's G rows in the first warp): no softmax, P = 0 (pack)
-        moved = false;
-        return;
-      }
-    }
+  // the mask of tile `tile` on s (boundary tiles only)
+  auto mask_s = [&](int tile) {
     const int t0 = kv_lo + tile * KVT;
     const int tile_end = t0 + KVT;
     bool need_mask = tile_end > kv_hi;
@@ -341,6 +340,11 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           if (!keep) s[j * 4 + e] = kNegInf;
         }
     }
+  };
+  // the online softmax of a masked S tile in s, in place (s becomes exp2(s * sc - m), fp32), the row max first
+  float alpha[2];
+  bool moved = false;
+  auto exact_softmax = [&]() {
     moved = false;
     // the two rows' maxima as trees (depth log2(KVT / 4), both rows side by side), not one chain of KVT / 8 dependent
     // max per row: the chain's latency sat in front of every exp2 (max is exact: the same bits)
@@ -372,6 +376,70 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       }
       l[h2] = l[h2] * alpha[h2] + rs;
     }
+  };
+  // S of this warp's 16 rows again, by mma.sync from the Q tile and the K tile at `kbase` in shared memory (the fast
+  // path below has overwritten wgmma's S with P).  ldmatrix reads the 128-byte swizzle wgmma reads, and the m16n8 C
+  // fragments of each 8 keys are wgmma's accumulator layout, so s comes back as issue_s left it.
+  auto redo_s = [&](uint32_t kbase) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = 0.f;
+#pragma unroll 1  // (a rare path: kept short)
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      ac::ldsm_x4(qa, sQa + sw128<CTA_Q>(wrow + wq * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int n = 0; n < KVT / 16; ++n) {
+        uint32_t kb[4];
+        ac::ldsm_x4(kb, kbase + sw128<KVT>(16 * n + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+        ac::mma16816<T>(*reinterpret_cast<float(*)[4]>(&s[8 * n]), qa, kb[0], kb[1]);
+        ac::mma16816<T>(*reinterpret_cast<float(*)[4]>(&s[8 * n + 4]), qa, kb[2], kb[3]);
+      }
+    }
+  };
+  // mask + online softmax of tile `tile` in s.  `kbase`: the tile's K in shared memory, 0 where it (or the Q tile)
+  // may be handed back by now: then the exact path.  The fast path (Cfg90::FASTP), once every row of the warp has a
+  // finite max: P from the row's running max, without the tile's max, and l += the row sums.  A thread's row sum at or
+  // below kMaxP proves each of its p <= kMaxP (p >= 0), the bound next_max keeps, so m need not move; where a sum
+  // exceeds it (or is inf), the warp computes S again and takes the exact path.  Against FA2_H_FASTP=0, H200
+  // 2026-12-01, same run, sustained windows: P1 non-causal 0.419 / 0.456 ms, causal 0.234 / 0.254, P3 page 16
+  // 0.608 / 0.626, P4 level (1.008 / 1.012): under the board's power cap the tile's max cost more than its share of
+  // instructions (its tree and shuffles stood in front of every exponential).
+  bool fast_ok = false;  // warp-uniform: every row of the warp has a finite m
+  auto softmax = [&](int tile, uint32_t kbase) {
+    if constexpr (KVSPLIT) {
+      if (idle) {  // a warp without a live row (a decode item's G rows in the first warp): no softmax, P = 0 (pack)
+        moved = false;
+        return;
+      }
+    }
+    mask_s(tile);
+    if (Cfg::FASTP && fast_ok && kbase != 0u) {
+      float rs[2];
+      bool over = false;
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        rs[h2] = 0.f;
+#pragma unroll
+        for (int j = 0; j < KVT / 8; ++j) {
+          const float p0 = ac::ex2(fmaf(s[j * 4 + 2 * h2], sc, -m[h2]));
+          const float p1 = ac::ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -m[h2]));
+          s[j * 4 + 2 * h2] = p0;
+          s[j * 4 + 2 * h2 + 1] = p1;
+          rs[h2] += p0 + p1;
+        }
+        over |= rs[h2] > ac::kMaxP;  // (a NaN row stays here: its NaN reaches l, as on the exact path)
+      }
+      if (!__any_sync(0xffffffffu, over)) {
+        l[0] += rs[0];
+        l[1] += rs[1];
+        moved = false;
+        return;
+      }
+      redo_s(kbase);
+      mask_s(tile);
+    }
+    exact_softmax();
+    if (Cfg::FASTP) fast_ok = __all_sync(0xffffffffu, m[0] != kNegInf && m[1] != kNegInf);
   };
   // O *= alpha (only when some row max of the warp moved, and never before a unit's first P V: O is zero then, and
   // every unit's first tile moved the max from -inf, so that the rescale ran there and almost nowhere else: 64 FMUL a
@@ -479,7 +547,8 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
     // (ptxas 13.0 schedules this wait, and the stage's release after it, before the softmax: the stage goes back to the
     // producer a softmax earlier.  Kept to the source order by a clock read, the softmax overlaps this P V but P2 d64
     // took 8% longer: bench/cuda_fa2.md, session 31)
-    softmax(nx);
+    // (PERSIST: the unit's last tile takes the exact path, its Q tile handed back above)
+    softmax(nx, Cfg::PERSIST && nx == n_tiles - 1 ? 0u : sKVa + ((base + nx) % STAGES) * Cfg::stage_bytes);
     FA2_TR(base + nx, 3);
     wg_wait<0>();
     reg_fence<NO>(o);
@@ -848,6 +917,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
           m[0] = m[1] = kNegInf;
           l[0] = l[1] = 0.f;
           o_zero = true;
+          fast_ok = false;
         }
         if constexpr (Cfg::PP) {
           if (wg == 1 && n_tiles > 0 && (!Cfg::HANDOVER || nq == 0)) named_arrive(1, 256);  // warpgroup 0 goes first
@@ -862,7 +932,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             if (n_tiles == 1) release_q();
             if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stg(0));  // K of tile 0 consumed
             FA2_TR(it0, 2);
-            softmax(0);
+            softmax(0, 0u);
             FA2_TR(it0, 3);
             pack();  // O is rescaled for each tile in pipe_step, before its P V
             FA2_TR(it0, 4);
@@ -909,7 +979,9 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
               if constexpr (Cfg::SEPKV) mbar_arrive(bar_empty + 8 * stage);  // K consumed
               if (tile == n_tiles - 1) release_q();
               FA2_TR(it0 + tile, 2);
-              softmax(tile);
+              // (SEPKV has handed K back, PERSIST the unit's Q at its last tile: the exact path there)
+              softmax(tile, Cfg::SEPKV || (Cfg::PERSIST && tile == n_tiles - 1) ? 0u
+                                                                                 : sKVa + stage * Cfg::stage_bytes);
               FA2_TR(it0 + tile, 3);
               rescale_pack();
               FA2_TR(it0 + tile, 4);
@@ -987,7 +1059,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         fence_async_smem();
         __syncthreads();
         s_step(0);
-        softmax(0);
+        softmax(0, 0u);
         rescale_pack();
         // (the last tile is peeled off so that no wgmma sits under a branch: ptxas would serialize)
         for (int tile = 0; tile < n_tiles - 1; ++tile) {
@@ -1017,7 +1089,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
             ac::cp_async_commit();
           }
           s_step(tile % STAGES);
-          softmax(tile);
+          softmax(tile, sKVa + (tile % STAGES) * Cfg::stage_bytes);
           rescale_pack();
           pv_step(tile % STAGES);
         }
