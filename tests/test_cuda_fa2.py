@@ -1077,6 +1077,9 @@ def test_row_max_slack(cfg, dtype):
         if config == "prefill90":  # the persistent grid (1,344 units): a unit's last tile, its Q handed back, is exact
             lens = [(700, 900), (5, 0), (300, 1200), (1, 1), (520, 520), (129, 3000)] * 3
             run_case(Case(lens, k_step=step, **dict(kw, hq=32, hkv=8)))
+            for d, dv in ((64, 0), (192, 128)):  # the redo's other tile shapes (d64 one-unit / paged, 192 / 128)
+                run_case(Case([(300, 2000), (129, 1000)], k_step=step, d=d, dv=dv, **kw))
+                run_case(Case([(300, 2000), (129, 1000)], k_step=step, d=d, dv=dv, page_size=16, **kw2))
 
 
 @gpu
