@@ -4,9 +4,9 @@ Ceilings (read-only bandwidth, device copy, bf16 matmul) and torch SDPA are meas
 run; with ``--flashinfer`` so is FlashInfer (any importable ``flashinfer``), driven through the
 same code as attncore, since the API is the same.  Timing on CUDA uses ``triton.testing.do_bench`` (median), or with
 ``sustain`` back-to-back windows (``sustained``); decode inputs rotate among several caches so repeated runs do not
-measure L2.  A workload's columns (backends, FlashInfer,
-torch SDPA) are planned first and then timed in interleaved rounds (``interleave``), each column's figure the median
-of its rounds.  On a CPU the shapes shrink and the figures only show that the path runs.
+measure L2.  A workload's columns (backends, FlashInfer, torch SDPA) are planned first and then timed in interleaved
+rounds (``interleave``), each column's figure the median of its rounds.  On a CPU the shapes shrink and the figures
+only show that the path runs.
 """
 
 from __future__ import annotations
