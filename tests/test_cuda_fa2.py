@@ -580,9 +580,8 @@ def run_case(c: Case, seed: int = 0):
             assert c.layout == "NHD"
             for i, n in enumerate(kv_lens):
                 t = torch.arange(n // 2, n)
-                pg = torch.tensor(pt.pages[i], dtype=torch.long)[t // ps]
-                k_all[pg.to(dev), (t % ps).to(dev)] = (k_all[pg.to(dev), (t % ps).to(dev)].float() * c.k_step).to(
-                    kv_dtype)
+                at = (torch.tensor(pt.pages[i], dtype=torch.long)[t // ps].to(dev), (t % ps).to(dev))
+                k_all[at] = (k_all[at].float() * c.k_step).to(kv_dtype)
         for i, n in enumerate(kv_lens):
             idx = torch.tensor(pt.pages[i], dtype=torch.long, device=dev)
             if c.layout == "NHD":

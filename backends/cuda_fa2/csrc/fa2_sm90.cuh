@@ -341,6 +341,18 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
         }
     }
   };
+  // row h2's p = exp2(s * sc - mu) in place; returns this thread's sum of them
+  auto exp_row = [&](int h2, float mu) {
+    float rs = 0.f;
+#pragma unroll
+    for (int j = 0; j < KVT / 8; ++j) {
+      const float p0 = ac::ex2(fmaf(s[j * 4 + 2 * h2], sc, -mu)), p1 = ac::ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -mu));
+      s[j * 4 + 2 * h2] = p0;
+      s[j * 4 + 2 * h2 + 1] = p1;
+      rs += p0 + p1;
+    }
+    return rs;
+  };
   // the online softmax of a masked S tile in s, in place (s becomes exp2(s * sc - m), fp32), the row max first
   float alpha[2];
   bool moved = false;
@@ -366,15 +378,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       alpha[h2] = ac::ex2(m[h2] - mu);
       moved |= mnew != m[h2];
       m[h2] = mnew;
-      float rs = 0.f;
-#pragma unroll
-      for (int j = 0; j < KVT / 8; ++j) {
-        const float p0 = ac::ex2(fmaf(s[j * 4 + 2 * h2], sc, -mu)), p1 = ac::ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -mu));
-        s[j * 4 + 2 * h2] = p0;
-        s[j * 4 + 2 * h2 + 1] = p1;
-        rs += p0 + p1;
-      }
-      l[h2] = l[h2] * alpha[h2] + rs;
+      l[h2] = l[h2] * alpha[h2] + exp_row(h2, mu);
     }
   };
   // S of this warp's 16 rows again, by mma.sync from the Q tile and the K tile at `kbase` in shared memory (the fast
@@ -418,15 +422,7 @@ __device__ __forceinline__ void sm90_cta(const Fa2Params& p, const unsigned item
       bool over = false;
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
-        rs[h2] = 0.f;
-#pragma unroll
-        for (int j = 0; j < KVT / 8; ++j) {
-          const float p0 = ac::ex2(fmaf(s[j * 4 + 2 * h2], sc, -m[h2]));
-          const float p1 = ac::ex2(fmaf(s[j * 4 + 2 * h2 + 1], sc, -m[h2]));
-          s[j * 4 + 2 * h2] = p0;
-          s[j * 4 + 2 * h2 + 1] = p1;
-          rs[h2] += p0 + p1;
-        }
+        rs[h2] = exp_row(h2, m[h2]);
         over |= rs[h2] > ac::kMaxP;  // (a NaN row stays here: its NaN reaches l, as on the exact path)
       }
       if (!__any_sync(0xffffffffu, over)) {
